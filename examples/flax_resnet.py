@@ -1,0 +1,459 @@
+"""Data-parallel ResNet training on scikit-learn's digits with ``jax_blink.psum``.
+
+The one line that matters is in ``make_train_step``: the gradients are
+all-reduced with ``jax_blink.psum(grads, "data")`` where a plain JAX program
+would call ``jax.lax.psum(grads, "data")``. Everything else is an ordinary
+flax (NNX) + optax training loop inside ``jax.jit(jax.shard_map(...))`` over a
+1-D device mesh named ``"data"``.
+
+Run it (8 virtual CPU devices unless GPUs are present)::
+
+    python examples/flax_resnet.py --compare
+
+``--compare`` trains the same model from the same seed twice, once with
+``jax_blink.psum`` and once with ``jax.lax.psum``, and reports the largest
+difference between the two loss curves and the step times side by side
+(compilation and the first, warm-up step excluded). The output directory gets
+``loss_curves.png`` and ``results.json``.
+
+Design notes
+------------
+* Normalisation is GroupNorm, not BatchNorm: BatchNorm's batch statistics
+  would need a cross-device mean of their own (a second psum in the forward
+  pass) to match single-device training; GroupNorm normalises each example
+  on its own, so the gradients are the only thing that crosses devices.
+* The parameters enter the shard_map replicated (``P()``). Under
+  ``check_vma=True`` (the default) ``jax.grad`` of a per-device loss with
+  respect to replicated parameters would *already* sum the gradients across
+  the axis (the transpose of the implicit broadcast is a psum). We therefore
+  ``pcast`` the parameters to "varying" first, so each device gets its own
+  local gradient and the explicit psum below is the one and only all-reduce.
+* The data split, the initialisation and the batch order depend only on
+  ``--seed``, so the blink and lax.psum runs see exactly the same inputs;
+  their loss curves differ only by floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+
+
+def _gpu_present() -> bool:
+    """Best-effort check, before jax is imported, for a usable GPU platform."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").lower()
+    if platforms:
+        return any(p in platforms for p in ("cuda", "gpu", "rocm"))
+    plugin = any(
+        importlib.util.find_spec(name) is not None
+        for name in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                     "jax_rocm7_plugin")
+    )
+    return plugin and (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/kfd"))
+
+
+def _configure_devices(n_cpu_devices: int = 8) -> None:
+    """Ask XLA for virtual CPU devices. Must run before jax is imported.
+
+    Leaves settings the user made alone, and does nothing when a GPU platform
+    is present (the GPUs are used instead). PJRT_NPROC lifts XLA CPU's cap on
+    queued executions, which can otherwise deadlock collectives.
+    """
+    if _gpu_present():
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={n_cpu_devices}"
+        ).strip()
+    os.environ.setdefault("PJRT_NPROC", "64")
+
+
+_configure_devices()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import jax_blink  # noqa: E402
+
+AXIS = "data"
+LABELS = {"blink": "jax_blink.psum", "lax": "jax.lax.psum"}
+
+
+def get_psum(which: str):
+    """The all-reduce under comparison: ``jax_blink.psum`` or ``jax.lax.psum``."""
+    return jax_blink.psum if which == "blink" else jax.lax.psum
+
+
+# --------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------
+
+
+def _groups(features: int) -> int:
+    """Largest of 8, 4, 2, 1 that divides ``features``."""
+    return next(g for g in (8, 4, 2, 1) if features % g == 0)
+
+
+class ResidualBlock(nnx.Module):
+    """Two 3x3 convs with GroupNorm, plus a (projected when needed) shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int, *, rngs: nnx.Rngs):
+        self.conv1 = nnx.Conv(cin, cout, (3, 3), strides=stride, use_bias=False, rngs=rngs)
+        self.norm1 = nnx.GroupNorm(cout, num_groups=_groups(cout), rngs=rngs)
+        self.conv2 = nnx.Conv(cout, cout, (3, 3), use_bias=False, rngs=rngs)
+        # Zero-init the last scale so each block starts as the identity.
+        self.norm2 = nnx.GroupNorm(cout, num_groups=_groups(cout),
+                                   scale_init=nnx.initializers.zeros, rngs=rngs)
+        if stride != 1 or cin != cout:
+            self.proj = nnx.Conv(cin, cout, (1, 1), strides=stride, use_bias=False, rngs=rngs)
+            self.proj_norm = nnx.GroupNorm(cout, num_groups=_groups(cout), rngs=rngs)
+        else:
+            self.proj = self.proj_norm = None
+
+    def __call__(self, x):
+        y = nnx.relu(self.norm1(self.conv1(x)))
+        y = self.norm2(self.conv2(y))
+        shortcut = x if self.proj is None else self.proj_norm(self.proj(x))
+        return nnx.relu(y + shortcut)
+
+
+class ResNet(nnx.Module):
+    """A small ResNet for 8x8x1 images: stem, three stages (8x8, 4x4, 2x2), head."""
+
+    def __init__(self, width: int = 16, num_classes: int = 10, *, rngs: nnx.Rngs):
+        w = width
+        self.stem = nnx.Conv(1, w, (3, 3), use_bias=False, rngs=rngs)
+        self.stem_norm = nnx.GroupNorm(w, num_groups=_groups(w), rngs=rngs)
+        self.blocks = nnx.List([
+            ResidualBlock(w, w, 1, rngs=rngs),
+            ResidualBlock(w, 2 * w, 2, rngs=rngs),
+            ResidualBlock(2 * w, 4 * w, 2, rngs=rngs),
+        ])
+        self.head = nnx.Linear(4 * w, num_classes, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.stem_norm(self.stem(x)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x.mean(axis=(1, 2)))
+
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+
+
+def load_data(seed: int):
+    """Digits as float32 NHWC in [0, 1], stratified 80/20 train/test split."""
+    digits = load_digits()
+    x = (digits.images.astype(np.float32) / 16.0)[..., None]
+    y = digits.target.astype(np.int32)
+    return train_test_split(x, y, test_size=0.2, stratify=y, random_state=seed)
+
+
+def batches(x, y, batch_size: int, epoch: int, seed: int):
+    """Shuffled full batches (the remainder is dropped) for one epoch."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(x))
+    for i in range(len(x) // batch_size):
+        idx = order[i * batch_size:(i + 1) * batch_size]
+        yield x[idx], y[idx]
+
+
+# --------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------
+
+
+def make_train_step(graphdef, tx, psum, mesh, n_dev: int):
+    """jit(shard_map(step)): local grads, one ``psum`` all-reduce, optax update."""
+
+    def step(params, opt_state, x, y):
+        # Per-device copy of the (replicated) parameters, so that grad returns
+        # this device's local gradient and not an implicitly psummed one.
+        local_params = jax.lax.pcast(params, AXIS, to="varying")
+
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(x)
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            return loss, logits
+
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(local_params)
+
+        grads = jax.tree.map(lambda g: g / n_dev, psum(grads, AXIS))  # <- the swap
+
+        correct = jnp.sum(jnp.argmax(logits, -1) == y).astype(jnp.float32)
+        loss_sum, correct_sum = psum((loss, correct), AXIS)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss_sum / n_dev, "accuracy": correct_sum / (x.shape[0] * n_dev)}
+        return params, opt_state, metrics
+
+    sharded = jax.shard_map(
+        step, mesh=mesh,
+        in_specs=(P(), P(), P(AXIS), P(AXIS)),
+        out_specs=(P(), P(), P()),
+    )
+    return jax.jit(sharded, donate_argnums=(0, 1))
+
+
+def make_predict(graphdef):
+    @jax.jit
+    def predict(params, x):
+        return jnp.argmax(nnx.merge(graphdef, params)(x), -1)
+    return predict
+
+
+def evaluate(predict, params, x, y, mesh, n_dev: int) -> float:
+    """Test accuracy, with the test set padded and split across the devices."""
+    pad = (-len(x)) % n_dev
+    xp = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+    xp = jax.device_put(xp, NamedSharding(mesh, P(AXIS)))
+    pred = np.asarray(predict(params, xp))[: len(x)]
+    return float(np.mean(pred == y))
+
+
+def train(args, which: str, data, mesh, n_dev: int, position: int = 0) -> dict:
+    """Train one model with the psum named ``which``; returns curves and timings."""
+    x_train, x_test, y_train, y_test = data
+    steps_per_epoch = len(x_train) // args.batch_size
+    total = steps_per_epoch * args.epochs
+    if args.steps is not None:
+        total = min(total, args.steps)
+
+    model = ResNet(args.width, rngs=nnx.Rngs(args.seed))
+    graphdef, params = nnx.split(model)
+    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, args.lr, warmup_steps=max(1, total // 20), decay_steps=total)
+    tx = optax.adamw(schedule, weight_decay=1e-4)
+
+    replicated = NamedSharding(mesh, P())
+    sharded = NamedSharding(mesh, P(AXIS))
+    params = jax.device_put(params, replicated)
+    opt_state = jax.device_put(tx.init(params), replicated)
+
+    train_step = make_train_step(graphdef, tx, get_psum(which), mesh, n_dev)
+    predict = make_predict(graphdef)
+
+    def put(xb, yb):
+        return jax.device_put(xb, sharded), jax.device_put(yb, sharded)
+
+    # Compile ahead of time so that compilation is timed on its own.
+    x0, y0 = put(*next(batches(x_train, y_train, args.batch_size, 0, args.seed)))
+    t0 = time.perf_counter()
+    compiled = train_step.lower(params, opt_state, x0, y0).compile()
+    compile_s = time.perf_counter() - t0
+
+    losses, accs, step_s, test_acc_curve = [], [], [], []
+    bar = tqdm(total=total, desc=f"{LABELS[which]:>14}", position=position,
+               dynamic_ncols=True, leave=True, file=sys.stdout)
+    step = 0
+    test_acc = float("nan")
+    for epoch in range(args.epochs):
+        for xb, yb in batches(x_train, y_train, args.batch_size, epoch, args.seed):
+            if step >= total:
+                break
+            xb, yb = put(xb, yb)
+            t0 = time.perf_counter()
+            params, opt_state, metrics = compiled(params, opt_state, xb, yb)
+            metrics = jax.device_get(metrics)  # waits for the step to finish
+            step_s.append(time.perf_counter() - t0)
+            losses.append(float(metrics["loss"]))
+            accs.append(float(metrics["accuracy"]))
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{accs[-1]:.3f}",
+                            step_ms=f"{1e3 * step_s[-1]:.1f}", test_acc=f"{test_acc:.3f}")
+        test_acc = evaluate(predict, params, x_test, y_test, mesh, n_dev)
+        test_acc_curve.append(test_acc)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{accs[-1]:.3f}",
+                        step_ms=f"{1e3 * step_s[-1]:.1f}", test_acc=f"{test_acc:.3f}")
+        if step >= total:
+            break
+    bar.close()
+
+    timed = np.asarray(step_s[1:] if len(step_s) > 1 else step_s)  # first step = warm-up
+    return {
+        "psum": LABELS[which],
+        "steps": step,
+        "params": n_params,
+        "loss": losses,
+        "train_accuracy": accs,
+        "test_accuracy": test_acc,
+        "test_accuracy_per_epoch": test_acc_curve,
+        "compile_s": compile_s,
+        "step_ms_median": 1e3 * float(np.median(timed)),
+        "step_ms_mean": 1e3 * float(np.mean(timed)),
+        "step_ms_p10": 1e3 * float(np.percentile(timed, 10)),
+        "step_ms_p90": 1e3 * float(np.percentile(timed, 90)),
+        "step_ms": [1e3 * s for s in step_s],
+    }
+
+
+# --------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------
+
+
+def machine_name() -> str:
+    """CPU model (from /proc/cpuinfo) or the accelerator's device kind."""
+    dev = jax.devices()[0]
+    if dev.platform != "cpu":
+        return dev.device_kind
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def print_summary(runs: dict, env: dict, max_abs_diff: float | None) -> None:
+    rows = [
+        ("final train loss", lambda r: f"{r['loss'][-1]:.4f}"),
+        ("test accuracy", lambda r: f"{100 * r['test_accuracy']:.2f} %"),
+        ("step time, median (ms)", lambda r: f"{r['step_ms_median']:.2f}"),
+        ("step time, mean (ms)", lambda r: f"{r['step_ms_mean']:.2f}"),
+        ("step time, p10-p90 (ms)", lambda r: f"{r['step_ms_p10']:.1f}-{r['step_ms_p90']:.1f}"),
+        ("compile time (s)", lambda r: f"{r['compile_s']:.2f}"),
+        ("steps", lambda r: str(r["steps"])),
+    ]
+    names = list(runs)
+    cols = [LABELS[n] for n in names]
+    w0 = max(len(r[0]) for r in rows)
+    w = max(16, *(len(c) for c in cols))
+    line = "-" * (w0 + (w + 3) * len(cols))
+    print(f"\n{env['n_devices']} x {env['platform']} devices ({env['machine']}, "
+          f"{env['cpu_cores']} CPU cores), ResNet width {env['width']} "
+          f"({runs[names[0]]['params']:,} params), global batch {env['batch_size']}")
+    print(line)
+    print(f"{'':<{w0}}" + "".join(f" | {c:>{w}}" for c in cols))
+    print(line)
+    for label, fmt in rows:
+        print(f"{label:<{w0}}" + "".join(f" | {fmt(runs[n]):>{w}}" for n in names))
+    print(line)
+    if max_abs_diff is not None:
+        ratio = runs["blink"]["step_ms_median"] / runs["lax"]["step_ms_median"]
+        print(f"loss curves, max |blink - lax|: {max_abs_diff:.3g}")
+        print(f"step time ratio blink / lax (median): {ratio:.2f}x")
+
+
+def plot(runs: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    styles = {"blink": dict(lw=2.0), "lax": dict(lw=1.0, ls="--")}
+    for name, run in runs.items():
+        ax.plot(np.arange(1, len(run["loss"]) + 1), run["loss"],
+                label=f"{run['psum']} (test acc {100 * run['test_accuracy']:.1f} %)",
+                **styles[name])
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (cross-entropy)")
+    ax.set_yscale("log")
+    ax.set_title("ResNet on digits, data-parallel")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--batch-size", type=int, default=128,
+                   help="global batch size; must divide by the number of devices")
+    p.add_argument("--width", type=int, default=16, help="channels of the first stage")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="out/flax_resnet")
+    p.add_argument("--psum", choices=sorted(LABELS), default="blink",
+                   help="all-reduce for the gradients (ignored with --compare)")
+    p.add_argument("--compare", action="store_true",
+                   help="train with jax_blink.psum and jax.lax.psum, compare")
+    p.add_argument("--steps", type=int, default=None,
+                   help="stop after this many steps (for tests)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    devices = jax.devices()
+    n_dev = len(devices)
+    if args.batch_size % n_dev:
+        sys.exit(f"error: --batch-size {args.batch_size} must be divisible by the number of "
+                 f"devices ({n_dev}); try --batch-size {max(1, args.batch_size // n_dev) * n_dev}")
+    data = load_data(args.seed)
+    if args.batch_size > len(data[0]):
+        sys.exit(f"error: --batch-size {args.batch_size} is larger than the training set "
+                 f"({len(data[0])} examples)")
+    mesh = jax.make_mesh((n_dev,), (AXIS,), devices=devices)
+    env = {
+        "platform": devices[0].platform,
+        "n_devices": n_dev,
+        "machine": machine_name(),
+        "cpu_cores": os.cpu_count(),
+        "jax": jax.__version__,
+        "jax_blink": getattr(jax_blink, "__version__", "?"),
+        "width": args.width,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "seed": args.seed,
+        "train_examples": len(data[0]),
+        "test_examples": len(data[1]),
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+    }
+
+    which = ["blink", "lax"] if args.compare else [args.psum]
+    runs = {}
+    for name in which:
+        runs[name] = train(args, name, data, mesh, n_dev)
+
+    max_abs_diff = None
+    if args.compare:
+        a, b = np.asarray(runs["blink"]["loss"]), np.asarray(runs["lax"]["loss"])
+        max_abs_diff = float(np.max(np.abs(a - b)))
+
+    print_summary(runs, env, max_abs_diff)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    png = os.path.join(args.out_dir, "loss_curves.png")
+    plot(runs, png)
+    result = {"env": env, "runs": runs, "loss_max_abs_diff": max_abs_diff}
+    if args.compare:
+        result["step_time_ratio_blink_over_lax"] = (
+            runs["blink"]["step_ms_median"] / runs["lax"]["step_ms_median"])
+    js = os.path.join(args.out_dir, "results.json")
+    with open(js, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {png} and {js}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
