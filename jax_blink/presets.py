@@ -1,0 +1,136 @@
+"""Topology presets of common machines, as plain functions.
+
+Bandwidths are nominal, in GB/s per direction per link (or per switch port):
+
+| preset | ranks | fast links | slow links |
+|--------|-------|------------|------------|
+| `dgx1-p100` | 8 | NVLink1 hybrid cube-mesh: 16 GPU pairs, 1 link × 20 GB/s each | PCIe gen3 x16 (16 GB/s): GPU pairs 0-1, 2-3, 4-5, 6-7 under one PCIe switch each, two switches per CPU, CPUs joined by QPI (38.4 GB/s) |
+| `dgx1-v100` | 8 | NVLink2 hybrid cube-mesh: 16 GPU pairs × 25 GB/s, pairs 0-1, 0-4, 1-3, 2-3, 2-6, 4-5, 5-7, 6-7 with 2 links (50 GB/s) | as `dgx1-p100` |
+| `dgx2` | 16 | NVSwitch fabric: one switch node, 150 GB/s port per GPU (6 × NVLink2) | none modelled |
+| `dgx-a100` | 8 | NVSwitch: one switch node, 300 GB/s port per GPU (12 × NVLink3) | none modelled |
+| `hgx-h100` | 8 | NVSwitch: one switch node, 450 GB/s port per GPU (18 × NVLink4) | none modelled |
+| `pcie` | 8 | none | PCIe gen3 x16 (16 GB/s) tree: 2 GPUs per PCIe switch, 2 switches per CPU, CPUs joined by QPI (38.4 GB/s) |
+| `shm:N` | N | none | one "host memory" switch node, 10 GB/s shm port per device (memory copy bandwidth of one core) |
+
+The DGX-1 NVLink pairs are DESIGN.md's reference wiring; real machines may
+number GPUs differently, which :mod:`jax_blink.detect` reads from
+``nvidia-smi``. Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+from jax_blink.topology import Topology, TopologyError
+
+__all__ = ["preset", "preset_names", "dgx1_p100", "dgx1_v100", "dgx2", "dgx_a100", "hgx_h100",
+           "pcie", "shm"]
+
+#: The 16 NVLink pairs of a DGX-1 (hybrid cube-mesh).
+DGX1_PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3), (4, 5), (4, 6), (4, 7), (5, 6),
+              (5, 7), (6, 7), (0, 4), (1, 5), (2, 6), (3, 7))
+#: DGX-1V pairs with two NVLink2 links.
+DGX1V_DOUBLE_PAIRS = ((0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7))
+
+PCIE_GEN3_X16_GBPS = 16.0
+QPI_GBPS = 38.4
+SHM_PORT_GBPS = 10.0
+
+
+def _pcie_tree_8gpu():
+    """Switch names and links of an 8-GPU, 2-socket PCIe tree.
+
+    Switches 8..11 are PCIe switches over GPU pairs (0,1), (2,3), (4,5),
+    (6,7); 12 and 13 are the CPUs (root complexes), joined by QPI.
+    """
+    switches = ["pcie-switch0", "pcie-switch1", "pcie-switch2", "pcie-switch3", "cpu0", "cpu1"]
+    links = []
+    for s in range(4):
+        for g in (2 * s, 2 * s + 1):
+            links.append((g, 8 + s, PCIE_GEN3_X16_GBPS, "pcie"))
+        links.append((8 + s, 12 + s // 2, PCIE_GEN3_X16_GBPS, "pcie"))
+    links.append((12, 13, QPI_GBPS, "pcie"))
+    return switches, links
+
+
+def _dgx1(name, gbps_per_link, double_pairs):
+    switches, links = _pcie_tree_8gpu()
+    for u, v in DGX1_PAIRS:
+        count = 2 if (u, v) in double_pairs else 1
+        links.append((u, v, count * gbps_per_link, "nvlink"))
+    return Topology.from_links(8, links, switches, name)
+
+
+def dgx1_p100() -> Topology:
+    """DGX-1 with P100s: NVLink1 (20 GB/s per link) cube-mesh plus PCIe."""
+    return _dgx1("dgx1-p100", 20.0, ())
+
+
+def dgx1_v100() -> Topology:
+    """DGX-1 with V100s: NVLink2 (25 GB/s per link, 8 doubled pairs) cube-mesh plus PCIe."""
+    return _dgx1("dgx1-v100", 25.0, DGX1V_DOUBLE_PAIRS)
+
+
+def _nvswitch(name, n, port_gbps):
+    return Topology.from_links(n, [(g, n, port_gbps, "nvlink") for g in range(n)], ["nvswitch"], name)
+
+
+def dgx2() -> Topology:
+    """DGX-2: 16 V100s on an NVSwitch fabric, 150 GB/s per GPU port."""
+    return _nvswitch("dgx2", 16, 150.0)
+
+
+def dgx_a100() -> Topology:
+    """DGX A100: 8 A100s on NVSwitch, 300 GB/s per GPU port."""
+    return _nvswitch("dgx-a100", 8, 300.0)
+
+
+def hgx_h100() -> Topology:
+    """HGX H100: 8 H100s on NVSwitch, 450 GB/s per GPU port."""
+    return _nvswitch("hgx-h100", 8, 450.0)
+
+
+def pcie() -> Topology:
+    """8 GPUs under PCIe gen3 switches on two CPUs, no NVLink."""
+    switches, links = _pcie_tree_8gpu()
+    return Topology.from_links(8, links, switches, "pcie")
+
+
+def shm(n: int) -> Topology:
+    """``n`` devices sharing host memory: one switch node, 10 GB/s per port."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TopologyError(f"shm needs a positive number of devices, got {n!r}")
+    return Topology.from_links(n, [(d, n, SHM_PORT_GBPS, "shm") for d in range(n)], ["host memory"],
+                               f"shm:{n}")
+
+
+_PRESETS = {
+    "dgx1-p100": dgx1_p100,
+    "dgx1-v100": dgx1_v100,
+    "dgx2": dgx2,
+    "dgx-a100": dgx_a100,
+    "hgx-h100": hgx_h100,
+    "pcie": pcie,
+}
+
+
+def preset_names() -> list:
+    """Names :func:`preset` accepts (``shm:N`` takes any positive N)."""
+    return sorted(_PRESETS) + ["shm:N"]
+
+
+def preset(name: str) -> Topology:
+    """The preset called ``name``.
+
+    Raises
+    ------
+    TopologyError
+        If ``name`` is unknown; the message lists the valid names.
+    """
+    name = str(name).strip()
+    if name in _PRESETS:
+        return _PRESETS[name]()
+    if name.startswith("shm:"):
+        count = name[4:]
+        if not count.isdigit() or int(count) < 1:
+            raise TopologyError(f"preset {name!r}: N in shm:N must be a positive integer, e.g. shm:8")
+        return shm(int(count))
+    raise TopologyError(f"unknown topology preset {name!r}; valid names: {', '.join(preset_names())}")
