@@ -1,0 +1,267 @@
+"""jax_blink.psum agrees with jax.lax.psum on 8 virtual CPU devices.
+
+Integers must match exactly. Floats may differ from lax.psum only by
+summation order: per element, by at most
+
+    (n - 1) * eps * sum_r |x_r|  +  eps * |sum|
+
+(the classic bound for two summation orders of n terms, plus one final
+rounding), with eps the dtype's machine epsilon. float16/bfloat16 accumulate
+in float32 along the trees and round once.
+"""
+
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_blink
+
+N = 8
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint32", "bool"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def mesh1d(devices=None):
+    devices = jax.devices()[:N] if devices is None else devices
+    return jax.sharding.Mesh(np.asarray(devices), ("x",))
+
+
+def random_input(dtype, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in ("int32", "int64"):
+        return rng.integers(-1000, 1000, shape).astype(dtype)
+    if dtype == "uint32":
+        return rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32)  # wraps
+    if dtype == "bfloat16":
+        return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def per_device(fn, x, mesh, check_vma=True):
+    """Run fn on each device's row of x (shape [N, ...]); return every device's result."""
+    def body(v):
+        out = fn(v[0])
+        if check_vma:
+            out = jax.tree.map(lambda o: lax.pcast(o, "x", to="varying"), out)
+        return jax.tree.map(lambda o: o[None], out)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=check_vma))
+    return f(jax.device_put(x, NamedSharding(mesh, P("x"))))
+
+
+def assert_close_to_lax(ours, ref, x, dtype):
+    ours, ref = np.asarray(ours), np.asarray(ref)
+    assert ours.dtype == ref.dtype
+    if dtype in ("float32", "float64", "float16", "bfloat16"):
+        eps = float(jnp.finfo(dtype).eps)
+        mag = np.abs(np.asarray(x, np.float64)).sum(axis=0)
+        tol = (N - 1) * eps * mag + eps * np.abs(ref.astype(np.float64))
+        err = np.abs(ours.astype(np.float64) - ref.astype(np.float64))
+        assert np.all(err <= tol), f"max error {err.max()} exceeds tolerance"
+    else:
+        np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000, 10**6])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_psum_matches_lax_psum_and_every_rank_gets_the_same_bits(dtype, size):
+    if dtype == "float64" and size == 10**6:
+        size = 10**5  # keep the suite fast; the code path is the same
+    x = random_input(dtype, (N, size))
+    mesh = mesh1d()
+    ours = np.asarray(per_device(lambda v: jax_blink.psum(v, "x", min_bytes=0), x, mesh))
+    ref = np.asarray(per_device(lambda v: lax.psum(v, "x"), x, mesh))
+    for r in range(1, N):
+        assert ours[r].tobytes() == ours[0].tobytes(), f"rank {r} differs from rank 0"
+    assert_close_to_lax(ours[0], ref[0], x, dtype)
+    again = np.asarray(per_device(lambda v: jax_blink.psum(v, "x", min_bytes=0), x, mesh))
+    assert again.tobytes() == ours.tobytes(), "repeated run is not bit-identical"
+
+
+def test_output_is_typed_invariant_like_lax_psum():
+    mesh = mesh1d()
+    x = jax.device_put(np.ones((N, 100), np.float32), NamedSharding(mesh, P("x")))
+
+    def body(v):
+        out = jax_blink.psum(v, "x", min_bytes=0)
+        assert jax.typeof(out).manual_axis_type.varying == jax.typeof(lax.psum(v, "x")).manual_axis_type.varying
+        return out
+
+    out = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P()))(x)
+    np.testing.assert_array_equal(out, np.full((1, 100), N, np.float32))
+
+
+def test_psum_of_a_value_not_varying_over_the_axis_is_n_times_it():
+    mesh = mesh1d()
+    x = jax.device_put(np.ones((N, 64), np.float32), NamedSharding(mesh, P("x")))
+    f = jax.jit(jax.shard_map(lambda v: (jax_blink.psum(jnp.arange(5000.0), "x", min_bytes=0),
+                                         lax.psum(jnp.arange(5000.0), "x")),
+                              mesh=mesh, in_specs=P("x"), out_specs=(P(), P())))
+    ours, ref = f(x)
+    np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("axes", ["x", "y", ("x", "y")])
+@pytest.mark.parametrize("permuted", [False, True])
+def test_2d_mesh_psum_over_each_axis_and_both(axes, permuted):
+    devices = np.asarray(jax.devices()[:N])
+    if permuted:
+        devices = devices[[5, 2, 7, 0, 3, 6, 1, 4]]
+    mesh = jax.sharding.Mesh(devices.reshape(4, 2), ("x", "y"))
+    x = random_input("float32", (4, 2, 3000))
+    xs = jax.device_put(x, NamedSharding(mesh, P("x", "y")))
+    spec = P(*(None if a in (axes if isinstance(axes, tuple) else (axes,)) else a for a in ("x", "y")))
+
+    def run(fn):
+        return jax.jit(jax.shard_map(lambda v: fn(v), mesh=mesh, in_specs=P("x", "y"),
+                                     out_specs=spec))(xs)
+
+    ours = run(lambda v: jax_blink.psum(v, axes, min_bytes=0))
+    ref = run(lambda v: lax.psum(v, axes))
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_check_vma_false_and_pmap():
+    mesh = mesh1d()
+    x = random_input("float32", (N, 5000))
+    ours = per_device(lambda v: jax_blink.psum(v, "x", min_bytes=0), x, mesh, check_vma=False)
+    ref = per_device(lambda v: lax.psum(v, "x"), x, mesh, check_vma=False)
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    pm_ours = jax.pmap(lambda v: jax_blink.psum(v, "i", min_bytes=0), axis_name="i")(x)
+    pm_ref = jax.pmap(lambda v: lax.psum(v, "i"), axis_name="i")(x)
+    np.testing.assert_allclose(pm_ours, pm_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_grad_matches_lax_psum(check_vma):
+    mesh = mesh1d()
+    x = random_input("float32", (N, 3000))
+
+    def loss(psum_fn, v):
+        def body(w):
+            s = psum_fn(jnp.sin(w[0]) * w[0], "x")
+            return (s * s).sum()[None]
+        per = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                            check_vma=check_vma)(v)
+        return per.sum()
+
+    xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+    ours = jax.jit(jax.grad(functools.partial(loss, functools.partial(jax_blink.psum, min_bytes=0))))(xs)
+    ref = jax.jit(jax.grad(functools.partial(loss, lax.psum)))(xs)
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_jvp_and_vmap_match_lax_psum():
+    mesh = mesh1d()
+    x = random_input("float32", (N, 4, 1000))
+    t = random_input("float32", (N, 4, 1000), seed=1)
+
+    def jvp_of(psum_fn):
+        def body(v, tv):
+            return jax.jvp(lambda w: psum_fn(w * w, "x"), (v[0],), (tv[0],))[1][None]
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")),
+                                     out_specs=P("x"), check_vma=False))(x, t)
+
+    def vmap_of(psum_fn):
+        def body(v):
+            return jax.vmap(lambda row: psum_fn(row * 2.0, "x"))(v[0])[None]
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                     check_vma=False))(x)
+
+    blink = functools.partial(jax_blink.psum, min_bytes=0)
+    np.testing.assert_allclose(jvp_of(blink), jvp_of(lax.psum), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(vmap_of(blink), vmap_of(lax.psum), rtol=1e-5, atol=1e-4)
+
+
+def test_three_psums_scan_pytree_and_pmean():
+    mesh = mesh1d()
+    x = random_input("float32", (N, 2000))
+    blink = functools.partial(jax_blink.psum, min_bytes=0)
+
+    def program(psum_fn, mean_fn, v):
+        v = v[0]
+        a = psum_fn(v, "x")
+        b = psum_fn(v * 2.0, "x")
+        c = psum_fn(a * b * 1e-3, "x")
+
+        def step(carry, _):
+            return psum_fn(carry, "x") * 0.125, None
+
+        d, _ = lax.scan(step, v, None, length=5)
+        tree = psum_fn({"w": v[:1000], "b": (v[1000:], jnp.arange(3000, dtype=jnp.int32))}, "x")
+        m = mean_fn(v, "x")
+        return jax.tree.map(lambda o: o[None], (a, b, c, d, tree, m))
+
+    def run(psum_fn, mean_fn):
+        return jax.jit(jax.shard_map(functools.partial(program, psum_fn, mean_fn), mesh=mesh,
+                                     in_specs=P("x"), out_specs=P("x"), check_vma=False))(
+            jax.device_put(x, NamedSharding(mesh, P("x"))))
+
+    ours = run(blink, functools.partial(jax_blink.pmean, min_bytes=0))
+    ref = run(lax.psum, lax.pmean)
+    for o, r in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
+
+
+def test_small_inputs_fall_back_to_lax_psum_and_explain_says_so():
+    mesh = mesh1d()
+    x = random_input("float32", (N, 10))
+    ours = per_device(lambda v: jax_blink.psum(v, "x"), x, mesh)
+    np.testing.assert_allclose(ours[0], x.sum(0), rtol=1e-5)
+    assert "min_bytes" in jax_blink.explain()
+    assert "lax.psum" in jax_blink.explain(jax.ShapeDtypeStruct((10,), jnp.float32), N)
+    assert "plan" in jax_blink.explain(jax.ShapeDtypeStruct((10**6,), jnp.float32), N)
+
+
+def test_unsupported_dtype_is_a_clear_trace_time_error():
+    mesh = mesh1d()
+    x = np.ones((N, 4), np.complex64)
+    with pytest.raises(TypeError, match="does not support dtype complex64"):
+        per_device(lambda v: jax_blink.psum(v, "x"), x, mesh)
+
+
+def test_axis_index_groups_is_not_implemented():
+    mesh = mesh1d()
+    with pytest.raises(NotImplementedError, match="axis_index_groups"):
+        per_device(lambda v: jax_blink.psum(v, "x", axis_index_groups=[[0, 1]]),
+                   np.ones((N, 4), np.float32), mesh)
+
+
+def test_topology_of_the_wrong_size_is_a_clear_error():
+    mesh = mesh1d()
+    with pytest.raises(ValueError, match="has 4 ranks but the reduced axes have 8"):
+        per_device(lambda v: jax_blink.psum(v, "x", topology="shm:4", min_bytes=0),
+                   np.ones((N, 4), np.float32), mesh)
+
+
+def test_missing_rank_times_out_naming_it_and_the_process_goes_on():
+    mesh = mesh1d()
+    x = np.ones((N, 1000), np.float32)
+
+    def body(v):
+        skip = lax.axis_index("x") == 3
+        return lax.cond(skip, lambda w: w,
+                        lambda w: jax_blink.psum(w, "x", min_bytes=0, timeout_s=0.5), v)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    with pytest.raises(Exception, match=r"(?s)timed out.*\b3\b"):
+        jax.block_until_ready(f(jax.device_put(x, NamedSharding(mesh, P("x")))))
+    ours = per_device(lambda v: jax_blink.psum(v, "x", min_bytes=0), x, mesh)
+    np.testing.assert_array_equal(ours, np.full((N, 1000), N, np.float32))
