@@ -226,7 +226,7 @@ def evaluate(predict, params, x, y, mesh, n_dev: int) -> float:
     return float(np.mean(pred == y))
 
 
-def train(args, which: str, data, mesh, n_dev: int, position: int = 0) -> dict:
+def train(args, which: str, data, mesh, n_dev: int) -> dict:
     """Train one model with the psum named ``which``; returns curves and timings."""
     x_train, x_test, y_train, y_test = data
     steps_per_epoch = len(x_train) // args.batch_size
@@ -259,10 +259,15 @@ def train(args, which: str, data, mesh, n_dev: int, position: int = 0) -> dict:
     compile_s = time.perf_counter() - t0
 
     losses, accs, step_s, test_acc_curve = [], [], [], []
-    bar = tqdm(total=total, desc=f"{LABELS[which]:>14}", position=position,
+    bar = tqdm(total=total, desc=f"{LABELS[which]:>14}",
                dynamic_ncols=True, leave=True, file=sys.stdout)
+
+    def show():
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{accs[-1]:.3f}",
+                        step_ms=f"{1e3 * step_s[-1]:.1f}",
+                        test_acc=f"{test_acc_curve[-1]:.3f}" if test_acc_curve else "-")
+
     step = 0
-    test_acc = float("nan")
     for epoch in range(args.epochs):
         for xb, yb in batches(x_train, y_train, args.batch_size, epoch, args.seed):
             if step >= total:
@@ -276,12 +281,9 @@ def train(args, which: str, data, mesh, n_dev: int, position: int = 0) -> dict:
             accs.append(float(metrics["accuracy"]))
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{accs[-1]:.3f}",
-                            step_ms=f"{1e3 * step_s[-1]:.1f}", test_acc=f"{test_acc:.3f}")
-        test_acc = evaluate(predict, params, x_test, y_test, mesh, n_dev)
-        test_acc_curve.append(test_acc)
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{accs[-1]:.3f}",
-                        step_ms=f"{1e3 * step_s[-1]:.1f}", test_acc=f"{test_acc:.3f}")
+            show()
+        test_acc_curve.append(evaluate(predict, params, x_test, y_test, mesh, n_dev))
+        show()
         if step >= total:
             break
     bar.close()
@@ -293,7 +295,7 @@ def train(args, which: str, data, mesh, n_dev: int, position: int = 0) -> dict:
         "params": n_params,
         "loss": losses,
         "train_accuracy": accs,
-        "test_accuracy": test_acc,
+        "test_accuracy": test_acc_curve[-1],
         "test_accuracy_per_epoch": test_acc_curve,
         "compile_s": compile_s,
         "step_ms_median": 1e3 * float(np.median(timed)),
@@ -397,7 +399,12 @@ def parse_args(argv=None):
                    help="train with jax_blink.psum and jax.lax.psum, compare")
     p.add_argument("--steps", type=int, default=None,
                    help="stop after this many steps (for tests)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "width", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    return args
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,72 @@
+"""examples/flax_resnet.py, the README's first command, run for a few steps.
+
+The example runs in a subprocess (it configures its own devices before it
+imports jax); it inherits the 8 virtual CPU devices from conftest.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "flax_resnet.py"
+
+pytest.importorskip("flax")
+pytest.importorskip("optax")
+pytest.importorskip("sklearn")
+pytest.importorskip("matplotlib")
+pytest.importorskip("tqdm")
+
+
+def _run(*args, timeout=180):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def compare_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("flax_resnet")
+    proc = _run("--compare", "--steps", "20", "--epochs", "2", "--width", "8",
+                "--batch-size", "64", "--lr", "1e-2", "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "results.json") as f:
+        return out, proc.stdout, json.load(f)
+
+
+def test_example_trains_loss_goes_down(compare_run):
+    _, _, result = compare_run
+    loss = np.asarray(result["runs"]["blink"]["loss"])
+    assert len(loss) == 20
+    assert np.all(np.isfinite(loss))
+    assert loss[-5:].mean() < 0.9 * loss[:5].mean(), loss
+
+
+def test_example_blink_and_lax_psum_loss_curves_agree(compare_run):
+    _, _, result = compare_run
+    blink = np.asarray(result["runs"]["blink"]["loss"])
+    lax = np.asarray(result["runs"]["lax"]["loss"])
+    np.testing.assert_allclose(blink, lax, rtol=1e-4, atol=1e-6)
+    assert result["loss_max_abs_diff"] == pytest.approx(np.max(np.abs(blink - lax)))
+
+
+def test_example_reports_table_plot_and_step_times(compare_run):
+    out, stdout, result = compare_run
+    assert (out / "loss_curves.png").stat().st_size > 0
+    assert "jax_blink.psum" in stdout and "jax.lax.psum" in stdout
+    assert "max |blink - lax|" in stdout
+    for run in result["runs"].values():
+        assert run["step_ms_median"] > 0 and run["compile_s"] > 0
+    assert result["env"]["n_devices"] == 8
+
+
+def test_example_rejects_batch_not_divisible_by_devices(tmp_path):
+    proc = _run("--batch-size", "12", "--steps", "1", "--out-dir", str(tmp_path), timeout=60)
+    assert proc.returncode != 0
+    assert "must be divisible by the number of devices (8)" in proc.stderr
