@@ -226,46 +226,85 @@ def evaluate(predict, params, x, y, mesh, n_dev: int) -> float:
     return float(np.mean(pred == y))
 
 
-def train(args, which: str, data, mesh, n_dev: int) -> dict:
-    """Train one model with the psum named ``which``; returns curves and timings."""
+class Trainer:
+    """One model, its optimizer state and its curves, trained with one psum."""
+
+    def __init__(self, which: str, args, total: int, mesh, n_dev: int, example_batch):
+        self.which, self.mesh, self.n_dev = which, mesh, n_dev
+        model = ResNet(args.width, rngs=nnx.Rngs(args.seed))  # same seed, same init
+        graphdef, params = nnx.split(model)
+        self.n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+        schedule = optax.warmup_cosine_decay_schedule(
+            0.0, args.lr, warmup_steps=max(1, total // 20), decay_steps=total)
+        tx = optax.adamw(schedule, weight_decay=1e-4)
+        replicated = NamedSharding(mesh, P())
+        self.params = jax.device_put(params, replicated)
+        self.opt_state = jax.device_put(tx.init(self.params), replicated)
+        self.predict = make_predict(graphdef)
+        step = make_train_step(graphdef, tx, get_psum(which), mesh, n_dev)
+        # Compile ahead of time so that compilation is timed on its own.
+        t0 = time.perf_counter()
+        self.step_fn = step.lower(self.params, self.opt_state, *example_batch).compile()
+        self.compile_s = time.perf_counter() - t0
+        self.loss, self.acc, self.step_s, self.test_acc = [], [], [], []
+
+    def step(self, x, y) -> None:
+        t0 = time.perf_counter()
+        self.params, self.opt_state, metrics = self.step_fn(self.params, self.opt_state, x, y)
+        metrics = jax.device_get(metrics)  # waits for the step to finish
+        self.step_s.append(time.perf_counter() - t0)
+        self.loss.append(float(metrics["loss"]))
+        self.acc.append(float(metrics["accuracy"]))
+
+    def evaluate(self, x, y) -> None:
+        self.test_acc.append(evaluate(self.predict, self.params, x, y, self.mesh, self.n_dev))
+
+    def result(self) -> dict:
+        ms = 1e3 * np.asarray(self.step_s[1:] or self.step_s)  # first step = warm-up
+        return {
+            "psum": LABELS[self.which],
+            "steps": len(self.loss),
+            "params": self.n_params,
+            "loss": self.loss,
+            "train_accuracy": self.acc,
+            "test_accuracy": self.test_acc[-1],
+            "test_accuracy_per_epoch": self.test_acc,
+            "compile_s": self.compile_s,
+            "step_ms_median": float(np.median(ms)),
+            "step_ms_mean": float(np.mean(ms)),
+            "step_ms_p10": float(np.percentile(ms, 10)),
+            "step_ms_p90": float(np.percentile(ms, 90)),
+            "step_ms": [1e3 * s for s in self.step_s],
+        }
+
+
+def train(args, names, data, mesh, n_dev: int) -> dict:
+    """Train one model per psum in ``names``, in lockstep on the same batches.
+
+    With ``--compare`` the blink and lax.psum steps alternate, so both see the
+    same machine load and their step times can be compared fairly.
+    """
     x_train, x_test, y_train, y_test = data
-    steps_per_epoch = len(x_train) // args.batch_size
-    total = steps_per_epoch * args.epochs
+    total = (len(x_train) // args.batch_size) * args.epochs
     if args.steps is not None:
         total = min(total, args.steps)
-
-    model = ResNet(args.width, rngs=nnx.Rngs(args.seed))
-    graphdef, params = nnx.split(model)
-    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, args.lr, warmup_steps=max(1, total // 20), decay_steps=total)
-    tx = optax.adamw(schedule, weight_decay=1e-4)
-
-    replicated = NamedSharding(mesh, P())
     sharded = NamedSharding(mesh, P(AXIS))
-    params = jax.device_put(params, replicated)
-    opt_state = jax.device_put(tx.init(params), replicated)
-
-    train_step = make_train_step(graphdef, tx, get_psum(which), mesh, n_dev)
-    predict = make_predict(graphdef)
 
     def put(xb, yb):
         return jax.device_put(xb, sharded), jax.device_put(yb, sharded)
 
-    # Compile ahead of time so that compilation is timed on its own.
-    x0, y0 = put(*next(batches(x_train, y_train, args.batch_size, 0, args.seed)))
-    t0 = time.perf_counter()
-    compiled = train_step.lower(params, opt_state, x0, y0).compile()
-    compile_s = time.perf_counter() - t0
-
-    losses, accs, step_s, test_acc_curve = [], [], [], []
-    bar = tqdm(total=total, desc=f"{LABELS[which]:>14}",
-               dynamic_ncols=True, leave=True, file=sys.stdout)
+    example = put(*next(batches(x_train, y_train, args.batch_size, 0, args.seed)))
+    trainers = [Trainer(name, args, total, mesh, n_dev, example) for name in names]
+    main = trainers[0]
+    bar = tqdm(total=total, desc=" vs ".join(LABELS[n] for n in names),
+               dynamic_ncols=True, file=sys.stdout)
 
     def show():
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{accs[-1]:.3f}",
-                        step_ms=f"{1e3 * step_s[-1]:.1f}",
-                        test_acc=f"{test_acc_curve[-1]:.3f}" if test_acc_curve else "-")
+        info = {"loss": f"{main.loss[-1]:.4f}", "acc": f"{main.acc[-1]:.3f}",
+                "test_acc": f"{main.test_acc[-1]:.3f}" if main.test_acc else "-"}
+        for t in trainers:
+            info[f"{t.which}_ms"] = f"{1e3 * t.step_s[-1]:.1f}"
+        bar.set_postfix(info)
 
     step = 0
     for epoch in range(args.epochs):
@@ -273,37 +312,18 @@ def train(args, which: str, data, mesh, n_dev: int) -> dict:
             if step >= total:
                 break
             xb, yb = put(xb, yb)
-            t0 = time.perf_counter()
-            params, opt_state, metrics = compiled(params, opt_state, xb, yb)
-            metrics = jax.device_get(metrics)  # waits for the step to finish
-            step_s.append(time.perf_counter() - t0)
-            losses.append(float(metrics["loss"]))
-            accs.append(float(metrics["accuracy"]))
+            for t in trainers:
+                t.step(xb, yb)
             step += 1
             bar.update(1)
             show()
-        test_acc_curve.append(evaluate(predict, params, x_test, y_test, mesh, n_dev))
+        for t in trainers:
+            t.evaluate(x_test, y_test)
         show()
         if step >= total:
             break
     bar.close()
-
-    timed = np.asarray(step_s[1:] if len(step_s) > 1 else step_s)  # first step = warm-up
-    return {
-        "psum": LABELS[which],
-        "steps": step,
-        "params": n_params,
-        "loss": losses,
-        "train_accuracy": accs,
-        "test_accuracy": test_acc_curve[-1],
-        "test_accuracy_per_epoch": test_acc_curve,
-        "compile_s": compile_s,
-        "step_ms_median": 1e3 * float(np.median(timed)),
-        "step_ms_mean": 1e3 * float(np.mean(timed)),
-        "step_ms_p10": 1e3 * float(np.percentile(timed, 10)),
-        "step_ms_p90": 1e3 * float(np.percentile(timed, 90)),
-        "step_ms": [1e3 * s for s in step_s],
-    }
+    return {t.which: t.result() for t in trainers}
 
 
 # --------------------------------------------------------------------------
@@ -357,11 +377,14 @@ def print_summary(runs: dict, env: dict, max_abs_diff: float | None) -> None:
 
 
 def plot(runs: dict, path: str) -> None:
+    """Loss curves; with both runs, a second panel with |blink - lax| per step."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    both = len(runs) == 2
+    fig, axes = plt.subplots(1, 2 if both else 1, figsize=(11 if both else 7, 4), squeeze=False)
+    ax = axes[0, 0]
     styles = {"blink": dict(lw=2.0), "lax": dict(lw=1.0, ls="--")}
     for name, run in runs.items():
         ax.plot(np.arange(1, len(run["loss"]) + 1), run["loss"],
@@ -369,10 +392,20 @@ def plot(runs: dict, path: str) -> None:
                 **styles[name])
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (cross-entropy)")
-    ax.set_yscale("log")
     ax.set_title("ResNet on digits, data-parallel")
     ax.grid(True, alpha=0.3)
     ax.legend()
+    if both:
+        diff = np.abs(np.asarray(runs["blink"]["loss"]) - np.asarray(runs["lax"]["loss"]))
+        ax = axes[0, 1]
+        # Exact zeros cannot be drawn on a log axis; show them at the bottom.
+        floor = 1e-9
+        ax.semilogy(np.arange(1, len(diff) + 1), np.maximum(diff, floor), ".-", lw=1)
+        ax.set_ylim(bottom=floor / 2)
+        ax.set_xlabel("step")
+        ax.set_ylabel("|loss(jax_blink.psum) - loss(jax.lax.psum)|")
+        ax.set_title(f"difference (max {diff.max():.2g})")
+        ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -436,10 +469,8 @@ def main(argv=None) -> int:
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
     }
 
-    which = ["blink", "lax"] if args.compare else [args.psum]
-    runs = {}
-    for name in which:
-        runs[name] = train(args, name, data, mesh, n_dev)
+    names = ["blink", "lax"] if args.compare else [args.psum]
+    runs = train(args, names, data, mesh, n_dev)
 
     max_abs_diff = None
     if args.compare:
