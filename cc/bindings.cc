@@ -1,0 +1,243 @@
+// Python module jax_blink._blink_ext: FFI capsules, the schedule validator and
+// a test harness that runs ranks on plain threads through the same
+// rendezvous and executor code as the XLA custom call.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "executor.h"
+#include "ffi.h"
+#include "rendezvous.h"
+#include "schedule.h"
+
+namespace py = pybind11;
+
+namespace jax_blink {
+namespace {
+
+py::capsule Capsule(void* p) { return py::capsule(p); }
+
+// A C-contiguous int64 vector view of `obj` (a numpy array or a sequence).
+std::vector<int64_t> Int64Words(const py::handle& obj) {
+  py::module_ np = py::module_::import("numpy");
+  py::object arr = np.attr("asarray")(obj);
+  py::object dtype = arr.attr("dtype");
+  if (!dtype.equal(np.attr("dtype")("int64"))) {
+    if (py::str(dtype.attr("kind")).cast<std::string>() != "i" &&
+        py::str(dtype.attr("kind")).cast<std::string>() != "u") {
+      throw py::type_error("a schedule must be an int64 array, got dtype " +
+                           py::str(dtype).cast<std::string>());
+    }
+    arr = arr.attr("astype")("int64");
+  }
+  if (py::cast<int>(arr.attr("ndim")) != 1) {
+    throw py::value_error("a schedule must be a 1-D int64 array");
+  }
+  arr = np.attr("ascontiguousarray")(arr);
+  py::buffer_info info = py::buffer(arr).request();
+  const int64_t* p = static_cast<const int64_t*>(info.ptr);
+  return std::vector<int64_t>(p, p + info.size);
+}
+
+Schedule DecodeOrThrow(const py::handle& obj) {
+  std::vector<int64_t> words = Int64Words(obj);
+  Schedule s;
+  std::string err = DecodeSchedule(words.data(), words.size(), &s);
+  if (!err.empty()) throw py::value_error(err);
+  return s;
+}
+
+py::dict ValidateSchedule(const py::object& obj) {
+  Schedule s = DecodeOrThrow(obj);
+  py::dict d;
+  d["nranks"] = s.nranks;
+  d["count"] = s.count;
+  d["collective"] = CollectiveName(s.collective);
+  d["root"] = s.root;
+  d["dtype"] = DTypeName(s.dtype);
+  d["nchunks"] = s.nchunks;
+  d["ntrees"] = s.ntrees;
+  d["total_steps"] = s.total_steps;
+  d["fingerprint"] = s.fingerprint;
+  return d;
+}
+
+std::atomic<int64_t> next_test_run_id{-1};
+
+struct Buffer {
+  py::buffer_info info;
+  int64_t count = 0;
+};
+
+Buffer GetBuffer(const py::handle& obj, bool writable, const char* what,
+                 int64_t rank, size_t itemsize) {
+  Buffer b;
+  b.info = py::reinterpret_borrow<py::buffer>(obj).request(writable);
+  const std::string where =
+      std::string(what) + "[" + std::to_string(rank) + "]";
+  if (static_cast<size_t>(b.info.itemsize) != itemsize) {
+    throw py::value_error(where + " has itemsize " +
+                          std::to_string(b.info.itemsize) +
+                          " but the schedule dtype needs " +
+                          std::to_string(itemsize));
+  }
+  // C-contiguous check.
+  py::ssize_t expect = b.info.itemsize;
+  for (py::ssize_t d = b.info.ndim - 1; d >= 0; --d) {
+    if (b.info.shape[d] != 1 && b.info.strides[d] != expect) {
+      throw py::value_error(where + " must be C-contiguous");
+    }
+    expect *= b.info.shape[d];
+  }
+  b.count = static_cast<int64_t>(b.info.size);
+  return b;
+}
+
+py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
+                  const py::sequence& outputs, int64_t timeout_ms,
+                  const std::vector<int64_t>& skip_ranks, int64_t op_id,
+                  int64_t group) {
+  // One schedule for all ranks, or a list with one per rank (to test
+  // disagreeing ranks).
+  std::vector<std::shared_ptr<Schedule>> scheds;
+  if (py::isinstance<py::list>(schedule) || py::isinstance<py::tuple>(schedule)) {
+    for (py::handle h : schedule) {
+      scheds.push_back(std::make_shared<Schedule>(DecodeOrThrow(h)));
+    }
+    if (scheds.empty()) throw py::value_error("empty list of schedules");
+  } else {
+    scheds.push_back(std::make_shared<Schedule>(DecodeOrThrow(schedule)));
+  }
+  const int64_t nranks = scheds[0]->nranks;
+  if (scheds.size() != 1 && static_cast<int64_t>(scheds.size()) != nranks) {
+    throw py::value_error("need one schedule, or one per rank");
+  }
+  auto sched_of = [&](int64_t r) -> const Schedule& {
+    return *scheds[scheds.size() == 1 ? 0 : r];
+  };
+  if (static_cast<int64_t>(py::len(inputs)) != nranks ||
+      static_cast<int64_t>(py::len(outputs)) != nranks) {
+    throw py::value_error("need " + std::to_string(nranks) +
+                          " inputs and outputs, got " +
+                          std::to_string(py::len(inputs)) + " and " +
+                          std::to_string(py::len(outputs)));
+  }
+  std::vector<uint8_t> skip(nranks, 0);
+  for (int64_t r : skip_ranks) {
+    if (r < 0 || r >= nranks) throw py::value_error("skip_ranks out of range");
+    skip[r] = 1;
+  }
+  std::vector<Buffer> ins, outs;
+  std::vector<ExecArgs> args(nranks);
+  const int64_t run_id = next_test_run_id.fetch_sub(1);
+  for (int64_t r = 0; r < nranks; ++r) {
+    const Schedule& s = sched_of(r);
+    const size_t itemsize = DTypeSize(s.dtype);
+    ins.push_back(GetBuffer(inputs[r], false, "inputs", r, itemsize));
+    outs.push_back(GetBuffer(outputs[r], true, "outputs", r, itemsize));
+    ExecArgs& a = args[r];
+    a.schedule = &s;
+    a.rank = r;
+    a.run_id = run_id;
+    a.op_id = op_id;
+    a.group = group;
+    a.in = ins.back().info.ptr;
+    a.out = outs.back().info.ptr;
+    a.in_count = ins.back().count;
+    a.out_count = outs.back().count;
+    a.dtype = static_cast<int32_t>(s.dtype);  // trust the schedule's dtype
+    a.timeout_ms = timeout_ms;
+  }
+  std::vector<std::optional<std::string>> errors(nranks);
+  {
+    py::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    threads.reserve(nranks);
+    for (int64_t r = 0; r < nranks; ++r) {
+      if (skip[r]) continue;
+      threads.emplace_back([&, r] {
+        ExecResult res = ExecuteCpu(args[r]);
+        if (!res.error.empty()) errors[r] = std::move(res.error);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  py::list result;
+  for (int64_t r = 0; r < nranks; ++r) {
+    if (errors[r]) {
+      result.append(py::str(*errors[r]));
+    } else {
+      result.append(py::none());
+    }
+  }
+  return result;
+}
+
+}  // namespace
+}  // namespace jax_blink
+
+PYBIND11_MODULE(_blink_ext, m) {
+  using namespace jax_blink;
+  m.doc() = "jax_blink C++ extension: XLA FFI handlers and test harness";
+
+  m.def(
+      "registrations",
+      []() {
+        py::dict stages;
+        stages["instantiate"] =
+            Capsule(reinterpret_cast<void*>(CpuInstantiateHandler()));
+        stages["execute"] = Capsule(reinterpret_cast<void*>(CpuExecuteHandler()));
+        py::dict d;
+        d[kTargetName] = stages;
+        return d;
+      },
+      "FFI targets: {name: {stage: PyCapsule}} for jax.ffi.register_ffi_target "
+      "(platform cpu).");
+  m.def(
+      "type_registrations",
+      []() {
+        py::dict reg;
+        reg["type_id"] = Capsule(StateTypeId());
+        reg["type_info"] = Capsule(StateTypeInfo());
+        py::dict d;
+        d[kStateTypeName] = reg;
+        return d;
+      },
+      "FFI state types: {name: {'type_id', 'type_info'}} for "
+      "jax.ffi.register_ffi_type (platform cpu).");
+  m.def("validate_schedule", &ValidateSchedule, py::arg("schedule"),
+        "Decodes and validates an encoded schedule (1-D int64). Returns a dict "
+        "of its header fields; raises ValueError with the reason otherwise.");
+  m.def(
+      "has_cuda", []() { return false; },
+      "Whether this build contains the CUDA executor.");
+  m.def("run_ranks", &RunRanks, py::arg("schedule"), py::arg("inputs"),
+        py::arg("outputs"), py::arg("timeout_ms") = 10000,
+        py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
+        py::arg("group") = 0,
+        "Test harness: runs every rank except skip_ranks on its own thread "
+        "through the rendezvous and CPU executor used by the custom call. "
+        "inputs/outputs: one C-contiguous array per rank (itemsize of the "
+        "schedule dtype; bfloat16 from ml_dtypes). schedule: one encoded "
+        "schedule, or a list with one per rank. Returns one entry per rank: "
+        "None on success (or when skipped), else the error message.");
+  m.def(
+      "rendezvous_stats",
+      []() {
+        RendezvousStats s = Rendezvous::Global().Stats();
+        py::dict d;
+        d["entries"] = s.entries;
+        d["active_slots"] = s.active_slots;
+        d["pooled_slots"] = s.pooled_slots;
+        d["tombstones"] = s.tombstones;
+        return d;
+      },
+      "Counts of live rendezvous state (for leak tests).");
+  m.attr("TARGET") = kTargetName;
+}

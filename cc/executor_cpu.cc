@@ -1,0 +1,655 @@
+// CPU executor: runs one rank's steps over shared memory (pull model).
+// See executor.h for the protocol and docs/schedule_format.md for the
+// semantics it implements.
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "executor.h"
+#include "rendezvous.h"
+#include "schedule.h"
+
+namespace jax_blink {
+
+namespace {
+
+// ---- Element conversions -----------------------------------------------------
+
+inline uint32_t BitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float FloatOf(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// IEEE binary16 -> binary32 (exact).
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t shifted_exp = 0x7c00u << 13;
+  uint32_t o = (static_cast<uint32_t>(h) & 0x7fffu) << 13;
+  const uint32_t exp = shifted_exp & o;
+  o += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    o += (128u - 16u) << 23;  // Inf / NaN
+  } else if (exp == 0) {
+    o += 1u << 23;  // zero / subnormal: renormalise
+    o = BitsOf(FloatOf(o) - FloatOf(113u << 23));
+  }
+  o |= (static_cast<uint32_t>(h) & 0x8000u) << 16;
+  return FloatOf(o);
+}
+
+// binary32 -> binary16, round to nearest even (NaN stays NaN, overflow
+// rounds to Inf).
+inline uint16_t FloatToHalf(float f) {
+  const uint32_t f32infty = 255u << 23;
+  const uint32_t f16max = (127u + 16u) << 23;
+  const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  uint32_t u = BitsOf(f);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  uint16_t o;
+  if (u >= f16max) {
+    o = (u > f32infty) ? 0x7e00 : 0x7c00;
+  } else if (u < (113u << 23)) {
+    // Subnormal or zero: let the FPU round by adding a magic number.
+    o = static_cast<uint16_t>(BitsOf(FloatOf(u) + FloatOf(denorm_magic)) -
+                              denorm_magic);
+  } else {
+    const uint32_t mant_odd = (u >> 13) & 1;
+    u += ((15u - 127u) << 23) + 0xfffu;
+    u += mant_odd;
+    o = static_cast<uint16_t>(u >> 13);
+  }
+  return static_cast<uint16_t>(o | (sign >> 16));
+}
+
+inline float BF16ToFloat(uint16_t h) {
+  return FloatOf(static_cast<uint32_t>(h) << 16);
+}
+
+// binary32 -> bfloat16, round to nearest even (NaN stays a quiet NaN).
+inline uint16_t FloatToBF16(float f) {
+  uint32_t u = BitsOf(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((u >> 16) | 0x40u);
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// ---- Per-dtype traits --------------------------------------------------------
+// T: element type of the buffers; A: accumulator type. Signed integers use
+// unsigned arithmetic (wrapping, bit-identical to two's complement).
+
+template <typename E>
+struct SameTraits {
+  using T = E;
+  using A = E;
+  static constexpr bool kSame = true;
+  static A ToAcc(T x) { return x; }
+  static T FromAcc(A x) { return x; }
+};
+struct F16Traits {
+  using T = uint16_t;
+  using A = float;
+  static constexpr bool kSame = false;
+  static A ToAcc(T x) { return HalfToFloat(x); }
+  static T FromAcc(A x) { return FloatToHalf(x); }
+};
+struct BF16Traits {
+  using T = uint16_t;
+  using A = float;
+  static constexpr bool kSame = false;
+  static A ToAcc(T x) { return BF16ToFloat(x); }
+  static T FromAcc(A x) { return FloatToBF16(x); }
+};
+
+// A value of one chunk: in the owner's input (type T) or accumulator (A).
+struct Src {
+  const void* p;
+  bool is_input;
+};
+
+constexpr int kMaxFuse = 8;
+constexpr int64_t kBlock = 1024;
+
+template <class Tr>
+struct Kernels {
+  using T = typename Tr::T;
+  using A = typename Tr::A;
+
+  static void LoadBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
+    if (Tr::kSame || !s.is_input) {
+      std::memcpy(tmp, static_cast<const A*>(s.p) + off, m * sizeof(A));
+    } else {
+      const T* __restrict__ p = static_cast<const T*>(s.p) + off;
+      for (int64_t i = 0; i < m; ++i) tmp[i] = Tr::ToAcc(p[i]);
+    }
+  }
+  static void AddBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
+    if (Tr::kSame || !s.is_input) {
+      const A* __restrict__ p = static_cast<const A*>(s.p) + off;
+      for (int64_t i = 0; i < m; ++i) tmp[i] += p[i];
+    } else {
+      const T* __restrict__ p = static_cast<const T*>(s.p) + off;
+      for (int64_t i = 0; i < m; ++i) tmp[i] += Tr::ToAcc(p[i]);
+    }
+  }
+
+  // dst = base + s0 + s1 + ..., added left to right (deterministic).
+  static void Reduce(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
+    A* dst = static_cast<A*>(dst_v);
+    if constexpr (Tr::kSame) {
+      const A* b = static_cast<const A*>(base.p);
+      if (k == 1) {
+        if (b == dst) {
+          AddInPlace(dst, static_cast<const A*>(srcs[0].p), n);
+        } else {
+          Add2(dst, b, static_cast<const A*>(srcs[0].p), n);
+        }
+        return;
+      }
+      if (k == 2) {
+        if (b == dst) {
+          AddInPlace2(dst, static_cast<const A*>(srcs[0].p),
+                      static_cast<const A*>(srcs[1].p), n);
+        } else {
+          Add3(dst, b, static_cast<const A*>(srcs[0].p),
+               static_cast<const A*>(srcs[1].p), n);
+        }
+        return;
+      }
+    }
+    alignas(64) A tmp[kBlock];
+    for (int64_t off = 0; off < n; off += kBlock) {
+      const int64_t m = std::min(kBlock, n - off);
+      LoadBlock(tmp, base, off, m);
+      for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
+      std::memcpy(dst + off, tmp, m * sizeof(A));
+    }
+  }
+
+  static void AddInPlace(A* __restrict__ d, const A* __restrict__ s,
+                         int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  }
+  static void AddInPlace2(A* __restrict__ d, const A* __restrict__ s0,
+                          const A* __restrict__ s1, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = (d[i] + s0[i]) + s1[i];
+  }
+  static void Add2(A* __restrict__ d, const A* __restrict__ b,
+                   const A* __restrict__ s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = b[i] + s[i];
+  }
+  static void Add3(A* __restrict__ d, const A* __restrict__ b,
+                   const A* __restrict__ s0, const A* __restrict__ s1,
+                   int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = (b[i] + s0[i]) + s1[i];
+  }
+
+  // dst = src
+  static void Copy(void* dst_v, Src s, int64_t n) {
+    A* __restrict__ dst = static_cast<A*>(dst_v);
+    if (Tr::kSame || !s.is_input) {
+      std::memcpy(dst, s.p, n * sizeof(A));
+    } else {
+      const T* __restrict__ p = static_cast<const T*>(s.p);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Tr::ToAcc(p[i]);
+    }
+  }
+
+  // out = round(acc)
+  static void Finalize(void* out_v, const void* acc_v, int64_t n) {
+    T* __restrict__ out = static_cast<T*>(out_v);
+    const A* __restrict__ acc = static_cast<const A*>(acc_v);
+    if constexpr (Tr::kSame) {
+      std::memcpy(out, acc, n * sizeof(T));
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = Tr::FromAcc(acc[i]);
+    }
+  }
+};
+
+struct KernelTable {
+  void (*reduce)(void*, Src, const Src*, int, int64_t);
+  void (*copy)(void*, Src, int64_t);
+  void (*finalize)(void*, const void*, int64_t);
+};
+
+template <class Tr>
+constexpr KernelTable MakeTable() {
+  return {&Kernels<Tr>::Reduce, &Kernels<Tr>::Copy, &Kernels<Tr>::Finalize};
+}
+
+const KernelTable& TableFor(DType d) {
+  static const KernelTable kTables[kNumDTypes] = {
+      MakeTable<SameTraits<float>>(),     // F32
+      MakeTable<SameTraits<double>>(),    // F64
+      MakeTable<F16Traits>(),             // F16
+      MakeTable<BF16Traits>(),            // BF16
+      MakeTable<SameTraits<uint32_t>>(),  // I32 (wrapping)
+      MakeTable<SameTraits<uint64_t>>(),  // I64 (wrapping)
+      MakeTable<SameTraits<uint32_t>>(),  // U32
+  };
+  return kTables[static_cast<int>(d)];
+}
+
+// ---- Per-thread reusable state -------------------------------------------------
+
+class AlignedBuffer {
+ public:
+  ~AlignedBuffer() { std::free(p_); }
+  void* Get(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(p_);
+      cap_ = (bytes + 63) / 64 * 64;
+      p_ = std::aligned_alloc(64, cap_);
+      if (p_ == nullptr) cap_ = 0;
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
+};
+
+struct ThreadState {
+  StepTracker tracker;
+  AlignedBuffer scratch;
+};
+thread_local ThreadState tls;
+
+bool DebugEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("JAX_BLINK_DEBUG");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+std::string Where(const ExecArgs& a, int64_t generation) {
+  std::ostringstream os;
+  os << "op_id=" << a.op_id << " group=" << a.group
+     << " generation=" << generation;
+  return os.str();
+}
+
+std::string StepText(const RankSteps& rs, int32_t i) {
+  const Step& st = rs.steps[i];
+  std::ostringstream os;
+  os << "step " << i << " (" << OpName(st.op) << " chunk " << st.chunk
+     << (st.op == Op::kSend ? " to" : " from") << " rank " << st.peer << ")";
+  return os.str();
+}
+
+std::string DescribeInfo(const RankInfo& ri) {
+  std::ostringstream os;
+  os << "count=" << ri.count << " dtype="
+     << (ri.dtype >= 0 && ri.dtype < kNumDTypes
+             ? DTypeName(static_cast<DType>(ri.dtype))
+             : "unsupported")
+     << " nranks=" << ri.nranks << " schedule=0x" << std::hex
+     << ri.fingerprint;
+  return os.str();
+}
+
+// Every rank computes the same verdict from the same published data.
+std::string CheckConsistent(const Slot& slot, const ExecArgs& a,
+                            int64_t generation) {
+  const int64_t n = slot.nranks;
+  for (int64_t r = 0; r < n; ++r) {
+    if (!slot.info[r].error.empty()) {
+      return "jax_blink: " + Where(a, generation) + ": rank " +
+             std::to_string(r) + ": " + slot.info[r].error;
+    }
+  }
+  const RankInfo& r0 = slot.info[0];
+  for (int64_t r = 1; r < n; ++r) {
+    const RankInfo& ri = slot.info[r];
+    if (ri.count != r0.count || ri.dtype != r0.dtype ||
+        ri.nranks != r0.nranks || ri.fingerprint != r0.fingerprint) {
+      std::ostringstream os;
+      os << "jax_blink: the ranks of " << Where(a, generation)
+         << " disagree: rank 0 has " << DescribeInfo(r0) << ", rank " << r
+         << " has " << DescribeInfo(ri)
+         << " (every rank must run the same schedule on buffers of the same "
+            "size and dtype)";
+      return os.str();
+    }
+  }
+  return std::string();
+}
+
+// Runs the steps of one rank; the heart of the executor.
+class RankRunner {
+ public:
+  RankRunner(const ExecArgs& a, Slot& slot, uint32_t epoch, int64_t generation,
+             Clock::time_point deadline, void* acc)
+      : a_(a),
+        s_(*a.schedule),
+        rs_(s_.ranks[a.rank]),
+        slot_(slot),
+        epoch_(epoch),
+        generation_(generation),
+        deadline_(deadline),
+        flags_(slot.flags()),
+        bell_(slot.bell(a.rank)),
+        kt_(TableFor(s_.dtype)),
+        tsize_(DTypeSize(s_.dtype)),
+        asize_(AccSize(s_.dtype)),
+        in_(static_cast<const char*>(a.in)),
+        acc_(static_cast<char*>(acc)),
+        spin_(GetExecTunables().spin) {}
+
+  std::string Run() {
+    StepTracker& tr = tls.tracker;
+    tr.Reset(rs_);
+    auto step = [&](int32_t i) { return TryRun(tr, i); };
+    while (!tr.AllDone()) {
+      const uint32_t seen = bell_.seq.load(std::memory_order_seq_cst);
+      if (tr.Sweep(step)) continue;
+      std::string err = Idle(seen, [&] { return BlockedText(tr); });
+      if (!err.empty()) return err;
+    }
+    const bool aliased = a_.in == a_.out;
+    if (!aliased) Finalize();
+    // Value semantics for XLA: our buffers may be reused as soon as we
+    // return, so wait until every receiver has read every SEND.
+    for (int32_t i : rs_.sends) {
+      const Step& st = rs_.steps[i];
+      while (!PeerDone(st.peer, st.match)) {
+        const uint32_t seen = bell_.seq.load(std::memory_order_seq_cst);
+        if (PeerDone(st.peer, st.match)) break;
+        std::string err = Idle(seen, [&] {
+          std::ostringstream os;
+          os << "all steps are done, waiting for rank " << st.peer
+             << " to read chunk " << st.chunk << " (" << StepText(rs_, i)
+             << ", read by its step " << st.match << ") before returning";
+          return os.str();
+        });
+        if (!err.empty()) return err;
+      }
+    }
+    if (aliased) Finalize();
+    return std::string();
+  }
+
+ private:
+  bool PeerDone(int64_t peer, int32_t idx) const {
+    return flags_[s_.step_base[peer] + idx].load(std::memory_order_seq_cst) ==
+           epoch_;
+  }
+  void Publish(int32_t i, int64_t peer) {
+    flags_[s_.step_base[a_.rank] + i].store(epoch_, std::memory_order_seq_cst);
+    slot_.bell(peer).Ring();
+  }
+
+  Src SourceOf(const Step& st) const {
+    const RankInfo& pi = slot_.info[st.peer];
+    const int64_t off = s_.chunk_offset[st.chunk];
+    if (st.src_input) {
+      return {static_cast<const char*>(pi.in) + off * tsize_, true};
+    }
+    return {static_cast<const char*>(pi.acc) + off * asize_, false};
+  }
+
+  bool TryRun(StepTracker& tr, int32_t i) {
+    const Step& st = rs_.steps[i];
+    if (st.op == Op::kSend) {
+      tr.MarkDone(i);
+      Publish(i, st.peer);
+      return true;
+    }
+    if (!PeerDone(st.peer, st.match)) {
+      blocked_ = i;
+      blocked_guard_ = -1;
+      return false;
+    }
+    for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
+      const Step& sg = rs_.steps[rs_.guards[k]];
+      if (!sg.src_input && !PeerDone(sg.peer, sg.match)) {
+        blocked_ = i;
+        blocked_guard_ = rs_.guards[k];
+        return false;
+      }
+    }
+    const int64_t off = s_.chunk_offset[st.chunk];
+    const int64_t len = s_.chunk_length[st.chunk];
+    char* dst = acc_ + off * asize_;
+    if (st.op == Op::kRecvCopy) {
+      kt_.copy(dst, SourceOf(st), len);
+      tr.MarkDone(i);
+      Publish(i, st.peer);
+      return true;
+    }
+    int32_t group[kMaxFuse];
+    Src srcs[kMaxFuse];
+    int k = 0;
+    group[k] = i;
+    srcs[k++] = SourceOf(st);
+    for (int32_t j = st.fuse_next; j != -1 && k < kMaxFuse;) {
+      const Step& sj = rs_.steps[j];
+      if (!PeerDone(sj.peer, sj.match) || !tr.DepsDoneExcept(j, group, k)) {
+        break;
+      }
+      group[k] = j;
+      srcs[k++] = SourceOf(sj);
+      j = sj.fuse_next;
+    }
+    const Src base = st.first_write ? Src{in_ + off * tsize_, true}
+                                    : Src{dst, false};
+    kt_.reduce(dst, base, srcs, k, len);
+    for (int m = 0; m < k; ++m) {
+      tr.MarkDone(group[m]);
+      Publish(group[m], rs_.steps[group[m]].peer);
+    }
+    return true;
+  }
+
+  std::string BlockedText(const StepTracker& tr) const {
+    std::ostringstream os;
+    os << tr.NumDone() << " of " << tr.NumSteps() << " steps done";
+    if (blocked_ >= 0) {
+      const Step& st = rs_.steps[blocked_];
+      if (blocked_guard_ < 0) {
+        os << "; " << StepText(rs_, blocked_) << " waits for rank " << st.peer
+           << " to complete its step " << st.match << " (SEND chunk "
+           << st.chunk << " to rank " << a_.rank << ")";
+      } else {
+        const Step& sg = rs_.steps[blocked_guard_];
+        os << "; " << StepText(rs_, blocked_) << " waits for rank " << sg.peer
+           << " to read chunk " << sg.chunk << " (its step " << sg.match
+           << ") before overwriting it";
+      }
+    }
+    return os.str();
+  }
+
+  // Nothing runnable: check for failure and deadline, then sleep until a
+  // peer rings our bell.
+  template <typename Describe>
+  std::string Idle(uint32_t seen, Describe&& describe) {
+    if (slot_.failed.load(std::memory_order_seq_cst) != 0) {
+      return "jax_blink: " + Where(a_, generation_) + ": " +
+             slot_.FailMessage();
+    }
+    const auto now = Clock::now();
+    if (now >= deadline_) {
+      std::ostringstream os;
+      os << "jax_blink: timed out after " << a_.timeout_ms << " ms executing "
+         << Where(a_, generation_) << " at rank " << a_.rank << ": "
+         << describe();
+      return os.str();
+    }
+    const int64_t left_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline_ - now)
+            .count();
+    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_);
+    return std::string();
+  }
+
+  // OUT = ACC (rounded) for chunks written here; OUT = IN for the others.
+  void Finalize() {
+    char* out = static_cast<char*>(a_.out);
+    const bool separate_acc = acc_ != out;
+    for (int64_t c = 0; c < s_.nchunks; ++c) {
+      const int64_t off = s_.chunk_offset[c];
+      const int64_t len = s_.chunk_length[c];
+      if (rs_.chunk_written[c]) {
+        if (separate_acc) {
+          kt_.finalize(out + off * tsize_, acc_ + off * asize_, len);
+        }
+      } else if (out != in_) {
+        std::memcpy(out + off * tsize_, in_ + off * tsize_, len * tsize_);
+      }
+    }
+  }
+
+  const ExecArgs& a_;
+  const Schedule& s_;
+  const RankSteps& rs_;
+  Slot& slot_;
+  const uint32_t epoch_;
+  const int64_t generation_;
+  const Clock::time_point deadline_;
+  std::atomic<uint32_t>* const flags_;
+  Bell& bell_;
+  const KernelTable& kt_;
+  const size_t tsize_;
+  const size_t asize_;
+  const char* const in_;
+  char* const acc_;
+  const int spin_;
+  int32_t blocked_ = -1;
+  int32_t blocked_guard_ = -1;
+};
+
+std::string LocalCheck(const ExecArgs& a) {
+  const Schedule& s = *a.schedule;
+  std::ostringstream os;
+  if (a.dtype != static_cast<int32_t>(s.dtype)) {
+    os << "the buffers have dtype "
+       << (a.dtype >= 0 && a.dtype < kNumDTypes
+               ? DTypeName(static_cast<DType>(a.dtype))
+               : "(unsupported)")
+       << " but the schedule is for " << DTypeName(s.dtype);
+  } else if (a.in_count != s.count || a.out_count != s.count) {
+    os << "the buffers have " << a.in_count << " (input) and " << a.out_count
+       << " (output) elements but the schedule is for " << s.count;
+  } else if (a.in == nullptr || a.out == nullptr) {
+    os << "null buffer";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+const ExecTunables& GetExecTunables() {
+  static const ExecTunables t = [] {
+    ExecTunables t;
+    t.spin = 64;
+    if (const char* v = std::getenv("JAX_BLINK_SPIN")) {
+      t.spin = std::max(0, std::atoi(v));
+    }
+    return t;
+  }();
+  return t;
+}
+
+ExecResult ExecuteCpu(const ExecArgs& a) {
+  ExecResult res;
+  const auto t0 = Clock::now();
+  const Schedule& s = *a.schedule;
+  if (a.rank < 0 || a.rank >= s.nranks) {
+    res.error = "jax_blink: op_id=" + std::to_string(a.op_id) +
+                " group=" + std::to_string(a.group) + ": rank " +
+                std::to_string(a.rank) + " is not in [0, " +
+                std::to_string(s.nranks) + ")";
+    return res;
+  }
+  const int64_t timeout_ms = std::max<int64_t>(a.timeout_ms, 1);
+  const auto deadline = t0 + std::chrono::milliseconds(timeout_ms);
+
+  RankInfo info;
+  info.error = a.local_error.empty() ? LocalCheck(a) : a.local_error;
+  info.in = a.in;
+  info.out = a.out;
+  info.acc = a.out;
+  info.count = a.in_count;
+  info.dtype = a.dtype;
+  info.nranks = s.nranks;
+  info.total_steps = s.total_steps;
+  info.fingerprint = s.fingerprint;
+  if (info.error.empty() &&
+      (HasScratchAcc(s.dtype) || a.in == a.out)) {
+    // float32 accumulator for f16/bf16; a separate accumulator when XLA
+    // aliases input and output (peers may still read the input).
+    info.acc = tls.scratch.Get(s.count * AccSize(s.dtype));
+    if (info.acc == nullptr) {
+      info.error = "cannot allocate " +
+                   std::to_string(s.count * AccSize(s.dtype)) +
+                   " bytes for the accumulator";
+    }
+  }
+  void* acc = info.acc;
+
+  Ticket ticket;
+  Rendezvous& rv = Rendezvous::Global();
+  RendezvousKey key{a.run_id, a.op_id, a.group};
+  res.error = rv.Join(key, a.rank, s.nranks, std::move(info), deadline,
+                      timeout_ms, &ticket);
+  res.generation = ticket.generation;
+  if (res.error.empty()) {
+    Slot& slot = *ticket.slot;
+    res.error = CheckConsistent(slot, a, ticket.generation);
+    if (res.error.empty()) {
+      slot.executing.fetch_add(1, std::memory_order_seq_cst);
+      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline,
+                        acc);
+      res.error = runner.Run();
+      if (!res.error.empty() &&
+          slot.failed.load(std::memory_order_seq_cst) == 0) {
+        slot.Fail(a.rank, res.error);
+      }
+      slot.executing.fetch_sub(1, std::memory_order_seq_cst);
+      if (slot.failed.load(std::memory_order_seq_cst) != 0) {
+        // Peers may still be reading our buffers: wait (bounded) until every
+        // rank has left the execution phase before XLA may reuse them.
+        FutexWakeAll(&slot.executing);
+        const auto grace = Clock::now() + std::chrono::seconds(2);
+        uint32_t cur;
+        while ((cur = slot.executing.load(std::memory_order_seq_cst)) != 0 &&
+               Clock::now() < grace) {
+          FutexWait(&slot.executing, cur, 10000000);
+        }
+      }
+    }
+  }
+  rv.Leave(&ticket);
+
+  if (DebugEnabled()) {
+    const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
+                           Clock::now() - t0)
+                           .count();
+    std::fprintf(stderr,
+                 "jax_blink: op=%" PRId64 " group=%" PRId64 " rank=%" PRId64
+                 " gen=%" PRId64 " run=%" PRId64 " bytes=%" PRId64
+                 " us=%" PRId64 " %s%s\n",
+                 a.op_id, a.group, a.rank, res.generation, a.run_id,
+                 static_cast<int64_t>(a.in_count * DTypeSize(s.dtype)), us,
+                 res.error.empty() ? "ok" : "error: ", res.error.c_str());
+  }
+  return res;
+}
+
+}  // namespace jax_blink

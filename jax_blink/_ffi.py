@@ -1,0 +1,59 @@
+"""Loads the C++ extension and registers its XLA FFI targets with jax.
+
+The extension ``jax_blink._blink_ext`` holds the typed FFI handlers of the
+``jax_blink_collective`` custom call (instantiate + execute stages), the FFI
+state type of its decoded schedule, the C++ schedule validator and a test
+harness (``run_ranks``). Registration happens once per process, on the first
+call of :func:`ensure_registered` (the ops module calls it before lowering).
+"""
+
+import threading
+
+TARGET = "jax_blink_collective"
+
+_BUILD_HINT = (
+    "jax_blink's C++ extension (jax_blink._blink_ext) is not built or cannot "
+    "be loaded. Build it from the repository root with `pip install -e .` "
+    "(or `pip install .`); see docs/building.md."
+)
+
+_lock = threading.Lock()
+_registered = False
+
+
+def load_extension():
+    """Returns the extension module, or raises ImportError with build advice."""
+    try:
+        from jax_blink import _blink_ext
+    except ImportError as e:
+        raise ImportError(f"{_BUILD_HINT} ({e})") from e
+    return _blink_ext
+
+
+def ensure_registered():
+    """Registers the FFI state type and targets for the CPU platform, once."""
+    global _registered
+    if _registered:
+        return
+    with _lock:
+        if _registered:
+            return
+        import jax
+
+        ext = load_extension()
+        for name, registration in ext.type_registrations().items():
+            jax.ffi.register_ffi_type(name, registration, platform="cpu")
+        for name, stages in ext.registrations().items():
+            jax.ffi.register_ffi_target(name, stages, platform="cpu")
+        _registered = True
+
+
+def has_cuda_support():
+    """Whether the installed extension contains the CUDA executor.
+
+    Returns False (never raises) when the extension is not built.
+    """
+    try:
+        return bool(load_extension().has_cuda())
+    except ImportError:
+        return False
