@@ -41,6 +41,15 @@ def ensure_registered():
         import jax
 
         ext = load_extension()
+        # jaxlib 0.10 replays registrations made before the CPU client
+        # exists in the wrong order (handlers before their state types) and
+        # then fails to start the backend. Start it first; this is why
+        # ensure_registered() must run lazily (at lowering), not at import,
+        # so that user settings such as jax_num_cpu_devices still apply.
+        try:
+            jax.devices("cpu")
+        except RuntimeError:
+            pass
         for name, registration in ext.type_registrations().items():
             jax.ffi.register_ffi_type(name, registration, platform="cpu")
         for name, stages in ext.registrations().items():
