@@ -1,0 +1,514 @@
+"""Discrete-event alpha-beta simulation of a :class:`~jax_blink.schedule.Schedule`.
+
+:func:`simulate` plays a schedule over the links of a topology and returns
+its completion time, how busy every directed link was, and when each tree and
+rank finished. It is the instrument that compares Blink plans with the
+baselines of :mod:`jax_blink.baselines` on the same topology, and it is pure
+Python + numpy: it never imports jax.
+
+The model
+---------
+Every parameter lives in :class:`SimModel`; times below are seconds, sizes
+bytes, and a bandwidth of ``b`` GB/s moves ``b * 1e9`` bytes per second.
+
+**Links.** Each link of the topology is full duplex: a link ``u``-``v`` of
+``b`` GB/s is two independent directed *arcs* ``u->v`` and ``v->u`` of ``b``
+GB/s each. Parallel links between the same pair add up into one arc.
+
+**Routes.** A transfer from rank ``u`` to rank ``v`` uses the direct arc when
+there is one; otherwise it is routed through switch nodes only (GPUs never
+forward in hardware), over the path with the fewest hops and, among those, the
+widest bottleneck. A logical rank-to-rank hop through a switch therefore
+consumes capacity on every arc of its path -- the sender's uplink port *and*
+the receiver's downlink port -- at the same time. Two ranks joined neither by
+a link nor through switches cannot exchange data: :class:`SimError`.
+
+**Channels.** SENDs are issued on *channels*, one transfer at a time per
+channel, in the sender's list order, each once its dependencies are done; a
+SEND occupies its channel for ``step_overhead + latency + transfer``, where
+``latency`` is the sum of the per-arc latencies of its route. With
+``SimModel.channels = "tree"`` (the default) each (sender, receiver, tree)
+is a channel, as Blink gives each tree and NCCL each ring its own stream or
+thread block: the chunks of one tree are serialised on a hop (that is the
+pipeline), different trees crossing the same hop overlap their latencies and
+share its bandwidth. With ``"link"`` each (sender, receiver) pair is one
+channel, as an executor with one stream per link direction has.
+
+**Sharing.** While moving bytes, a transfer is a *flow* over every arc of its
+route. Each arc's bandwidth is shared equally among the flows crossing it
+(processor sharing), and a flow advances at the smallest of its arcs' shares.
+This is exact when every flow crosses one arc, or when flows crossing the same
+arcs also share their bottleneck; otherwise it is slightly pessimistic (it is
+not max-min fair: bandwidth a flow cannot use on a non-bottleneck arc is not
+handed to the others). The latency phase consumes no bandwidth.
+
+**Receives.** Data is pushed into a staging buffer at the receiver as soon as
+the SEND is issued (receivers always have room, as with NCCL's FIFOs). A
+``RECV_COPY`` step starts once its dependencies are done and its data has
+arrived, and lasts ``step_overhead_s``. A ``RECV_REDUCE`` also reduces the
+chunk: after its overhead it is a flow of ``chunk_bytes`` over the receiving
+rank's *reducer*, a resource of ``reduce_gbps`` shared equally among the
+concurrent reductions of that rank.
+
+**Completion.** A SEND completes when its data has arrived (so a later write
+to the chunk, which depends on the SEND, waits until the receiver has it, as
+the executors enforce). The collective ends when the last step of any rank
+completes.
+
+Under this model a ring allreduce of ``S`` bytes over ``n`` ranks with
+``step_overhead_s = 0`` and an infinitely fast reducer takes exactly
+``2 (n - 1) alpha + 2 (n - 1) / n * S / B``, and a ``k``-chunk pipelined
+broadcast along a chain of ``P`` links (``P + 1`` ranks) takes
+``(P - 1 + k)(alpha + S / (k B))`` (``tests/test_simulate.py`` checks both).
+
+Examples
+--------
+>>> from types import SimpleNamespace as T
+>>> from jax_blink.schedule import lower_trees
+>>> from jax_blink.topology import Topology
+>>> chain = T(root=0, edges=[(0, 1), (1, 2)], weight=1.0)
+>>> s = lower_trees([chain], nranks=3, collective="broadcast", root=0,
+...                 count=2**20, dtype="float32", chunks=4)
+>>> topo = Topology.from_links(3, [(0, 1, 10.0), (1, 2, 10.0)])
+>>> model = SimModel(latency_us={"nvlink": 1.0}, step_overhead_us=0.0)
+>>> r = simulate(s, topo, model=model)
+>>> round(r.time_s * 1e6, 3)  # (2 links + 4 chunks - 1) * (1 us + 1 MiB / 10 GB/s)
+529.288
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections import defaultdict, deque
+
+import numpy as np
+
+from jax_blink.schedule import Schedule
+
+__all__ = ["simulate", "SimModel", "SimResult", "SimError", "bus_factor", "Network", "DEFAULT_LATENCY_US"]
+
+_GB = 1e9
+
+
+class SimError(ValueError):
+    """The schedule cannot run on the topology, or the model is invalid."""
+
+
+#: Nominal one-way latency of one arc, by link kind, in microseconds.
+DEFAULT_LATENCY_US = {"nvlink": 0.7, "pcie": 1.0, "net": 5.0, "shm": 0.5}
+
+
+@dataclasses.dataclass(frozen=True)
+class SimModel:
+    """Cost parameters of the simulation (see the module docstring).
+
+    Attributes
+    ----------
+    latency_us : dict
+        Latency (alpha) of one arc by link kind, in microseconds; a route
+        through switches pays the sum over its arcs. Kinds missing here use
+        ``DEFAULT_LATENCY_US``.
+    step_overhead_us : float
+        Fixed cost of every step (kernel launch, flag polling, dispatch).
+    reduce_gbps : float
+        Reduction throughput of one rank in GB/s of chunk data (``inf``: free).
+        The default, 300 GB/s, is a third of a V100's HBM bandwidth (a
+        reduction reads two operands and writes one).
+    channels : str
+        ``"tree"``: one channel per (sender, receiver, tree); ``"link"``: one
+        per (sender, receiver). See the module docstring.
+
+    Examples
+    --------
+    >>> SimModel().latency_s("pcie")
+    1e-06
+    """
+
+    latency_us: dict = dataclasses.field(default_factory=dict)
+    step_overhead_us: float = 1.0
+    reduce_gbps: float = 300.0
+    channels: str = "tree"
+
+    def __post_init__(self):
+        if self.channels not in ("tree", "link"):
+            raise SimError(f"SimModel.channels must be 'tree' or 'link', got {self.channels!r}")
+        if not self.step_overhead_us >= 0:
+            raise SimError(f"SimModel.step_overhead_us must be >= 0, got {self.step_overhead_us}")
+        if not self.reduce_gbps > 0:
+            raise SimError(f"SimModel.reduce_gbps must be > 0, got {self.reduce_gbps}")
+        for kind, value in self.latency_us.items():
+            if not value >= 0:
+                raise SimError(f"SimModel.latency_us[{kind!r}] must be >= 0, got {value}")
+
+    def latency_s(self, kind: str) -> float:
+        """Latency of one arc of link kind ``kind``, in seconds."""
+        if kind in self.latency_us:
+            return self.latency_us[kind] * 1e-6
+        if kind not in DEFAULT_LATENCY_US:
+            raise SimError(f"no latency for link kind {kind!r}; give SimModel(latency_us={{{kind!r}: ...}})")
+        return DEFAULT_LATENCY_US[kind] * 1e-6
+
+    def alpha_s(self, kind: str = "nvlink") -> float:
+        """Start-up cost of one transfer over one arc of ``kind``: step overhead + latency.
+
+        This is the ``alpha`` of the pipelining model that picks chunk counts.
+        """
+        return self.step_overhead_us * 1e-6 + self.latency_s(kind)
+
+
+class Network:
+    """Directed arcs of a topology and the routes the simulator sends data on.
+
+    Each full-duplex link gives two arcs; parallel links between one pair add
+    up (the arc's kind is that of the first link listed). Nodes ``0..n-1`` are
+    ranks, higher ids are switches. :mod:`jax_blink.baselines` uses the same
+    routes to size its pipelines.
+
+    Examples
+    --------
+    >>> from jax_blink.topology import Topology
+    >>> net = Network(Topology.preset("dgx1-v100"))
+    >>> net.route_bandwidth_gbps(0, 1), net.route_bandwidth_gbps(0, 5)
+    (50.0, 16.0)
+    >>> len(net.route(0, 5))  # 0 -> PCIe switch -> CPU0 -> CPU1 -> PCIe switch -> 5
+    5
+    """
+
+    def __init__(self, topology):
+        self.nranks = topology.n
+        index = {}
+        self.arcs, self.bandwidth_gbps, self.kind = [], [], []
+        for link in topology.links:
+            for arc in ((link.u, link.v), (link.v, link.u)):
+                if arc in index:
+                    self.bandwidth_gbps[index[arc]] += link.bandwidth_gbps
+                else:
+                    index[arc] = len(self.arcs)
+                    self.arcs.append(arc)
+                    self.bandwidth_gbps.append(float(link.bandwidth_gbps))
+                    self.kind.append(link.kind)
+        self.out_arcs = defaultdict(list)
+        for a, (u, _) in enumerate(self.arcs):
+            self.out_arcs[u].append(a)
+        self._routes = {}
+
+    def route(self, src: int, dst: int) -> tuple:
+        """Arc indices from rank ``src`` to rank ``dst``: the direct arc, else
+        the fewest-hop path through switches only, widest among equals.
+
+        Raises
+        ------
+        SimError
+            If no link or switch path joins them.
+        """
+        key = (src, dst)
+        if key not in self._routes:
+            self._routes[key] = self._find_route(src, dst)
+        return self._routes[key]
+
+    def route_bandwidth_gbps(self, src: int, dst: int) -> float:
+        """Bottleneck bandwidth of the route from ``src`` to ``dst``."""
+        return min(self.bandwidth_gbps[a] for a in self.route(src, dst))
+
+    def route_latency_s(self, src: int, dst: int, model: "SimModel") -> float:
+        """Sum of the arc latencies along the route from ``src`` to ``dst``."""
+        return sum(model.latency_s(self.kind[a]) for a in self.route(src, dst))
+
+    def _find_route(self, src, dst):
+        best = {src: (math.inf, ())}  # node -> (bottleneck GB/s, arcs)
+        frontier = [src]
+        while frontier and dst not in best:
+            nxt = {}
+            for node in frontier:
+                width, path = best[node]
+                for a in self.out_arcs[node]:
+                    w = self.arcs[a][1]
+                    if w in best or (w < self.nranks and w != dst):
+                        continue  # ranks do not forward
+                    cand = (min(width, self.bandwidth_gbps[a]), path + (a,))
+                    if w not in nxt or cand[0] > nxt[w][0]:
+                        nxt[w] = cand
+            best.update(nxt)
+            frontier = sorted(nxt)
+        if dst not in best:
+            raise SimError(f"ranks {src} and {dst} are joined by no link and no switch path, "
+                           f"but the schedule sends from {src} to {dst}")
+        return best[dst][1]
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw: ``2 (n - 1) / n`` for allreduce, 1 otherwise."""
+    if collective == "allreduce":
+        return 2.0 * (nranks - 1) / nranks if nranks > 1 else 1.0
+    return 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SimResult:
+    """Outcome of :func:`simulate`.
+
+    Attributes
+    ----------
+    time_s : float
+        Completion time of the collective.
+    size_bytes : int
+        Bytes of the vector reduced/broadcast.
+    collective : str
+    nranks : int
+    link_utilisation : dict
+        ``(src, dst) -> fraction`` of the arc's capacity used over ``time_s``
+        (bytes carried / (bandwidth * time_s)), for every arc of the network.
+    link_bytes : dict
+        ``(src, dst) -> bytes`` carried by each arc.
+    tree_finish_s : tuple of float
+        When the last step of each tree of the schedule completed.
+    rank_finish_s : tuple of float
+        When each rank completed its last step.
+    """
+
+    time_s: float
+    size_bytes: int
+    collective: str
+    nranks: int
+    link_utilisation: dict
+    link_bytes: dict
+    tree_finish_s: tuple
+    rank_finish_s: tuple
+
+    @property
+    def time_us(self) -> float:
+        return self.time_s * 1e6
+
+    @property
+    def algbw_gbps(self) -> float:
+        """Algorithm bandwidth ``size / time`` in GB/s (nccl-tests' algbw)."""
+        return self.size_bytes / self.time_s / _GB if self.time_s > 0 else math.inf
+
+    @property
+    def busbw_gbps(self) -> float:
+        """Bus bandwidth in GB/s (nccl-tests' busbw, DESIGN.md section 6)."""
+        return self.algbw_gbps * bus_factor(self.collective, self.nranks)
+
+
+def simulate(schedule: Schedule, topology, size_bytes: int | None = None,
+             model: SimModel | None = None) -> SimResult:
+    """Simulate ``schedule`` on ``topology``; see the module docstring for the model.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A valid schedule (it is not re-validated; call ``validate()`` first if
+        it comes from outside).
+    topology : Topology
+        Its rank count must equal ``schedule.nranks``.
+    size_bytes : int, optional
+        Simulate the same steps on a vector of this many bytes instead of
+        ``schedule.size_bytes``: every chunk is scaled by
+        ``size_bytes / schedule.size_bytes`` (the chunk count stays that of the
+        schedule, so re-lower for a pipeline depth suited to the new size).
+    model : SimModel, optional
+        Cost parameters; ``SimModel()`` by default.
+
+    Returns
+    -------
+    SimResult
+
+    Raises
+    ------
+    SimError
+        If the rank counts differ, ``size_bytes`` is not positive, or a
+        transfer joins two ranks with no route between them.
+    """
+    model = SimModel() if model is None else model
+    net = Network(topology)
+    if net.nranks != schedule.nranks:
+        raise SimError(f"the schedule has {schedule.nranks} ranks but the topology has {net.nranks}")
+    if size_bytes is None:
+        size_bytes = schedule.size_bytes
+    if not size_bytes > 0:
+        raise SimError(f"size_bytes must be > 0, got {size_bytes}")
+    return _Simulation(schedule, net, int(size_bytes), model).run()
+
+
+class _Simulation:
+    """One run of the event loop. Steps are numbered globally (rank-major)."""
+
+    def __init__(self, schedule, net, size_bytes, model):
+        self.schedule, self.net, self.model = schedule, net, model
+        self.size_bytes = size_bytes
+        scale = size_bytes / (schedule.count * schedule.itemsize)
+        self.chunk_bytes = [length * schedule.itemsize * scale for _, length in schedule.chunks]
+        self.overhead_s = model.step_overhead_us * 1e-6
+        nranks = schedule.nranks
+
+        # capacity (bytes/s) of every arc, then one reducer "arc" per rank
+        self.capacity = [bw * _GB for bw in net.bandwidth_gbps]
+        self.reducer = len(self.capacity)
+        self.capacity += [model.reduce_gbps * _GB] * nranks
+        self.arc_latency_s = [model.latency_s(kind) for kind in net.kind]
+
+        # flatten the steps
+        base, g = [], 0
+        for steps in schedule.steps:
+            base.append(g)
+            g += len(steps)
+        self.base = base
+        self.op, self.rank, self.chunk, self.peer, self.tree = [], [], [], [], []
+        self.missing = []           # unfinished dependencies (+1 for a RECV's data)
+        self.dependents = [[] for _ in range(g)]
+        sends = {}
+        channel_of = {}
+        for r, steps in enumerate(schedule.steps):
+            for i, s in enumerate(steps):
+                gid = base[r] + i
+                self.op.append(s.op)
+                self.rank.append(r)
+                self.chunk.append(s.chunk)
+                self.peer.append(s.peer)
+                self.tree.append(s.tree)
+                self.missing.append(len(s.deps) + (s.op != "SEND"))
+                for d in s.deps:
+                    self.dependents[base[r] + d].append(gid)
+                if s.op == "SEND":
+                    sends[(r, s.peer, s.chunk)] = gid
+                    channel_of[gid] = (r, s.peer, s.tree if model.channels == "tree" else 0)
+        self.recv_of = {}
+        for gid, op in enumerate(self.op):
+            if op != "SEND":
+                key = (self.peer[gid], self.rank[gid], self.chunk[gid])
+                if key not in sends:
+                    raise SimError(f"rank {self.rank[gid]} receives chunk {key[2]} from "
+                                   f"{key[0]}, which never sends it (validate() the schedule)")
+                self.recv_of[sends[key]] = gid
+        # channels: the SENDs of each (src, dst) pair in list order
+        self.channel_queue = defaultdict(deque)
+        for gid in sorted(channel_of):
+            self.channel_queue[channel_of[gid]].append(gid)
+        self.channel_of = channel_of
+        self.channel_busy = dict.fromkeys(self.channel_queue, False)
+        self.send_ready = set()
+
+        self.done_at = [math.nan] * g
+        self.events = []          # (time, seq, kind, payload)
+        self.seq = 0
+        # flows: id -> [arcs, remaining_bytes, rate, t_last, version, owner step]
+        self.flows = {}
+        self.arc_flows = defaultdict(set)
+        self.arc_bytes = [0.0] * len(self.capacity)
+        self.next_flow = 0
+
+    # ------------------------------------------------------------- events
+    def push(self, t, kind, payload):
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    def run(self):
+        now = 0.0
+        for gid, m in enumerate(self.missing):
+            if m == 0:
+                self.ready(gid, now)
+        handlers = {"start_flow": self.start_flow, "flow_end": self.flow_end,
+                    "finish": self.finish}
+        while self.events:
+            now, _, kind, payload = heapq.heappop(self.events)
+            handlers[kind](payload, now)
+        unfinished = [g for g, t in enumerate(self.done_at) if math.isnan(t)]
+        if unfinished:
+            g = unfinished[0]
+            raise SimError(f"deadlock: rank {self.rank[g]} step {g - self.base[self.rank[g]]} "
+                           f"({self.op[g]} chunk {self.chunk[g]}) never ran")
+        return self.result()
+
+    def ready(self, gid, now):
+        """All of ``gid``'s dependencies (and, for a RECV, its data) are there."""
+        op = self.op[gid]
+        if op == "SEND":
+            self.send_ready.add(gid)
+            self.try_channel(self.channel_of[gid], now)
+        elif op == "RECV_REDUCE" and self.capacity[self.reducer + self.rank[gid]] < math.inf:
+            arcs = (self.reducer + self.rank[gid],)
+            self.push(now + self.overhead_s, "start_flow", (arcs, self.chunk_bytes[self.chunk[gid]], gid))
+        else:
+            self.push(now + self.overhead_s, "finish", gid)
+
+    def try_channel(self, channel, now):
+        queue = self.channel_queue[channel]
+        if self.channel_busy[channel] or not queue or queue[0] not in self.send_ready:
+            return
+        gid = queue.popleft()
+        self.channel_busy[channel] = True
+        arcs = self.net.route(channel[0], channel[1])
+        latency = sum(self.arc_latency_s[a] for a in arcs)
+        self.push(now + self.overhead_s + latency, "start_flow",
+                  (arcs, self.chunk_bytes[self.chunk[gid]], gid))
+
+    def start_flow(self, payload, now):
+        arcs, nbytes, owner = payload
+        fid = self.next_flow
+        self.next_flow += 1
+        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner]
+        for a in arcs:
+            self.arc_flows[a].add(fid)
+            self.arc_bytes[a] += nbytes
+        self.reshare(arcs, now)
+
+    def flow_end(self, payload, now):
+        fid, version = payload
+        flow = self.flows.get(fid)
+        if flow is None or flow[4] != version:
+            return  # superseded by a rate change
+        del self.flows[fid]
+        for a in flow[0]:
+            self.arc_flows[a].discard(fid)
+        self.reshare(flow[0], now)
+        self.finish(flow[5], now)
+
+    def reshare(self, arcs, now):
+        """Recompute the rates of the flows crossing ``arcs`` after a change."""
+        affected = set()
+        for a in arcs:
+            affected |= self.arc_flows[a]
+        for fid in affected:
+            flow = self.flows[fid]
+            farcs, remaining, rate, t_last = flow[0], flow[1], flow[2], flow[3]
+            remaining -= rate * (now - t_last)
+            new_rate = min(self.capacity[a] / len(self.arc_flows[a]) for a in farcs)
+            flow[1], flow[2], flow[3] = max(remaining, 0.0), new_rate, now
+            flow[4] += 1
+            self.push(now + flow[1] / new_rate, "flow_end", (fid, flow[4]))
+
+    def finish(self, gid, now):
+        self.done_at[gid] = now
+        if self.op[gid] == "SEND":
+            channel = self.channel_of[gid]
+            self.channel_busy[channel] = False
+            recv = self.recv_of[gid]
+            self.missing[recv] -= 1
+            if self.missing[recv] == 0:
+                self.ready(recv, now)
+            self.try_channel(channel, now)
+        for d in self.dependents[gid]:
+            self.missing[d] -= 1
+            if self.missing[d] == 0:
+                self.ready(d, now)
+
+    # -------------------------------------------------------------- result
+    def result(self):
+        s, net = self.schedule, self.net
+        time_s = max(self.done_at, default=0.0)
+        done = np.asarray(self.done_at)
+        rank = np.asarray(self.rank, dtype=np.int64)
+        tree = np.asarray(self.tree, dtype=np.int64)
+        rank_finish = np.zeros(s.nranks)
+        tree_finish = np.zeros(s.ntrees)
+        if len(done):
+            np.maximum.at(rank_finish, rank, done)
+            np.maximum.at(tree_finish, tree, done)
+        util, nbytes = {}, {}
+        for a, arc in enumerate(net.arcs):
+            nbytes[arc] = self.arc_bytes[a]
+            util[arc] = self.arc_bytes[a] / (self.capacity[a] * time_s) if time_s > 0 else 0.0
+        return SimResult(time_s, self.size_bytes, s.collective, s.nranks, util, nbytes,
+                         tuple(tree_finish.tolist()), tuple(rank_finish.tolist()))

@@ -1,0 +1,165 @@
+"""The simulator against closed forms, and its documented sharing and routing rules."""
+
+import math
+import sys
+from types import SimpleNamespace as Tree
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from jax_blink.baselines import ring_allreduce
+from jax_blink.schedule import lower_trees
+from jax_blink.simulate import Network, SimError, SimModel, simulate
+from jax_blink.topology import Topology
+
+IDEAL = dict(step_overhead_us=0.0, reduce_gbps=math.inf)
+
+
+def ring_topology(n, gbps):
+    return Topology.from_links(n, [(i, (i + 1) % n, gbps) for i in range(n)] if n > 2 else [(0, 1, gbps)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 8), st.sampled_from([10.0, 25.0, 50.0]), st.sampled_from([0.5, 2.0, 10.0]),
+       st.integers(1, 4096))
+def test_ring_allreduce_matches_the_closed_form(n, gbps, alpha_us, blocks):
+    size = n * 64 * blocks  # n equal chunks
+    topo = ring_topology(n, gbps)
+    s = ring_allreduce(topo, size, rings=[(tuple(range(n)), gbps)], loops=1).validate()
+    r = simulate(s, topo, model=SimModel(latency_us={"nvlink": alpha_us}, **IDEAL))
+    expected = 2 * (n - 1) * alpha_us * 1e-6 + 2 * (n - 1) / n * size / (gbps * 1e9)
+    assert r.time_s == pytest.approx(expected, rel=0.01)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 32), st.sampled_from([10.0, 25.0]),
+       st.sampled_from([0.5, 5.0]), st.integers(1, 256))
+def test_pipelined_chain_broadcast_matches_the_closed_form(links, k, gbps, alpha_us, blocks):
+    # P = links: (P - 1 + k)(alpha + S / (k B)) for a chain of P links, k chunks
+    size = k * 64 * blocks
+    topo = Topology.from_links(links + 1, [(i, i + 1, gbps) for i in range(links)])
+    path = Tree(root=0, edges=[(i, i + 1) for i in range(links)], weight=1.0)
+    s = lower_trees([path], nranks=links + 1, collective="broadcast", root=0, count=size // 4,
+                    dtype="float32", chunks=k).validate()
+    assert len(s.chunks) == k
+    r = simulate(s, topo, model=SimModel(latency_us={"nvlink": alpha_us}, **IDEAL))
+    expected = (links - 1 + k) * (alpha_us * 1e-6 + size / (k * gbps * 1e9))
+    assert r.time_s == pytest.approx(expected, rel=0.01)
+
+
+def test_step_overhead_and_reduction_add_to_every_hop():
+    n, gbps, size = 4, 20.0, 4 * 2**20
+    topo = ring_topology(n, gbps)
+    s = ring_allreduce(topo, size, rings=[(tuple(range(n)), gbps)], loops=1)
+    model = SimModel(latency_us={"nvlink": 1.0}, step_overhead_us=3.0, reduce_gbps=100.0)
+    per_chunk = size / n
+    hop = 3e-6 + 1e-6 + per_chunk / (gbps * 1e9)  # SEND: overhead + latency + transfer
+    rs = (n - 1) * (hop + 3e-6 + per_chunk / 100e9)  # RECV_REDUCE: overhead + reduction
+    ag = (n - 1) * (hop + 3e-6)  # RECV_COPY: overhead
+    assert simulate(s, topo, model=model).time_s == pytest.approx(rs + ag, rel=1e-9)
+
+
+def test_transfers_sharing_a_link_split_its_bandwidth():
+    # two single-chunk broadcast trees 0 -> 1 over one 10 GB/s link: processor sharing
+    topo = Topology.from_links(2, [(0, 1, 10.0)])
+    trees = [Tree(root=0, edges=[(0, 1)], weight=1.0)] * 2
+    s = lower_trees(trees, nranks=2, collective="broadcast", root=0, count=2**20, dtype="float32")
+    r = simulate(s, topo, model=SimModel(latency_us={"nvlink": 0.0}, **IDEAL))
+    assert r.time_s == pytest.approx(4 * 2**20 / 10e9)
+    assert r.link_utilisation[(0, 1)] == pytest.approx(1.0)
+    assert r.link_utilisation[(1, 0)] == 0.0
+    assert r.tree_finish_s == pytest.approx((r.time_s, r.time_s))
+
+
+def test_link_channels_serialise_trees_on_a_hop():
+    topo = Topology.from_links(2, [(0, 1, 10.0)])
+    trees = [Tree(root=0, edges=[(0, 1)], weight=1.0)] * 2
+    s = lower_trees(trees, nranks=2, collective="broadcast", root=0, count=2**20, dtype="float32")
+    model = SimModel(latency_us={"nvlink": 5.0}, channels="link", **IDEAL)
+    # one stream per link direction: both latencies are paid in turn
+    assert simulate(s, topo, model=model).time_s == pytest.approx(2 * 5e-6 + 4 * 2**20 / 10e9)
+
+
+def test_full_duplex_directions_do_not_interfere():
+    topo = Topology.from_links(2, [(0, 1, 10.0)])
+    s = ring_allreduce(topo, 2**20, rings=[((0, 1), 10.0)], loops=1)
+    r = simulate(s, topo, model=SimModel(latency_us={"nvlink": 0.0}, **IDEAL))
+    # each rank sends half the vector to the other, both at once
+    assert r.time_s == pytest.approx(2 * (2**20 / 2) / 10e9)
+
+
+def test_a_hop_through_a_switch_uses_both_ports():
+    # ranks 0, 1 send to rank 2 through a switch: rank 2's port is the bottleneck
+    topo = Topology.from_links(3, [(r, 3, 10.0, "pcie") for r in range(3)], ["sw"])
+    net = Network(topo)
+    assert [net.arcs[a] for a in net.route(0, 2)] == [(0, 3), (3, 2)]
+    star = Tree(root=2, edges=[(2, 0), (2, 1)], weight=1.0)
+    s = lower_trees([star], nranks=3, collective="reduce", root=2, count=2**20, dtype="float32")
+    r = simulate(s, topo, model=SimModel(latency_us={"pcie": 0.0}, **IDEAL))
+    assert r.time_s == pytest.approx(2 * 4 * 2**20 / 10e9)
+    assert r.link_utilisation[(3, 2)] == pytest.approx(1.0)
+    assert r.link_utilisation[(0, 3)] == pytest.approx(0.5)
+
+
+def test_routes_prefer_direct_links_and_never_cross_ranks():
+    topo = Topology.preset("dgx1-v100")
+    net = Network(topo)
+    assert len(net.route(0, 1)) == 1 and net.route_bandwidth_gbps(0, 1) == 50.0
+    path = [net.arcs[a] for a in net.route(0, 5)]  # no NVLink 0-5: PCIe and QPI
+    assert all(v >= topo.n for _, v in path[:-1])
+    assert net.route_bandwidth_gbps(0, 5) == 16.0
+
+
+def test_size_override_scales_the_bandwidth_term():
+    topo = ring_topology(4, 25.0)
+    s = ring_allreduce(topo, 4 * 2**20, rings=[((0, 1, 2, 3), 25.0)], loops=1)
+    model = SimModel(latency_us={"nvlink": 0.0}, **IDEAL)
+    small, big = simulate(s, topo, model=model), simulate(s, topo, size_bytes=8 * 2**20, model=model)
+    assert big.time_s == pytest.approx(2 * small.time_s)
+    assert big.size_bytes == 8 * 2**20 and big.algbw_gbps == pytest.approx(small.algbw_gbps)
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    topo = ring_topology(4, 25.0)
+    s = ring_allreduce(topo, 2**24, rings=[((0, 1, 2, 3), 25.0)], loops=1)
+    r = simulate(s, topo)
+    assert r.busbw_gbps == pytest.approx(r.algbw_gbps * 2 * 3 / 4)
+    assert r.algbw_gbps == pytest.approx(2**24 / r.time_s / 1e9)
+
+
+def test_bad_inputs_raise_clear_errors():
+    topo = ring_topology(4, 25.0)
+    s = ring_allreduce(topo, 4096, rings=[((0, 1, 2, 3), 25.0)], loops=1)
+    with pytest.raises(SimError, match="4 ranks but the topology has 3"):
+        simulate(s, ring_topology(3, 25.0))
+    with pytest.raises(SimError, match="size_bytes must be > 0"):
+        simulate(s, topo, size_bytes=0)
+    with pytest.raises(SimError, match="joined by no link"):
+        simulate(s, Topology.from_links(4, [(0, 1, 1.0), (2, 3, 1.0)]))
+    with pytest.raises(SimError, match="reduce_gbps"):
+        SimModel(reduce_gbps=0)
+    with pytest.raises(SimError, match="no latency for link kind"):
+        SimModel(latency_us={}).latency_s("carrier-pigeon")
+
+
+def test_simulation_never_imports_jax(monkeypatch):
+    for name in [m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jax_blink"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "jax", None)
+    import jax_blink.baselines
+    import jax_blink.simulate  # noqa: F401
+
+
+def test_sweeping_every_dgx1_allocation_is_fast():
+    import itertools
+    import time
+
+    from jax_blink.baselines import all_baselines
+
+    topo = Topology.preset("dgx1-v100")
+    start = time.perf_counter()
+    for sub in itertools.combinations(range(8), 5):
+        t = topo.subset(sub)
+        for s in all_baselines(t, 2**20).values():
+            assert simulate(s, t).time_s > 0
+    assert time.perf_counter() - start < 30
