@@ -1,0 +1,120 @@
+"""``python -m jax_blink plan``: plan a collective and show the trees.
+
+Prints the trees, the rate against the certified bound and the ring
+baseline, the family and the planning time; ``--json`` prints one JSON
+object instead, ``--png`` draws the topology with each tree in its own colour.
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from jax_blink.planner import COLLECTIVES, PlanError, plan
+from jax_blink.topology import Topology, TopologyError
+
+__all__ = ["add_parser", "run", "load_topology"]
+
+
+def load_topology(spec: str) -> Topology:
+    """A preset name or the path of a topology JSON file."""
+    if os.path.exists(spec) or spec.endswith(".json"):
+        return Topology.from_json(spec)
+    return Topology.preset(spec)
+
+
+def _parse_gpus(text: str) -> list:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TopologyError(f"--gpus must be comma-separated rank numbers like 0,1,4,5, got {text!r}") from None
+
+
+def add_parser(subparsers) -> None:
+    """Add the ``plan`` subcommand to an argparse ``subparsers`` object."""
+    p = subparsers.add_parser("plan", help="plan a collective on a topology and show the trees",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--topology", required=True, help="preset name (e.g. dgx1-v100, shm:8) or topology JSON file")
+    p.add_argument("--gpus", help="comma-separated ranks to use (default: all), e.g. 0,1,4,5")
+    p.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
+    p.add_argument("--root", type=int, default=None, help="root rank for broadcast/reduce (default 0)")
+    p.add_argument("--max-trees", type=int, default=None, help="use at most this many trees")
+    p.add_argument("--tolerance", type=float, default=0.0, help="accept this fraction below the optimum")
+    p.add_argument("--no-cache", action="store_true", help="plan afresh, ignoring the plan cache")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--png", help="draw the topology and trees into this PNG file")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Execute the ``plan`` subcommand; returns the exit status."""
+    try:
+        full = load_topology(args.topology)
+        gpus = _parse_gpus(args.gpus) if args.gpus else list(range(full.n))
+        topology = full.subset(gpus, name=full.name if not args.gpus else "") if args.gpus else full
+        result = plan(topology, args.collective, root=args.root, max_trees=args.max_trees,
+                      tolerance=args.tolerance, cache=not args.no_cache)
+    except (TopologyError, PlanError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({
+            "topology": full.name, "gpus": gpus, "collective": result.collective, "root": result.root,
+            "family": result.family, "rate_gbps": result.rate_gbps, "bound_gbps": result.bound_gbps,
+            "ring_rate_gbps": result.ring_rate_gbps, "link_kinds": list(result.link_kinds),
+            "trees": [{"weight": t.weight, "root": t.root, "edges": [list(e) for e in t.edges]}
+                      for t in result.trees],
+            "plan_seconds": result.plan_seconds}))
+    else:
+        print(result.summary())
+        if args.gpus:
+            print("  (ranks are positions in --gpus: " + ", ".join(f"{i}=GPU{g}" for i, g in enumerate(gpus)) + ")")
+    if args.png:
+        draw(result, args.png, labels=[f"GPU{g}" for g in gpus])
+    return 0
+
+
+def draw(result, path: str, labels=None) -> None:
+    """Draw the plan's topology with each tree in its own colour into ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    topology = result.topology
+    n = topology.n
+    links = [l for l in topology.links if l.kind in result.link_kinds]  # the links the plan may use
+    switches = sorted({x for l in links for x in (l.u, l.v) if x >= n})
+    angle = 2 * np.pi * np.arange(n) / n
+    pos = {r: (np.cos(angle[r]), np.sin(angle[r])) for r in range(n)}
+    for j, s in enumerate(switches):  # switches on an inner circle
+        a = 2 * np.pi * (j + 0.5) / len(switches)
+        pos[s] = (0.4 * np.cos(a), 0.4 * np.sin(a)) if len(switches) > 1 else (0.0, 0.0)
+    fig, ax = plt.subplots(figsize=(7, 7))
+    for link in links:
+        (x0, y0), (x1, y1) = pos[link.u], pos[link.v]
+        ax.plot([x0, x1], [y0, y1], color="lightgray", lw=1 + link.bandwidth_gbps / 25, zorder=1)
+    colours = plt.get_cmap("tab20")
+    for i, tree in enumerate(result.trees):
+        offset = 0.02 * (i - len(result.trees) / 2)
+        for path_nodes in tree.paths:
+            for x, y in zip(path_nodes, path_nodes[1:]):
+                (x0, y0), (x1, y1) = pos[x], pos[y]
+                ax.annotate("", xy=(x1 + offset, y1 + offset), xytext=(x0 + offset, y0 + offset),
+                            arrowprops=dict(arrowstyle="->", color=colours(i % 20), lw=1.5), zorder=2)
+        ax.plot([], [], color=colours(i % 20), label=f"tree {i}: {tree.weight:.3g} GB/s, root {tree.root}")
+    for node, (x, y) in pos.items():
+        is_rank = node < n
+        name = (labels[node] if labels else str(node)) if is_rank else topology.switches[node - n]
+        ax.scatter([x], [y], s=500 if is_rank else 250, color="white", edgecolor="black",
+                   marker="o" if is_rank else "s", zorder=3)
+        ax.text(x, y, name, ha="center", va="center", fontsize=8 if is_rank else 6, zorder=4)
+    ax.set_title(f"{result.collective} on {topology.name}: {result.rate_gbps:.4g} GB/s "
+                 f"(bound {result.bound_gbps:.4g}, ring {result.ring_rate_gbps:.4g}), family {result.family}")
+    ax.legend(loc="upper left", fontsize=7, bbox_to_anchor=(1.0, 1.0))
+    ax.set_axis_off()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
