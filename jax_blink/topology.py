@@ -229,26 +229,29 @@ class Topology:
         if missing:
             raise TopologyError(f"nvidia-smi matrix lacks rows for GPU(s) {missing}")
         levels = ("PIX", "PXB", "PHB", "NODE", "SYS")
+        for i in range(n):
+            for j in range(n):
+                cell = cells[i][j]
+                if i == j and cell != "X":
+                    raise TopologyError(f"cell GPU{i}/GPU{j} is {cell!r}, expected 'X' on the diagonal")
+                if i != j and cell not in levels and not re.fullmatch(r"NV\d+", cell):
+                    raise TopologyError(
+                        f"cell GPU{i}/GPU{j} is {cell!r}; expected X, NV#, PIX, PXB, PHB, NODE or SYS")
         nvlinks, level_of = [], {}
         for i in range(n):
             for j in range(n):
                 cell, mirror = cells[i][j], cells[j][i]
                 if i == j:
-                    if cell != "X":
-                        raise TopologyError(f"cell GPU{i}/GPU{j} is {cell!r}, expected 'X' on the diagonal")
                     continue
+                nv = re.fullmatch(r"NV(\d+)", cell)
                 if cell != mirror:
                     raise TopologyError(f"the matrix is not symmetric: GPU{i}/GPU{j} is {cell!r} "
                                         f"but GPU{j}/GPU{i} is {mirror!r}")
-                nv = re.fullmatch(r"NV(\d+)", cell)
                 if nv:
                     if i < j:
                         nvlinks.append((i, j, int(nv.group(1)) * nvlink_gbps, "nvlink"))
-                elif cell in levels:
-                    level_of[i, j] = levels.index(cell)
                 else:
-                    raise TopologyError(
-                        f"cell GPU{i}/GPU{j} is {cell!r}; expected X, NV#, PIX, PXB, PHB, NODE or SYS")
+                    level_of[i, j] = levels.index(cell)
         switches = []
         pcie = _pcie_tree(n, level_of, levels, pcie_gbps, sys_gbps, switches)
         return cls(n, nvlinks + pcie, switches, name)

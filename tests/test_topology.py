@@ -1,0 +1,173 @@
+"""Topology model: constructors, presets, JSON, nvidia-smi parsing, subsets, errors."""
+
+import json
+import math
+
+import pytest
+
+from jax_blink import detect, presets
+from jax_blink.topology import Link, Topology, TopologyError
+
+DGX1V_SMI = """\
+        GPU0    GPU1    GPU2    GPU3    GPU4    GPU5    GPU6    GPU7    mlx5_0  CPU Affinity    NUMA Affinity
+GPU0     X      NV2     NV1     NV1     NV2     SYS     SYS     SYS     PIX     0-19,40-59      0
+GPU1    NV2      X      NV1     NV2     SYS     NV1     SYS     SYS     PIX     0-19,40-59      0
+GPU2    NV1     NV1      X      NV2     SYS     SYS     NV2     SYS     PHB     0-19,40-59      0
+GPU3    NV1     NV2     NV2      X      SYS     SYS     SYS     NV1     PHB     0-19,40-59      0
+GPU4    NV2     SYS     SYS     SYS      X      NV2     NV1     NV1     SYS     20-39,60-79     1
+GPU5    SYS     NV1     SYS     SYS     NV2      X      NV1     NV2     SYS     20-39,60-79     1
+GPU6    SYS     SYS     NV2     SYS     NV1     NV1      X      NV2     SYS     20-39,60-79     1
+GPU7    SYS     SYS     SYS     NV1     NV1     NV2     NV2      X      SYS     20-39,60-79     1
+mlx5_0  PIX     PIX     PHB     PHB     SYS     SYS     SYS     SYS      X
+
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+PCIE_SMI = """\
+        GPU0    GPU1    GPU2    GPU3    CPU Affinity
+GPU0     X      PIX     PXB     SYS     0-7
+GPU1    PIX      X      PXB     SYS     0-7
+GPU2    PXB     PXB      X      SYS     0-7
+GPU3    SYS     SYS     SYS      X      8-15
+"""
+
+
+def nvlink_pairs(t):
+    return {(l.u, l.v): l.bandwidth_gbps for l in t.links if l.kind == "nvlink"}
+
+
+def test_parallel_links_add_up_and_links_are_canonical():
+    t = Topology.from_links(3, [(1, 0, 25), (0, 1, 25.0, "nvlink"), Link(2, 1, 10, "pcie")])
+    assert t.links == (Link(0, 1, 50.0, "nvlink"), Link(1, 2, 10.0, "pcie"))
+
+
+def test_subset_reindexes_in_given_order_and_keeps_switch_routes():
+    t = Topology.preset("dgx1-v100")
+    s = t.subset([5, 0])
+    assert s.n == 2 and s.name == "dgx1-v100[5,0]"
+    assert nvlink_pairs(s) == {}  # GPU0 and GPU5 share no NVLink
+    assert s.planning_kinds() == ("pcie",)
+    assert not s.unreachable()  # but PCIe switches and the CPUs join them
+    assert nvlink_pairs(t.subset([4, 0, 1])) == {(0, 1): 50.0, (1, 2): 50.0}
+
+
+@pytest.mark.parametrize("ranks, message", [
+    ([0, 8], "rank 8 in the subset is out of range"),
+    ([-1], "rank -1 in the subset is out of range"),
+    ([1, 2, 1], r"rank\(s\) \[1\] appear more than once"),
+    ([], "at least one rank"),
+])
+def test_bad_subset_is_named(ranks, message):
+    with pytest.raises(TopologyError, match=message):
+        Topology.preset("dgx1-p100").subset(ranks)
+
+
+@pytest.mark.parametrize("bandwidth", [0, -5, math.nan, math.inf, "fast"])
+def test_non_positive_or_non_numeric_bandwidth_is_rejected(bandwidth):
+    with pytest.raises(TopologyError, match="link 0-1: bandwidth"):
+        Topology.from_links(2, [(0, 1, bandwidth)])
+
+
+@pytest.mark.parametrize("links, message", [
+    ([(0, 2, 10)], "node 2 is out of range"),
+    ([(0, 0, 10)], "connects a node to itself"),
+    ([(0, 1, 10, "infiniband")], "unknown kind 'infiniband'"),
+    ([(0, 1)], r"must be \(u, v, gbps\)"),
+])
+def test_bad_links_are_named(links, message):
+    with pytest.raises(TopologyError, match=message):
+        Topology.from_links(2, links)
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(TopologyError, match="unknown topology preset 'dgx3'.*dgx1-v100.*shm:N"):
+        Topology.preset("dgx3")
+
+
+@pytest.mark.parametrize("name", ["shm:0", "shm:x", "shm:"])
+def test_bad_shm_count(name):
+    with pytest.raises(TopologyError, match="positive integer"):
+        Topology.preset(name)
+
+
+@pytest.mark.parametrize("name", [n.replace("N", "5") for n in presets.preset_names()])
+def test_presets_round_trip_through_json(name, tmp_path):
+    t = Topology.preset(name)
+    assert Topology.from_json(t.to_json()) == t
+    path = tmp_path / "t.json"
+    path.write_text(t.to_json(indent=2))
+    assert Topology.from_json(str(path)) == t
+    assert not t.unreachable()
+
+
+def test_dgx1_presets_match_design_reference():
+    v, p = Topology.preset("dgx1-v100"), Topology.preset("dgx1-p100")
+    assert len(nvlink_pairs(v)) == len(nvlink_pairs(p)) == 16
+    assert sum(nvlink_pairs(v).values()) == 600.0  # 24 NVLink2 links x 25 GB/s
+    assert set(nvlink_pairs(p).values()) == {20.0}
+    assert Topology.preset("shm:3").switches == ("host memory",)
+
+
+def test_fingerprint_is_stable_and_ignores_the_name():
+    a = Topology.from_links(2, [(0, 1, 10)], name="a")
+    b = Topology.from_links(2, [(1, 0, 10)], name="b")
+    c = Topology.from_links(2, [(0, 1, 11)])
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+    assert len(a.fingerprint()) == 64 and int(a.fingerprint(), 16) >= 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "malformed topology JSON"),
+    ('{"format": "other"}', "not a jax_blink topology"),
+    ('{"format": "jax_blink.topology", "version": 1}', "missing key 'nranks'"),
+    ('{"format": "jax_blink.topology", "version": 9, "nranks": 2, "links": []}', "version 9"),
+    ('{"format": "jax_blink.topology", "version": 1, "nranks": 2, "links": 3}', "'links' must be a list"),
+    ('{"format": "jax_blink.topology", "version": 1, "nranks": 0, "links": []}', "positive integer"),
+    ("/no/such/file.json", "cannot read topology file"),
+])
+def test_malformed_json_is_named(text, message):
+    with pytest.raises(TopologyError, match=message):
+        Topology.from_json(text)
+
+
+def test_nvidia_smi_dgx1_matrix_gives_the_dgx1_nvlinks():
+    t = Topology.from_nvidia_smi(DGX1V_SMI)
+    assert t.n == 8
+    assert nvlink_pairs(t) == nvlink_pairs(Topology.preset("dgx1-v100"))
+    assert t.planning_kinds() == ("nvlink",)
+    assert not t.subset([0, 5]).unreachable()  # the PCIe/SYS tree joins them
+
+
+def test_nvidia_smi_pcie_levels_become_switches():
+    t = Topology.from_nvidia_smi(PCIE_SMI, pcie_gbps=12.0, sys_gbps=30.0)
+    assert t.switches == ("pix0", "pxb1", "sys2")
+    assert {(l.u, l.v, l.bandwidth_gbps) for l in t.links} == {
+        (0, 4, 12.0), (1, 4, 12.0), (2, 5, 12.0), (4, 5, 12.0), (3, 6, 30.0), (5, 6, 30.0)}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nothing here", "no GPU matrix"),
+    (PCIE_SMI.replace("PXB      X", "FOO      X"), "cell GPU2/GPU1 is 'FOO'; expected X, NV#"),
+    (PCIE_SMI.replace("GPU3    SYS     SYS     SYS      X      8-15", "GPU3    SYS     PIX     SYS      X      8-15"),
+     "not symmetric"),
+    ("\n".join(PCIE_SMI.splitlines()[:-1]), r"lacks rows for GPU\(s\) \[3\]"),
+    (PCIE_SMI.replace("GPU3    SYS     SYS     SYS      X      8-15", "GPU3    SYS"), "row GPU3 has 1 cells"),
+])
+def test_malformed_nvidia_smi_is_named(text, message):
+    with pytest.raises(TopologyError, match=message):
+        Topology.from_nvidia_smi(text)
+
+
+def test_detect_without_nvidia_smi_returns_none(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert detect.detect() is None
+
+
+def test_to_json_is_plain_data():
+    data = json.loads(Topology.preset("shm:2").to_json())
+    assert data == {"format": "jax_blink.topology", "version": 1, "name": "shm:2", "nranks": 2,
+                    "switches": ["host memory"], "links": [[0, 2, 10.0, "shm"], [1, 2, 10.0, "shm"]]}
