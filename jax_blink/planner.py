@@ -40,6 +40,7 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
@@ -599,14 +600,18 @@ class _Packer:
         opts = dict(solver=cp.HIGHS, time_limit=_MILP_TIME_LIMIT_S)
         if max_trees is not None:
             best = cp.Problem(cp.Maximize(rate), base)
-            best.solve(**opts)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+                best.solve(**opts)
             if best.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or best.value is None:
                 raise PlanError(f"internal error: the tree-count MILP ended {best.status}")
             target = min(target, float(best.value) * (1 - 1e-9))
         depth = np.array([c.depth for c in cols], dtype=float)
         epsilon = 1.0 / (m * (depth.max() + 1) + 1)  # depth only breaks ties of the count
         problem = cp.Problem(cp.Minimize(cp.sum(z) + epsilon * depth @ z), base + [rate >= target])
-        problem.solve(**opts)
+        with warnings.catch_warnings():  # a time-limited MILP keeps its best incumbent
+            warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+            problem.solve(**opts)
         if z.value is None:
             raise PlanError(f"internal error: the tree-count MILP ended {problem.status}")
         return [j for j in range(m) if z.value[j] > 0.5]
@@ -793,13 +798,15 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance) -> Plan:
                         f"rank 0 over any link; add the missing links or plan on a connected subset")
     kinds = topology.planning_kinds()
     graph = topology.link_graph(kinds)
-    families = ("tree", "rsag") if collective == "allreduce" else ("tree",)
+    # rsag needs a tree rooted at every rank
+    rsag = collective == "allreduce" and (max_trees is None or max_trees >= topology.n)
+    families = ("tree", "rsag") if rsag else ("tree",)
     results = {}
     for family in families:
         _, rate, trees, arc_price = _pack(graph, collective, family, root, max_trees, tolerance)
         results[family] = (rate, trees, arc_price)
     family = "tree"
-    if collective == "allreduce":
+    if "rsag" in results:
         tree_rate, rsag_rate = results["tree"][0], results["rsag"][0]
         tie = math.isclose(tree_rate, rsag_rate, rel_tol=_RATE_RTOL)
         rsag_depth = max(t.depth for t in results["rsag"][1])
