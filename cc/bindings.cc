@@ -102,7 +102,8 @@ Buffer GetBuffer(const py::handle& obj, bool writable, const char* what,
 py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
                   const py::sequence& outputs, int64_t timeout_ms,
                   const std::vector<int64_t>& skip_ranks, int64_t op_id,
-                  int64_t group) {
+                  int64_t group, int64_t repeat) {
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
   // One schedule for all ranks, or a list with one per rank (to test
   // disagreeing ranks).
   std::vector<std::shared_ptr<Schedule>> scheds;
@@ -162,8 +163,15 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
     for (int64_t r = 0; r < nranks; ++r) {
       if (skip[r]) continue;
       threads.emplace_back([&, r] {
-        ExecResult res = ExecuteCpu(args[r]);
-        if (!res.error.empty()) errors[r] = std::move(res.error);
+        // Repeats reuse one RunId: generations tell them apart, as for a
+        // call site inside lax.scan.
+        for (int64_t k = 0; k < repeat; ++k) {
+          ExecResult res = ExecuteCpu(args[r]);
+          if (!res.error.empty()) {
+            errors[r] = std::move(res.error);
+            break;
+          }
+        }
       });
     }
     for (std::thread& t : threads) t.join();
@@ -220,13 +228,16 @@ PYBIND11_MODULE(_blink_ext, m) {
   m.def("run_ranks", &RunRanks, py::arg("schedule"), py::arg("inputs"),
         py::arg("outputs"), py::arg("timeout_ms") = 10000,
         py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
-        py::arg("group") = 0,
+        py::arg("group") = 0, py::arg("repeat") = 1,
         "Test harness: runs every rank except skip_ranks on its own thread "
         "through the rendezvous and CPU executor used by the custom call. "
         "inputs/outputs: one C-contiguous array per rank (itemsize of the "
         "schedule dtype; bfloat16 from ml_dtypes). schedule: one encoded "
-        "schedule, or a list with one per rank. Returns one entry per rank: "
-        "None on success (or when skipped), else the error message.");
+        "schedule, or a list with one per rank. repeat: run the collective this "
+        "many times on the same threads (one RunId, successive generations, "
+        "like a call site inside lax.scan; for benchmarks). Returns one entry "
+        "per rank: None on success (or when skipped), else the first error "
+        "message.");
   m.def(
       "rendezvous_stats",
       []() {
@@ -239,5 +250,27 @@ PYBIND11_MODULE(_blink_ext, m) {
         return d;
       },
       "Counts of live rendezvous state (for leak tests).");
+  m.def(
+      "_set_tunables",
+      [](int spin, int64_t yield_us, int64_t nt_bytes) {
+        ExecTunables t;
+        t.spin = spin;
+        t.yield_ns = yield_us * 1000;
+        t.nt_bytes = nt_bytes;
+        SetExecTunables(t);
+      },
+      py::arg("spin"), py::arg("yield_us"), py::arg("nt_bytes"),
+      "Benchmark hook: overrides JAX_BLINK_SPIN / JAX_BLINK_YIELD_US / "
+      "JAX_BLINK_NT_BYTES. Do not call while collectives run.");
+  m.def(
+      "_get_tunables",
+      []() {
+        const ExecTunables& t = GetExecTunables();
+        py::dict d;
+        d["spin"] = t.spin;
+        d["yield_us"] = t.yield_ns / 1000;
+        d["nt_bytes"] = t.nt_bytes;
+        return d;
+      });
   m.attr("TARGET") = kTargetName;
 }

@@ -50,9 +50,17 @@ ExecResult ExecuteCpu(const ExecArgs& args);
 
 // Tunables read once from the environment (see docs/building.md).
 struct ExecTunables {
-  int spin = 0;  // busy-wait iterations before sleeping on a futex
+  int spin = 0;           // busy-wait iterations before yielding
+  int64_t yield_ns = 0;   // then sched_yield for this long before sleeping
+  // Copies of at least this many bytes whose destination no peer reads
+  // afterwards bypass the cache (non-temporal stores, x86-64 only); they
+  // save the read-for-ownership traffic of large outputs.
+  int64_t nt_bytes = 0;
 };
 const ExecTunables& GetExecTunables();
+// For benchmarks and tests: replaces the tunables (not thread-safe against
+// running collectives).
+void SetExecTunables(const ExecTunables& t);
 
 // Local dependency bookkeeping for one rank's steps. Reused across calls
 // (thread-local in the CPU executor), so Reset() does not allocate in the

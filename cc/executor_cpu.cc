@@ -10,6 +10,10 @@
 #include <sstream>
 #include <string>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include "executor.h"
 #include "rendezvous.h"
 #include "schedule.h"
@@ -122,12 +126,16 @@ struct Src {
 constexpr int kMaxFuse = 8;
 constexpr int64_t kBlock = 1024;
 
+// The element loops are kept out of line: GCC drops `__restrict__` when it
+// inlines them and then falls back to scalar code behind alias checks.
+#define JAX_BLINK_KERNEL __attribute__((noinline))
+
 template <class Tr>
 struct Kernels {
   using T = typename Tr::T;
   using A = typename Tr::A;
 
-  static void LoadBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
+  JAX_BLINK_KERNEL static void LoadBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
     if (Tr::kSame || !s.is_input) {
       std::memcpy(tmp, static_cast<const A*>(s.p) + off, m * sizeof(A));
     } else {
@@ -135,7 +143,7 @@ struct Kernels {
       for (int64_t i = 0; i < m; ++i) tmp[i] = Tr::ToAcc(p[i]);
     }
   }
-  static void AddBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
+  JAX_BLINK_KERNEL static void AddBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
     if (Tr::kSame || !s.is_input) {
       const A* __restrict__ p = static_cast<const A*>(s.p) + off;
       for (int64_t i = 0; i < m; ++i) tmp[i] += p[i];
@@ -178,19 +186,19 @@ struct Kernels {
     }
   }
 
-  static void AddInPlace(A* __restrict__ d, const A* __restrict__ s,
+  JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d, const A* __restrict__ s,
                          int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] += s[i];
   }
-  static void AddInPlace2(A* __restrict__ d, const A* __restrict__ s0,
+  JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d, const A* __restrict__ s0,
                           const A* __restrict__ s1, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = (d[i] + s0[i]) + s1[i];
   }
-  static void Add2(A* __restrict__ d, const A* __restrict__ b,
+  JAX_BLINK_KERNEL static void Add2(A* __restrict__ d, const A* __restrict__ b,
                    const A* __restrict__ s, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = b[i] + s[i];
   }
-  static void Add3(A* __restrict__ d, const A* __restrict__ b,
+  JAX_BLINK_KERNEL static void Add3(A* __restrict__ d, const A* __restrict__ b,
                    const A* __restrict__ s0, const A* __restrict__ s1,
                    int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = (b[i] + s0[i]) + s1[i];
@@ -218,6 +226,40 @@ struct Kernels {
     }
   }
 };
+
+// memcpy with non-temporal stores (no read-for-ownership, no cache
+// pollution) for destinations nobody reads soon. Ends with a store fence so
+// that the completion flag published afterwards orders after the data.
+JAX_BLINK_KERNEL void StreamCopy(void* dst_v, const void* src_v, size_t bytes) {
+#if defined(__x86_64__)
+  char* dst = static_cast<char*>(dst_v);
+  const char* src = static_cast<const char*>(src_v);
+  const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+  if (bytes < head + 64) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  _mm_sfence();
+#else
+  std::memcpy(dst_v, src_v, bytes);
+#endif
+}
 
 struct KernelTable {
   void (*reduce)(void*, Src, const Src*, int, int64_t);
@@ -349,7 +391,10 @@ class RankRunner {
         asize_(AccSize(s_.dtype)),
         in_(static_cast<const char*>(a.in)),
         acc_(static_cast<char*>(acc)),
-        spin_(GetExecTunables().spin) {}
+        spin_(GetExecTunables().spin),
+        nt_bytes_(GetExecTunables().nt_bytes),
+        same_types_(!HasScratchAcc(s_.dtype)),
+        yield_ns_(GetExecTunables().yield_ns) {}
 
   std::string Run() {
     StepTracker& tr = tls.tracker;
@@ -407,10 +452,13 @@ class RankRunner {
     const Step& st = rs_.steps[i];
     if (st.op == Op::kSend) {
       tr.MarkDone(i);
-      Publish(i, st.peer);
+      // A value sent from the input is readable from the start (the input
+      // never changes while the collective runs), so its receiver does not
+      // wait for this flag and need not be woken.
+      if (!st.src_input) Publish(i, st.peer);
       return true;
     }
-    if (!PeerDone(st.peer, st.match)) {
+    if (!st.src_input && !PeerDone(st.peer, st.match)) {
       blocked_ = i;
       blocked_guard_ = -1;
       return false;
@@ -427,7 +475,14 @@ class RankRunner {
     const int64_t len = s_.chunk_length[st.chunk];
     char* dst = acc_ + off * asize_;
     if (st.op == Op::kRecvCopy) {
-      kt_.copy(dst, SourceOf(st), len);
+      const Src src = SourceOf(st);
+      const int64_t bytes = len * static_cast<int64_t>(asize_);
+      if (same_types_ && !st.sent_after && nt_bytes_ > 0 &&
+          s_.count * static_cast<int64_t>(asize_) >= nt_bytes_) {
+        StreamCopy(dst, src.p, bytes);
+      } else {
+        kt_.copy(dst, src, len);
+      }
       tr.MarkDone(i);
       Publish(i, st.peer);
       return true;
@@ -439,7 +494,8 @@ class RankRunner {
     srcs[k++] = SourceOf(st);
     for (int32_t j = st.fuse_next; j != -1 && k < kMaxFuse;) {
       const Step& sj = rs_.steps[j];
-      if (!PeerDone(sj.peer, sj.match) || !tr.DepsDoneExcept(j, group, k)) {
+      if ((!sj.src_input && !PeerDone(sj.peer, sj.match)) ||
+          !tr.DepsDoneExcept(j, group, k)) {
         break;
       }
       group[k] = j;
@@ -494,7 +550,7 @@ class RankRunner {
     const int64_t left_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(deadline_ - now)
             .count();
-    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_);
+    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_, yield_ns_);
     return std::string();
   }
 
@@ -530,6 +586,9 @@ class RankRunner {
   const char* const in_;
   char* const acc_;
   const int spin_;
+  const int64_t nt_bytes_;
+  const bool same_types_;
+  const int64_t yield_ns_;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
 };
@@ -554,17 +613,30 @@ std::string LocalCheck(const ExecArgs& a) {
 
 }  // namespace
 
-const ExecTunables& GetExecTunables() {
-  static const ExecTunables t = [] {
+namespace {
+ExecTunables& MutableTunables() {
+  static ExecTunables t = [] {
     ExecTunables t;
     t.spin = 64;
+    t.yield_ns = 200000;
+    t.nt_bytes = int64_t{1} << 20;
     if (const char* v = std::getenv("JAX_BLINK_SPIN")) {
       t.spin = std::max(0, std::atoi(v));
+    }
+    if (const char* v = std::getenv("JAX_BLINK_YIELD_US")) {
+      t.yield_ns = std::max<int64_t>(0, std::atoll(v)) * 1000;
+    }
+    if (const char* v = std::getenv("JAX_BLINK_NT_BYTES")) {
+      t.nt_bytes = std::max<int64_t>(0, std::atoll(v));
     }
     return t;
   }();
   return t;
 }
+}  // namespace
+
+const ExecTunables& GetExecTunables() { return MutableTunables(); }
+void SetExecTunables(const ExecTunables& t) { MutableTunables() = t; }
 
 ExecResult ExecuteCpu(const ExecArgs& a) {
   ExecResult res;

@@ -50,10 +50,19 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 #endif
 }
 
-void Bell::Wait(uint32_t seen, int64_t timeout_ns, int spin) {
+void Bell::Wait(uint32_t seen, int64_t timeout_ns, int spin,
+                int64_t yield_ns) {
   for (int i = 0; i < spin; ++i) {
     if (seq.load(std::memory_order_relaxed) != seen) return;
     CpuRelax();
+  }
+  if (yield_ns > 0) {
+    const auto until = Clock::now() + std::chrono::nanoseconds(
+                                          std::min(yield_ns, timeout_ns));
+    do {
+      std::this_thread::yield();
+      if (seq.load(std::memory_order_relaxed) != seen) return;
+    } while (Clock::now() < until);
   }
   sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (seq.load(std::memory_order_seq_cst) == seen) {

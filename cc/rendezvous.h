@@ -49,8 +49,10 @@ struct alignas(64) Bell {
     seq.fetch_add(1, std::memory_order_seq_cst);
     if (sleepers.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&seq);
   }
-  // Sleeps while seq == seen (at most timeout_ns), after a short spin.
-  void Wait(uint32_t seen, int64_t timeout_ns, int spin);
+  // Returns when seq != seen or after at most timeout_ns: spins `spin`
+  // iterations, then yields the CPU for up to yield_ns (cheap on
+  // oversubscribed cores: no wake-up latency), then sleeps on a futex.
+  void Wait(uint32_t seen, int64_t timeout_ns, int spin, int64_t yield_ns);
 };
 
 // ---- Rendezvous --------------------------------------------------------------

@@ -56,6 +56,9 @@ struct Step {
   bool first_write;
   // RECV: no later step of this rank writes the chunk.
   bool last_write;
+  // RECV: a later SEND of this rank sends the value this step writes (so a
+  // peer will read it from the accumulator).
+  bool sent_after;
   int32_t chunk;
   int32_t peer;
   int32_t tree;
