@@ -136,7 +136,7 @@ def _transpose(ct, x, rank, group, *, axes, varying, **params):
 def _batch(args, dims, **params):
     x, rank, group = args
     bx, brank, bgroup = dims
-    if brank is not batching.not_mapped or bgroup is not batching.not_mapped:
+    if brank is not None or bgroup is not None:  # None: not mapped
         raise NotImplementedError("jax_blink.psum: rank and group cannot be batched")
     x = jnp.moveaxis(x, bx, 0)
     out = blink_psum_p.bind(x.reshape(-1), rank, group, **params)
