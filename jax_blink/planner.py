@@ -43,7 +43,6 @@ import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

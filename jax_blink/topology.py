@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import heapq
 import json
-import os
 import re
 from typing import Iterable, Sequence
 
@@ -556,14 +555,13 @@ class LinkGraph:
             edges = list(nx.bfs_edges(tree, start))
         else:
             routes = self.routes(arc_price if directions == "down" else arc_price[self.reverse])
-            g = nx.DiGraph()
-            g.add_nodes_from(range(self.n))
-            for (u, v), (cost, _) in routes.items():
-                if v != root:
-                    g.add_edge(u, v, weight=cost)
-            if self.n > 1 and len(nx.descendants(g, root)) != self.n - 1:
+            arcs = [(u, v, cost) for (u, v), (cost, _) in routes.items() if v != root]
+            chosen = _min_arborescence(self.n, root, arcs)
+            if chosen is None:
                 return None
-            arb = nx.minimum_spanning_arborescence(g, attr="weight", preserve_attrs=False)
+            arb = nx.DiGraph()
+            arb.add_node(root)
+            arb.add_edges_from(arcs[i][:2] for i in chosen)
             edges = list(nx.bfs_edges(arb, root))
         paths = []
         total = 0.0
@@ -573,3 +571,64 @@ class LinkGraph:
             paths.append(path if path[0] == p else path[::-1])
             total += cost
         return total, edges, paths
+
+
+def _min_arborescence(n: int, root: int, arcs: list):
+    """Chu-Liu/Edmonds minimum spanning arborescence.
+
+    Parameters
+    ----------
+    n : int
+        Nodes ``0..n-1``.
+    root : int
+    arcs : list of (u, v, weight)
+
+    Returns
+    -------
+    list of int or None
+        Indices into ``arcs`` of the ``n - 1`` chosen arcs, or None if some
+        node cannot be reached from ``root``.
+    """
+    best_in = {}
+    for i, (u, v, w) in enumerate(arcs):
+        if v != root and u != v and (v not in best_in or w < arcs[best_in[v]][2]):
+            best_in[v] = i
+    if len(best_in) != n - 1:
+        return None
+    # find a cycle among the cheapest incoming arcs
+    cycle = None
+    state = {}
+    for start in range(n):
+        path, v = [], start
+        while v != root and v not in state:
+            state[v] = start
+            path.append(v)
+            v = arcs[best_in[v]][0]
+        if v != root and state[v] == start:
+            cycle = path[path.index(v):]
+            break
+    if cycle is None:
+        return list(best_in.values())
+    # contract the cycle into one node and recurse
+    in_cycle = set(cycle)
+    label, new_id = {}, 0
+    for v in range(n):
+        if v not in in_cycle:
+            label[v] = new_id
+            new_id += 1
+    contracted = new_id
+    for v in in_cycle:
+        label[v] = contracted
+    new_arcs, origin = [], []
+    for i, (u, v, w) in enumerate(arcs):
+        lu, lv = label[u], label[v]
+        if lu == lv:
+            continue
+        new_arcs.append((lu, lv, w - arcs[best_in[v]][2] if v in in_cycle else w))
+        origin.append(i)
+    chosen = _min_arborescence(new_id + 1, label[root], new_arcs)
+    if chosen is None:
+        return None
+    picked = [origin[j] for j in chosen]
+    entering = next(i for i in picked if arcs[i][1] in in_cycle)
+    return picked + [best_in[v] for v in cycle if v != arcs[entering][1]]
