@@ -147,6 +147,7 @@ _ffi_rule = jax.ffi.ffi_lowering(_ffi.TARGET)
 
 
 def _lowering(ctx, x, rank, group, *, axes, topology, timeout_ms, varying):
+    _ffi.ensure_registered()
     aval = ctx.avals_in[0]
     _, _, encoded = _plan_and_schedule(topology, int(np.prod(aval.shape)), np.dtype(aval.dtype).name)
     # one id per call site in the module; a call site inside a loop is told
