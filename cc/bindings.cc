@@ -1,6 +1,7 @@
 // Python module jax_blink._blink_ext: FFI capsules, the schedule validator and
 // a test harness that runs ranks on plain threads through the same
 // rendezvous and executor code as the XLA custom call.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -39,10 +40,9 @@ std::vector<int64_t> Int64Words(const py::handle& obj) {
   if (py::cast<int>(arr.attr("ndim")) != 1) {
     throw py::value_error("a schedule must be a 1-D int64 array");
   }
-  arr = np.attr("ascontiguousarray")(arr);
-  py::buffer_info info = py::buffer(arr).request();
-  const int64_t* p = static_cast<const int64_t*>(info.ptr);
-  return std::vector<int64_t>(p, p + info.size);
+  py::array_t<int64_t, py::array::c_style> a =
+      np.attr("ascontiguousarray")(arr);
+  return std::vector<int64_t>(a.data(), a.data() + a.size());
 }
 
 Schedule DecodeOrThrow(const py::handle& obj) {
@@ -70,39 +70,45 @@ py::dict ValidateSchedule(const py::object& obj) {
 
 std::atomic<int64_t> next_test_run_id{-1};
 
+// A numpy array's raw memory (works for any dtype, including ml_dtypes'
+// bfloat16, which the buffer protocol cannot describe).
 struct Buffer {
-  py::buffer_info info;
+  py::array array;  // keeps the memory alive
+  void* ptr = nullptr;
   int64_t count = 0;
 };
 
 Buffer GetBuffer(const py::handle& obj, bool writable, const char* what,
                  int64_t rank, size_t itemsize) {
-  Buffer b;
-  b.info = py::reinterpret_borrow<py::buffer>(obj).request(writable);
   const std::string where =
       std::string(what) + "[" + std::to_string(rank) + "]";
-  if (static_cast<size_t>(b.info.itemsize) != itemsize) {
+  if (!py::isinstance<py::array>(obj)) {
+    throw py::type_error(where + " must be a numpy array");
+  }
+  Buffer b;
+  b.array = py::reinterpret_borrow<py::array>(obj);
+  if (static_cast<size_t>(b.array.itemsize()) != itemsize) {
     throw py::value_error(where + " has itemsize " +
-                          std::to_string(b.info.itemsize) +
+                          std::to_string(b.array.itemsize()) +
                           " but the schedule dtype needs " +
                           std::to_string(itemsize));
   }
-  // C-contiguous check.
-  py::ssize_t expect = b.info.itemsize;
-  for (py::ssize_t d = b.info.ndim - 1; d >= 0; --d) {
-    if (b.info.shape[d] != 1 && b.info.strides[d] != expect) {
-      throw py::value_error(where + " must be C-contiguous");
-    }
-    expect *= b.info.shape[d];
+  if (!(b.array.flags() & py::array::c_style)) {
+    throw py::value_error(where + " must be C-contiguous");
   }
-  b.count = static_cast<int64_t>(b.info.size);
+  if (writable && !b.array.writeable()) {
+    throw py::value_error(where + " must be writable");
+  }
+  b.ptr = const_cast<void*>(b.array.data());
+  b.count = static_cast<int64_t>(b.array.size());
   return b;
 }
 
 py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
                   const py::sequence& outputs, int64_t timeout_ms,
                   const std::vector<int64_t>& skip_ranks, int64_t op_id,
-                  int64_t group, int64_t repeat) {
+                  int64_t group, int64_t repeat,
+                  std::optional<int64_t> run_id_arg) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
   // One schedule for all ranks, or a list with one per rank (to test
   // disagreeing ranks).
@@ -136,7 +142,9 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
   }
   std::vector<Buffer> ins, outs;
   std::vector<ExecArgs> args(nranks);
-  const int64_t run_id = next_test_run_id.fetch_sub(1);
+  // Harness runs use negative RunIds (XLA's are not negative).
+  const int64_t run_id =
+      run_id_arg ? *run_id_arg : next_test_run_id.fetch_sub(1);
   for (int64_t r = 0; r < nranks; ++r) {
     const Schedule& s = sched_of(r);
     const size_t itemsize = DTypeSize(s.dtype);
@@ -148,8 +156,8 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
     a.run_id = run_id;
     a.op_id = op_id;
     a.group = group;
-    a.in = ins.back().info.ptr;
-    a.out = outs.back().info.ptr;
+    a.in = ins.back().ptr;
+    a.out = outs.back().ptr;
     a.in_count = ins.back().count;
     a.out_count = outs.back().count;
     a.dtype = static_cast<int32_t>(s.dtype);  // trust the schedule's dtype
@@ -229,13 +237,15 @@ PYBIND11_MODULE(_blink_ext, m) {
         py::arg("outputs"), py::arg("timeout_ms") = 10000,
         py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
         py::arg("group") = 0, py::arg("repeat") = 1,
+        py::arg("run_id") = py::none(),
         "Test harness: runs every rank except skip_ranks on its own thread "
         "through the rendezvous and CPU executor used by the custom call. "
         "inputs/outputs: one C-contiguous array per rank (itemsize of the "
         "schedule dtype; bfloat16 from ml_dtypes). schedule: one encoded "
         "schedule, or a list with one per rank. repeat: run the collective this "
         "many times on the same threads (one RunId, successive generations, "
-        "like a call site inside lax.scan; for benchmarks). Returns one entry "
+        "like a call site inside lax.scan; for benchmarks). run_id: the "
+        "rendezvous RunId (default: a fresh negative id). Returns one entry "
         "per rank: None on success (or when skipped), else the first error "
         "message.");
   m.def(
