@@ -1,0 +1,431 @@
+"""``python -m jax_blink bench``: Blink plans against baselines, simulated or real.
+
+Simulated (the default; never imports jax): for each message size, the
+allreduce is planned (:func:`jax_blink.plan`), lowered latency-aware
+(:func:`jax_blink.simulate.tune`), and simulated next to every baseline of
+:mod:`jax_blink.baselines` on the same topology. Rows carry nccl-tests'
+columns -- size, time_us, algbw, busbw (GB/s, busbw = algbw * 2(n-1)/n) --
+and the Blink row the speedup over the fastest baseline.
+
+    python -m jax_blink bench --topology dgx1-v100 --gpus 0,1,2,5 --sizes 1K:1G --png out.png
+    python -m jax_blink bench --topology dgx1-p100 --all-subsets --sizes 1M,256M --json out.json
+
+``--devices`` instead runs ``jax_blink.psum`` and ``jax.lax.psum`` on the
+devices present (CPU virtual devices with ``--cpu-devices N``, or GPUs),
+with the same columns plus ``#wrong``: elements that differ from numpy's sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import re
+import sys
+
+__all__ = ["add_parser", "parse_size", "parse_sizes", "compare", "sweep_subsets", "format_size"]
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``: an integer with an optional binary suffix K, M or G.
+
+    Examples
+    --------
+    >>> parse_size("1K"), parse_size("256M"), parse_size("4096")
+    (1024, 268435456, 4096)
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", str(text), re.IGNORECASE)
+    if not m or int(m.group(1)) < 1:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: expected e.g. 4096, 1K, 256M or 1G")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def parse_sizes(text: str) -> list:
+    """Sizes from ``LO:HI[:FACTOR]`` (geometric, factor 2 by default) or a comma list.
+
+    Examples
+    --------
+    >>> parse_sizes("1K:8K")
+    [1024, 2048, 4096, 8192]
+    >>> parse_sizes("1M,256M")
+    [1048576, 268435456]
+    """
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise argparse.ArgumentTypeError(f"bad size range {text!r}: expected LO:HI or LO:HI:FACTOR")
+        lo, hi = parse_size(parts[0]), parse_size(parts[1])
+        factor = int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else 2
+        if len(parts) == 3 and (not parts[2].isdigit() or factor < 2):
+            raise argparse.ArgumentTypeError(f"bad factor in {text!r}: expected an integer >= 2")
+        if hi < lo:
+            raise argparse.ArgumentTypeError(f"bad size range {text!r}: {hi} < {lo}")
+        sizes = [lo]
+        while sizes[-1] * factor <= hi:
+            sizes.append(sizes[-1] * factor)
+        return sizes
+    return [parse_size(part) for part in text.split(",") if part.strip()]
+
+
+def format_size(size_bytes: int) -> str:
+    """``1024 -> '1K'``; sizes that are not whole K/M/G stay in bytes."""
+    for suffix in ("G", "M", "K"):
+        if size_bytes >= _UNITS[suffix] and size_bytes % _UNITS[suffix] == 0:
+            return f"{size_bytes // _UNITS[suffix]}{suffix}"
+    return str(size_bytes)
+
+
+# ---------------------------------------------------------------- parser
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``bench`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "bench", help="compare Blink with ring/tree baselines (simulated) or lax.psum (--devices)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", default="dgx1-v100",
+                   help="preset name (see `python -m jax_blink plan --help`) or a topology JSON file "
+                        "(default: dgx1-v100)")
+    p.add_argument("--gpus", default=None,
+                   help="comma-separated ranks of the allocation, e.g. 0,1,2,5 (default: all)")
+    p.add_argument("--sizes", type=parse_sizes, default=None,
+                   help="message sizes per rank: LO:HI[:FACTOR] or a comma list, suffixes K/M/G "
+                        "(default: 1K:1G; --all-subsets: 1M,256M; --devices: 4K:16M:4)")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--png", default=None, help="write a busbw-vs-size plot per algorithm here")
+    p.add_argument("--json", default=None, help="write every row (and the summary) as JSON here")
+    p.add_argument("--all-subsets", action="store_true",
+                   help="sweep every allocation of 2 or more ranks of the topology and summarise")
+    p.add_argument("--min-gpus", type=int, default=2, help="--all-subsets: smallest allocation (default 2)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="--all-subsets: worker processes (default: all cores)")
+    p.add_argument("--step-overhead-us", type=float, default=None,
+                   help="simulator: fixed cost of every step (default: SimModel's)")
+    p.add_argument("--reduce-gbps", type=float, default=None,
+                   help="simulator: reduction throughput per rank (default: SimModel's)")
+    p.add_argument("--devices", action="store_true",
+                   help="run jax_blink.psum and lax.psum on the present devices instead of simulating")
+    p.add_argument("--cpu-devices", type=int, default=None,
+                   help="--devices: force this many virtual CPU devices (sets XLA_FLAGS before jax starts)")
+    p.add_argument("--iters", type=int, default=20, help="--devices: timed iterations per size (default 20)")
+    p.add_argument("--min-bytes", type=int, default=None,
+                   help="--devices: jax_blink.psum's min_bytes (default: the library's)")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args) -> int:
+    try:
+        if args.devices:
+            return _devices_main(args)
+        return _simulated_main(args)
+    except (ValueError, OSError) as e:  # TopologyError, PlanError, ScheduleError, SimError are ValueErrors
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+# -------------------------------------------------------------- simulate
+def _model(args):
+    from jax_blink.simulate import SimModel
+
+    kwargs = {}
+    if args.step_overhead_us is not None:
+        kwargs["step_overhead_us"] = args.step_overhead_us
+    if args.reduce_gbps is not None:
+        kwargs["reduce_gbps"] = args.reduce_gbps
+    return SimModel(**kwargs)
+
+
+def _topology(name):
+    from jax_blink.topology import Topology
+
+    if os.path.exists(name) or name.lower().endswith(".json"):
+        return Topology.from_json(name)
+    return Topology.preset(name)
+
+
+def _ranks(text):
+    try:
+        return [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise ValueError(f"--gpus {text!r}: expected comma-separated rank numbers, e.g. 0,1,2,5") from None
+
+
+def compare(topology, size_bytes: int, dtype="float32", model=None) -> dict:
+    """Simulate Blink and every baseline on ``topology`` at ``size_bytes``.
+
+    Returns
+    -------
+    dict
+        ``{algorithm: row}``, Blink first then :data:`jax_blink.baselines.BASELINES`;
+        each row holds ``time_us``, ``algbw_gbps``, ``busbw_gbps``; Blink's also
+        ``speedup`` (fastest baseline's time / Blink's), ``vs_ring`` (NCCL-style
+        ring's time / Blink's), ``trees`` and ``chunks`` of the lowering used.
+    """
+    from jax_blink.baselines import all_baselines
+    from jax_blink.planner import plan
+    from jax_blink.simulate import simulate, tune
+
+    tuned = tune(plan(topology, "allreduce"), size_bytes, dtype, model=model)
+    results = {"blink": tuned.result}
+    for name, schedule in all_baselines(topology, size_bytes, dtype, model=model).items():
+        results[name] = simulate(schedule, topology, model=model)
+    rows = {name: {"time_us": r.time_us, "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps}
+            for name, r in results.items()}
+    best = min(r["time_us"] for name, r in rows.items() if name != "blink")
+    rows["blink"].update(speedup=best / rows["blink"]["time_us"],
+                         vs_ring=rows["nccl-ring"]["time_us"] / rows["blink"]["time_us"],
+                         trees=tuned.num_trees, chunks=list(tuned.chunks))
+    return rows
+
+
+def _print_table(rows_by_size, n, out=sys.stdout):
+    print(f"# {'size':>8} {'algorithm':>12} {'time_us':>11} {'algbw':>8} {'busbw':>8}  blink speedup", file=out)
+    for size, rows in rows_by_size:
+        for name, row in rows.items():
+            extra = f"  {row['speedup']:.2f}x vs best baseline" if name == "blink" else ""
+            print(f"  {format_size(size):>8} {name:>12} {row['time_us']:11.1f} {row['algbw_gbps']:8.2f} "
+                  f"{row['busbw_gbps']:8.2f}{extra}", file=out)
+
+
+def _plot(rows_by_size, title, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(rows_by_size[0][1])
+    sizes = [s for s, _ in rows_by_size]
+    for name in names:
+        ax.plot(sizes, [rows[name]["busbw_gbps"] for _, rows in rows_by_size], marker="o", ms=3,
+                lw=2.5 if name in ("blink", "jax_blink.psum") else 1.2, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes[::max(1, len(sizes) // 8)])
+    ax.set_xticklabels([format_size(s) for s in sizes[::max(1, len(sizes) // 8)]])
+    ax.set_xlabel("message size per rank (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _simulated_main(args):
+    topology = _topology(args.topology)
+    model = _model(args)
+    if args.all_subsets:
+        if args.gpus:
+            raise ValueError("--all-subsets sweeps every allocation; drop --gpus")
+        sizes = args.sizes or [2**20, 2**28]
+        summary, rows = sweep_subsets(topology, sizes, args.dtype, model, args.min_gpus, args.jobs)
+        _print_summary(topology, summary)
+        if args.json:
+            _write_json(args.json, {"topology": topology.name, "dtype": args.dtype, "model": _model_dict(model),
+                                    "summary": summary, "allocations": rows})
+        return 0
+    if args.gpus:
+        topology = topology.subset(_ranks(args.gpus))
+    if topology.n < 2:
+        raise ValueError(f"{topology.name} has one rank; an allreduce needs at least two")
+    sizes = args.sizes or parse_sizes("1K:1G")
+    from tqdm import tqdm
+
+    rows_by_size = [(size, compare(topology, size, args.dtype, model))
+                    for size in tqdm(sizes, desc="simulating", unit="size", file=sys.stderr, leave=False)]
+    print(f"# allreduce on {topology.name} ({topology.n} ranks), {args.dtype}, simulated")
+    _print_table(rows_by_size, topology.n)
+    if args.png:
+        _plot(rows_by_size, f"allreduce on {topology.name} (simulated)", args.png)
+    if args.json:
+        _write_json(args.json, {"topology": topology.name, "dtype": args.dtype, "model": _model_dict(model),
+                                "rows": [{"size_bytes": s, **{k: v for k, v in r.items()}} for s, r in rows_by_size]})
+    return 0
+
+
+def _model_dict(model):
+    import dataclasses
+
+    return dataclasses.asdict(model)
+
+
+def _write_json(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def _one_allocation(job):
+    topology, ranks, sizes, dtype, model = job
+    sub = topology.subset(ranks)
+    return ranks, {size: compare(sub, size, dtype, model) for size in sizes}
+
+
+def sweep_subsets(topology, sizes, dtype="float32", model=None, min_gpus=2, jobs=1):
+    """Blink against the baselines on every allocation of ``min_gpus`` or more ranks.
+
+    Returns
+    -------
+    (summary, rows)
+        ``summary[size]``: allocations, geometric mean and max of Blink's
+        speedup over the NCCL-style ring (``vs_ring``) and over the fastest
+        baseline, how many allocations Blink is slower than some baseline
+        (``slower``), and how many it is still slower after falling back to
+        ``lax.psum`` -- NCCL, which picks the faster of its ring and double
+        binary tree -- where the simulator predicts that to be faster
+        (``slower_with_fallback``). ``rows``: per allocation and size, the
+        rows of :func:`compare`.
+    """
+    from tqdm import tqdm
+
+    if min_gpus < 2:
+        raise ValueError(f"--min-gpus must be >= 2, got {min_gpus}")
+    allocations = [list(c) for k in range(min_gpus, topology.n + 1)
+                   for c in itertools.combinations(range(topology.n), k)]
+    work = [(topology, ranks, sizes, dtype, model) for ranks in allocations]
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            results = list(tqdm(pool.imap(_one_allocation, work), total=len(work), desc="allocations",
+                                file=sys.stderr, leave=False))
+    else:
+        results = [_one_allocation(w) for w in tqdm(work, desc="allocations", file=sys.stderr, leave=False)]
+    summary = {}
+    for size in sizes:
+        vs_ring, vs_best, slower, slower_fb, worst = [], [], 0, 0, (1.0, None)
+        for ranks, by_size in results:
+            rows = by_size[size]
+            blink = rows["blink"]
+            vs_ring.append(blink["vs_ring"])
+            vs_best.append(blink["speedup"])
+            if blink["speedup"] < 1:
+                slower += 1
+                nccl = min(rows["nccl-ring"]["time_us"], rows["nccl-dbtree"]["time_us"])
+                best = min(r["time_us"] for name, r in rows.items() if name != "blink")
+                if min(blink["time_us"], nccl) > best:
+                    slower_fb += 1
+            if blink["vs_ring"] > worst[0]:
+                worst = (blink["vs_ring"], ranks)
+        summary[size] = {
+            "allocations": len(results),
+            "geomean_vs_ring": math.exp(sum(math.log(x) for x in vs_ring) / len(vs_ring)),
+            "max_vs_ring": max(vs_ring), "max_vs_ring_allocation": worst[1],
+            "geomean_vs_best": math.exp(sum(math.log(x) for x in vs_best) / len(vs_best)),
+            "min_vs_best": min(vs_best),
+            "slower": slower, "slower_with_fallback": slower_fb,
+        }
+    rows = [{"ranks": ranks, "sizes": {str(size): r for size, r in by_size.items()}} for ranks, by_size in results]
+    return summary, rows
+
+
+def _print_summary(topology, summary, out=sys.stdout):
+    print(f"# allreduce on every allocation of {topology.name}, simulated; speedup = baseline time / Blink time",
+          file=out)
+    print(f"# {'size':>8} {'allocs':>6} {'vs ring: geomean':>16} {'max':>6}  {'vs best: geomean':>16} "
+          f"{'min':>6}  {'#slower':>7} {'#slower w/ fallback':>19}", file=out)
+    for size, s in summary.items():
+        print(f"  {format_size(size):>8} {s['allocations']:6d} {s['geomean_vs_ring']:16.3f} {s['max_vs_ring']:6.2f}  "
+              f"{s['geomean_vs_best']:16.3f} {s['min_vs_best']:6.3f}  {s['slower']:7d} "
+              f"{s['slower_with_fallback']:19d}", file=out)
+
+
+# --------------------------------------------------------------- devices
+def _devices_main(args):
+    if args.cpu_devices is not None:
+        if "jax" in sys.modules:
+            raise ValueError("--cpu-devices must be set before jax is imported")
+        if args.cpu_devices < 1:
+            raise ValueError(f"--cpu-devices must be >= 1, got {args.cpu_devices}")
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + f" --xla_force_host_platform_device_count={args.cpu_devices}").strip()
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("PJRT_NPROC", "64")
+    if args.iters < 1:
+        raise ValueError(f"--iters must be >= 1, got {args.iters}")
+    rows_by_size, devices = run_devices(args.sizes or parse_sizes("4K:16M:4"), args.dtype, args.iters,
+                                        args.min_bytes)
+    print(f"# allreduce on {devices}, {args.dtype}, measured (median of {args.iters})")
+    print(f"# {'size':>8} {'algorithm':>15} {'time_us':>11} {'algbw':>8} {'busbw':>8} {'#wrong':>7}  blink speedup",)
+    for size, rows in rows_by_size:
+        for name, row in rows.items():
+            extra = f"  {row['speedup']:.2f}x vs lax.psum" if "speedup" in row else ""
+            print(f"  {format_size(size):>8} {name:>15} {row['time_us']:11.1f} {row['algbw_gbps']:8.2f} "
+                  f"{row['busbw_gbps']:8.2f} {row['wrong']:7d}{extra}")
+    if args.png:
+        _plot(rows_by_size, f"allreduce on {devices} (measured)", args.png)
+    if args.json:
+        _write_json(args.json, {"devices": devices, "dtype": args.dtype, "iters": args.iters,
+                                "rows": [{"size_bytes": s, **r} for s, r in rows_by_size]})
+    return 0 if all(r["wrong"] == 0 for _, rows in rows_by_size for r in rows.values()) else 1
+
+
+def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
+    """Time ``jax_blink.psum`` and ``lax.psum`` over all present devices.
+
+    Each size is the per-device message in bytes. Inputs are small integers
+    (exact in every dtype), so a correct sum equals numpy's exactly; ``wrong``
+    counts elements that differ, over all devices.
+
+    Returns
+    -------
+    (rows_by_size, devices)
+        ``rows_by_size``: ``[(size, {"jax_blink.psum": row, "lax.psum": row})]``,
+        rows as in :func:`compare` plus ``wrong``; ``devices``: a description.
+    """
+    import time
+
+    import jax
+    import numpy as np
+    from jax import lax
+    from jax.sharding import Mesh, PartitionSpec as P
+    from tqdm import tqdm
+
+    import jax_blink
+    from jax_blink.simulate import bus_factor
+
+    devices = jax.devices()
+    n = len(devices)
+    if n < 2:
+        raise ValueError(f"--devices needs at least 2 devices, found {n}; try --cpu-devices 8")
+    mesh = Mesh(np.array(devices), ("i",))
+    np_dtype = np.dtype(dtype) if dtype != "bfloat16" else jax.numpy.bfloat16
+    kwargs = {} if min_bytes is None else {"min_bytes": min_bytes}
+    fns = {
+        "jax_blink.psum": lambda v: jax_blink.psum(v, "i", **kwargs),
+        "lax.psum": lambda v: lax.psum(v, "i"),
+    }
+    compiled = {name: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+                for name, f in fns.items()}
+    itemsize = np.dtype(np_dtype).itemsize
+    out = []
+    progress = tqdm(total=len(sizes) * len(fns), desc="measuring", file=sys.stderr, leave=False)
+    for size in sizes:
+        if size % itemsize:
+            raise ValueError(f"size {size} is not a multiple of the {dtype} item size {itemsize}")
+        count = size // itemsize
+        host = np.random.default_rng(size).integers(-8, 8, (n, count)).astype(np_dtype)
+        expected = host.astype(np.float64).sum(axis=0)
+        x = jax.device_put(host.reshape(n * count), jax.sharding.NamedSharding(mesh, P("i")))
+        rows = {}
+        for name, f in compiled.items():
+            result = f(x)
+            result.block_until_ready()
+            got = np.asarray(result, dtype=np.float64).reshape(n, count)
+            wrong = int((got != expected[None, :]).sum())
+            times = []
+            for _ in range(iters):
+                start = time.perf_counter()
+                f(x).block_until_ready()
+                times.append(time.perf_counter() - start)
+            t = float(np.median(times))
+            rows[name] = {"time_us": t * 1e6, "algbw_gbps": size / t / 1e9,
+                          "busbw_gbps": size / t / 1e9 * bus_factor("allreduce", n), "wrong": wrong}
+            progress.update()
+        rows["jax_blink.psum"]["speedup"] = rows["lax.psum"]["time_us"] / rows["jax_blink.psum"]["time_us"]
+        out.append((size, rows))
+    progress.close()
+    return out, f"{n} x {devices[0].platform} ({devices[0].device_kind})"
