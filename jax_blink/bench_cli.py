@@ -296,7 +296,7 @@ def sweep_subsets(topology, sizes, dtype="float32", model=None, min_gpus=2, jobs
         results = [_one_allocation(w) for w in tqdm(work, desc="allocations", file=sys.stderr, leave=False)]
     summary = {}
     for size in sizes:
-        vs_ring, vs_best, slower, slower_fb, worst = [], [], 0, 0, (1.0, None)
+        vs_ring, vs_best, slower, slower_fb, worst = [], [], 0, 0, (-math.inf, None)
         for ranks, by_size in results:
             rows = by_size[size]
             blink = rows["blink"]

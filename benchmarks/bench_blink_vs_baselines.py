@@ -1,0 +1,186 @@
+"""Blink plans against NCCL-style baselines on every DGX-1 allocation (simulated).
+
+Claims this script measures (issue 5):
+
+1. Over every allocation of 2..8 GPUs of ``dgx1-v100`` and ``dgx1-p100`` at
+   256 MB: geometric mean and maximum speedup of the Blink plan (lowered by
+   :func:`jax_blink.simulate.tune`) over the NCCL-style ring baseline.
+2. How many allocations Blink is slower than any baseline, at 256 MB and 1 MB,
+   before and after the per-call fallback to ``lax.psum`` (NCCL: the faster
+   of its ring and double binary tree).
+3. The crossover size per preset (whole machine) below which ``lax.psum``
+   (NCCL-style, as above) is predicted faster than Blink.
+
+Writes ``benchmarks/results/blink_vs_baselines_<machine>.{json,md}`` and
+``.png``. Run from the repository root:
+
+    python benchmarks/bench_blink_vs_baselines.py [--jobs 2] [--machine NAME]
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from jax_blink.bench_cli import compare, format_size, parse_sizes, sweep_subsets  # noqa: E402
+from jax_blink.simulate import SimModel  # noqa: E402
+from jax_blink.topology import Topology  # noqa: E402
+
+PRESETS = ("dgx1-v100", "dgx1-p100")
+SWEEP_SIZES = (2**20, 2**28)
+CROSSOVER_PRESETS = ("dgx1-v100", "dgx1-p100", "dgx2", "dgx-a100", "hgx-h100", "pcie")
+
+
+def machine():
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
+            ["lscpu"], capture_output=True, text=True).stdout.splitlines()
+            if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        model = platform.processor()
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+            "note": "simulated: the numbers depend on the model, not on this machine"}
+
+
+def crossover(topology, sizes, model):
+    """Smallest size of ``sizes`` from which Blink is never slower than NCCL (the
+    faster of ring and double binary tree) at any larger size; ``inf`` if NCCL
+    is faster at the largest size."""
+    rows = [(size, compare(topology, size, "float32", model)) for size in sizes]
+    nccl = [min(r["nccl-ring"]["time_us"], r["nccl-dbtree"]["time_us"]) for _, r in rows]
+    blink = [r["blink"]["time_us"] for _, r in rows]
+    slower = [i for i, (b, n) in enumerate(zip(blink, nccl)) if b > n]
+    if not slower:
+        return sizes[0], rows
+    if slower[-1] + 1 == len(sizes):
+        return math.inf, rows  # NCCL is predicted faster at the largest size
+    return sizes[slower[-1] + 1], rows
+
+
+def plot(results, crossovers, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    ax = axes[0]
+    for preset in PRESETS:
+        speedups = sorted(row["sizes"][str(2**28)]["blink"]["vs_ring"] for row in results[preset]["allocations"])
+        ax.plot(range(len(speedups)), speedups, label=preset)
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("allocations, sorted")
+    ax.set_ylabel("speedup over NCCL-style rings")
+    ax.set_title("256 MB allreduce, every DGX-1 allocation")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    for ax, preset in zip(axes[1:], PRESETS):
+        rows = crossovers[preset]["rows"]
+        sizes = [r["size_bytes"] for r in rows]
+        for name in rows[0]["algorithms"]:
+            ax.plot(sizes, [r["algorithms"][name]["busbw_gbps"] for r in rows], marker="o", ms=2,
+                    lw=2.5 if name == "blink" else 1.2, label=name)
+        if math.isfinite(crossovers[preset]["crossover_bytes"]):
+            ax.axvline(crossovers[preset]["crossover_bytes"], color="k", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ticks = sizes[::3]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([format_size(s) for s in ticks], rotation=45)
+        ax.set_xlabel("size per GPU")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{preset}, all 8 GPUs (dotted: crossover)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(results, crossovers, info, model, seconds):
+    lines = [
+        "# Blink vs NCCL-style baselines (simulated)",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']} ({info['note']}). "
+        f"Model: `SimModel({', '.join(f'{k}={v!r}' for k, v in model.items())})` "
+        f"(per-kind latency defaults in `jax_blink.simulate.DEFAULT_LATENCY_US`). "
+        f"Run time {seconds / 60:.1f} min. Reproduce: `python benchmarks/bench_blink_vs_baselines.py`.",
+        "",
+        "Speedup = baseline time / Blink time; Blink = `simulate.tune(plan(topology), size)`. "
+        "`#slower` counts allocations where some baseline is faster than Blink; "
+        "`w/ fallback` after falling back to NCCL (`lax.psum`: the faster of ring and double binary tree) "
+        "where the simulator predicts it faster.",
+        "",
+        "| preset | size | allocations | vs ring geomean | vs ring max (allocation) | vs best baseline geomean | "
+        "worst vs best | #slower | #slower w/ fallback |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for preset in PRESETS:
+        for size, s in results[preset]["summary"].items():
+            lines.append(
+                f"| {preset} | {format_size(int(size))} | {s['allocations']} | {s['geomean_vs_ring']:.2f}x | "
+                f"{s['max_vs_ring']:.2f}x ({','.join(map(str, s['max_vs_ring_allocation']))}) | "
+                f"{s['geomean_vs_best']:.2f}x | {s['min_vs_best']:.3f} | {s['slower']} | {s['slower_with_fallback']} |")
+    lines += ["", "Crossover (whole machine): below this size per GPU, NCCL (`lax.psum`) is predicted "
+              "faster than Blink; use it as the fallback threshold.", "",
+              "| preset | crossover | sizes where NCCL is predicted faster | Blink/NCCL time at 1 KB | at 1 MB | at 256 MB |",
+              "|---|---|---|---|---|---|"]
+    for preset, c in crossovers.items():
+        by_size = {r["size_bytes"]: r["algorithms"] for r in c["rows"]}
+
+        def ratio(size):
+            a = by_size[size]
+            return a["blink"]["time_us"] / min(a["nccl-ring"]["time_us"], a["nccl-dbtree"]["time_us"])
+
+        cross = c["crossover_bytes"]
+        faster = ", ".join(format_size(x) for x in c["nccl_faster_sizes"]) or "none"
+        lines.append(f"| {preset} | {format_size(cross) if math.isfinite(cross) else 'never'} | {faster} | {ratio(2**10):.2f} | "
+                     f"{ratio(2**20):.2f} | {ratio(2**28):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--machine", default=None, help="name used in the output files (default: from lscpu)")
+    args = parser.parse_args()
+    info = machine()
+    name = args.machine or "-".join(info["cpu"].split()[:2]).lower() + f"-{info['cores']}core"
+    model = SimModel()
+    start = time.perf_counter()
+    results = {}
+    for preset in PRESETS:
+        summary, rows = sweep_subsets(Topology.preset(preset), list(SWEEP_SIZES), model=model, jobs=args.jobs)
+        results[preset] = {"summary": {str(k): v for k, v in summary.items()}, "allocations": rows}
+        print(preset, json.dumps(summary, indent=1), flush=True)
+    crossovers = {}
+    sizes = parse_sizes("1K:1G")
+    for preset in CROSSOVER_PRESETS:
+        cross, rows = crossover(Topology.preset(preset), sizes, model)
+        nccl_faster = [s for s, r in rows if r["blink"]["time_us"] >
+                       min(r["nccl-ring"]["time_us"], r["nccl-dbtree"]["time_us"])]
+        crossovers[preset] = {"crossover_bytes": cross, "nccl_faster_sizes": nccl_faster,
+                              "rows": [{"size_bytes": s, "algorithms": r} for s, r in rows]}
+        print(preset, "crossover", format_size(cross), flush=True)
+    seconds = time.perf_counter() - start
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"blink_vs_baselines_{name}")
+    model_dict = {"latency_us": model.latency_us, "step_overhead_us": model.step_overhead_us,
+                  "reduce_gbps": model.reduce_gbps, "channels": model.channels}
+    with open(out + ".json", "w") as f:
+        json.dump({"machine": info, "model": model_dict, "seconds": seconds, "sweep": results,
+                   "crossover": crossovers}, f, indent=1)
+    plot(results, crossovers, out + ".png")
+    with open(out + ".md", "w") as f:
+        f.write(markdown(results, crossovers, info, model_dict, seconds))
+    print("wrote", out + ".{json,png,md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
