@@ -238,10 +238,6 @@ class Plan:
         return self
 
     # --------------------------------------------------------------- output
-    @property
-    def num_trees(self) -> int:
-        return len(self.trees)
-
     def to_dict(self) -> dict:
         return {"format": "jax_blink.plan", "version": FORMAT_VERSION,
                 "collective": self.collective, "root": self.root, "family": self.family,
@@ -399,7 +395,7 @@ class _Packer:
         edges, paths = _orient(edges, paths, root)
         key = (root if self.family == "rsag" or self.collective != "allreduce" else None,
                frozenset(zip(edges, paths)) if self.directions != "both"
-               else frozenset(frozenset([(p, c), (c, p)]) for p, c in edges))
+               else frozenset(min(path, path[::-1]) for path in paths))  # routes matter, not direction
         if key in self.keys:
             return False
         self.keys.add(key)
@@ -645,15 +641,18 @@ def _pack(graph, collective, family, root, max_trees, tolerance):
         packer.carve(lp_rate)
         packer.widest(runs=2)
     target = lp_rate * (1.0 - tolerance) * (1 - 1e-9)
-    best = None
+    candidates = []
     for attempt in range(4):  # add columns until the MILP reaches the target
-        chosen = packer.minimise(target, max_trees)
-        rate, trees = packer.finish(chosen)
-        if best is None or (rate, -len(trees)) > (best[0], -len(best[1])):
-            best = (rate, trees)
-        if rate >= target or max_trees is None:
+        candidates.append(packer.finish(packer.minimise(target, max_trees)))
+        if candidates[-1][0] >= target or max_trees is None:
             break
         packer.widest(runs=2, seed=attempt + 1)
+    if tolerance > 0 and max_trees is None:
+        # the time-limited MILP may do better aiming at the optimum itself
+        candidates.append(packer.finish(packer.minimise(lp_rate * (1 - 1e-9), None)))
+    reaching = [c for c in candidates if c[0] >= target]
+    best = (min(reaching, key=lambda c: (len(c[1]), -c[0])) if reaching
+            else max(candidates, key=lambda c: (c[0], -len(c[1]))))
     return lp_rate, best[0], best[1], arc_price
 
 

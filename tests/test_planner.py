@@ -57,6 +57,15 @@ def test_partial_dgx1_without_nvlink_ring_beats_rings():
     assert p.rate_gbps == pytest.approx(p.bound_gbps, rel=1e-6) and p.rate_gbps > 0
 
 
+def test_nvlink_islands_bridged_by_pcie_reach_the_bound():
+    # 0-3 and 5-6 are NVLink pairs with no NVLink between them: PCIe switches bridge them,
+    # and trees with the same rank edges but different switch routes are distinct columns
+    p = plan(Topology.preset("dgx1-v100").subset([0, 3, 5, 6]))
+    assert p.link_kinds == ("nvlink", "pcie")
+    assert p.rate_gbps == pytest.approx(p.bound_gbps, rel=1e-6)
+    assert p.rate_gbps == pytest.approx(82 / 3, rel=1e-6)
+
+
 def test_shm_allreduce_is_one_depth_1_star_per_rank():
     p = plan(Topology.preset("shm:4"))
     assert p.family == "rsag"
