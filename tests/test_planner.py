@@ -63,7 +63,6 @@ def test_nvlink_islands_bridged_by_pcie_reach_the_bound():
     p = plan(Topology.preset("dgx1-v100").subset([0, 3, 5, 6]))
     assert p.link_kinds == ("nvlink", "pcie")
     assert p.rate_gbps == pytest.approx(p.bound_gbps, rel=1e-6)
-    assert p.rate_gbps == pytest.approx(82 / 3, rel=1e-6)
 
 
 def test_shm_allreduce_is_one_depth_1_star_per_rank():
