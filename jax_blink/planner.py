@@ -789,6 +789,9 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
 
 
 def _plan_uncached(topology, collective, root, max_trees, tolerance) -> Plan:
+    import cvxpy  # noqa: F401  (imported here, once per process, so plan_seconds is planning only)
+    import networkx  # noqa: F401
+
     start = time.perf_counter()
     unreachable = topology.unreachable()
     if unreachable:
