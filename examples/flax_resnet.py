@@ -312,7 +312,8 @@ def train(args, names, data, mesh, n_dev: int) -> dict:
             if step >= total:
                 break
             xb, yb = put(xb, yb)
-            for t in trainers:
+            # Alternate who goes first, so neither run always follows the other.
+            for t in (trainers if step % 2 == 0 else trainers[::-1]):
                 t.step(xb, yb)
             step += 1
             bar.update(1)
@@ -478,11 +479,18 @@ def main(argv=None) -> int:
         max_abs_diff = float(np.max(np.abs(a - b)))
 
     print_summary(runs, env, max_abs_diff)
+    if "blink" in runs:
+        print("jax_blink.psum decisions (jax_blink.explain()):")
+        print("  " + jax_blink.explain().replace("\n", "\n  "))
+        result_explain = jax_blink.explain()
+    else:
+        result_explain = None
 
     os.makedirs(args.out_dir, exist_ok=True)
     png = os.path.join(args.out_dir, "loss_curves.png")
     plot(runs, png)
-    result = {"env": env, "runs": runs, "loss_max_abs_diff": max_abs_diff}
+    result = {"env": env, "runs": runs, "loss_max_abs_diff": max_abs_diff,
+              "jax_blink_explain": result_explain}
     if args.compare:
         result["step_time_ratio_blink_over_lax"] = (
             runs["blink"]["step_ms_median"] / runs["lax"]["step_ms_median"])
