@@ -262,16 +262,19 @@ PYBIND11_MODULE(_blink_ext, m) {
       "Counts of live rendezvous state (for leak tests).");
   m.def(
       "_set_tunables",
-      [](int spin, int64_t yield_us, int64_t nt_bytes) {
+      [](int spin, int64_t yield_us, int64_t nt_bytes, bool push) {
         ExecTunables t;
         t.spin = spin;
         t.yield_ns = yield_us * 1000;
         t.nt_bytes = nt_bytes;
+        t.push = push;
         SetExecTunables(t);
       },
       py::arg("spin"), py::arg("yield_us"), py::arg("nt_bytes"),
+      py::arg("push") = true,
       "Benchmark hook: overrides JAX_BLINK_SPIN / JAX_BLINK_YIELD_US / "
-      "JAX_BLINK_NT_BYTES. Do not call while collectives run.");
+      "JAX_BLINK_NT_BYTES / JAX_BLINK_PUSH. Do not call while collectives "
+      "run.");
   m.def(
       "_get_tunables",
       []() {
@@ -280,6 +283,7 @@ PYBIND11_MODULE(_blink_ext, m) {
         d["spin"] = t.spin;
         d["yield_us"] = t.yield_ns / 1000;
         d["nt_bytes"] = t.nt_bytes;
+        d["push"] = t.push;
         return d;
       });
   m.attr("TARGET") = kTargetName;

@@ -56,6 +56,9 @@ struct ExecTunables {
   // afterwards bypass the cache (non-temporal stores, x86-64 only); they
   // save the read-for-ownership traffic of large outputs.
   int64_t nt_bytes = 0;
+  // A rank that completes a chunk writes it straight into the accumulators
+  // of receivers whose RECV_COPY is ready (claimed with a CAS on its flag).
+  bool push = true;
 };
 const ExecTunables& GetExecTunables();
 // For benchmarks and tests: replaces the tunables (not thread-safe against

@@ -124,6 +124,7 @@ struct Src {
 };
 
 constexpr int kMaxFuse = 8;
+constexpr int kMaxPush = 16;
 constexpr int64_t kBlock = 1024;
 
 // The element loops are kept out of line: GCC drops `__restrict__` when it
@@ -261,7 +262,81 @@ JAX_BLINK_KERNEL void StreamCopy(void* dst_v, const void* src_v, size_t bytes) {
 #endif
 }
 
+// Non-temporal store of a block; the caller fences once at the end.
+JAX_BLINK_KERNEL void StreamStoreNoFence(void* dst_v, const void* src_v,
+                                         size_t bytes) {
+#if defined(__x86_64__)
+  char* dst = static_cast<char*>(dst_v);
+  const char* src = static_cast<const char*>(src_v);
+  const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+  if (bytes < head + 64) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst_v, src_v, bytes);
+#endif
+}
+
+inline void StoreFence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// A peer's accumulator chunk that a rank writes on the peer's behalf.
+struct PushDst {
+  void* p;
+  bool nt;  // non-temporal stores (nobody reads it soon)
+};
+
+template <class Tr>
+struct MultiKernels {
+  using A = typename Tr::A;
+  // dst = base + s0 + ... (k >= 0 sources; k = 0 copies base) and the same
+  // value into every extra destination, in one pass over the sources.
+  static void Produce(void* dst_v, Src base, const Src* srcs, int k,
+                      int64_t n, const PushDst* extra, int nextra) {
+    A* dst = static_cast<A*>(dst_v);
+    alignas(64) A tmp[kBlock];
+    bool any_nt = false;
+    for (int e = 0; e < nextra; ++e) any_nt |= extra[e].nt;
+    for (int64_t off = 0; off < n; off += kBlock) {
+      const int64_t m = std::min(kBlock, n - off);
+      Kernels<Tr>::LoadBlock(tmp, base, off, m);
+      for (int j = 0; j < k; ++j) Kernels<Tr>::AddBlock(tmp, srcs[j], off, m);
+      std::memcpy(dst + off, tmp, m * sizeof(A));
+      for (int e = 0; e < nextra; ++e) {
+        A* d = static_cast<A*>(extra[e].p) + off;
+        if (extra[e].nt) {
+          StreamStoreNoFence(d, tmp, m * sizeof(A));
+        } else {
+          std::memcpy(d, tmp, m * sizeof(A));
+        }
+      }
+    }
+    if (any_nt) StoreFence();
+  }
+};
+
 struct KernelTable {
+  void (*produce)(void*, Src, const Src*, int, int64_t, const PushDst*, int);
   void (*reduce)(void*, Src, const Src*, int, int64_t);
   void (*copy)(void*, Src, int64_t);
   void (*finalize)(void*, const void*, int64_t);
@@ -269,7 +344,8 @@ struct KernelTable {
 
 template <class Tr>
 constexpr KernelTable MakeTable() {
-  return {&Kernels<Tr>::Reduce, &Kernels<Tr>::Copy, &Kernels<Tr>::Finalize};
+  return {&MultiKernels<Tr>::Produce, &Kernels<Tr>::Reduce, &Kernels<Tr>::Copy,
+          &Kernels<Tr>::Finalize};
 }
 
 const KernelTable& TableFor(DType d) {
@@ -381,7 +457,8 @@ class RankRunner {
         s_(*a.schedule),
         rs_(s_.ranks[a.rank]),
         slot_(slot),
-        epoch_(epoch),
+        done_(2 * epoch + 1),
+        claimed_(2 * epoch),
         generation_(generation),
         deadline_(deadline),
         flags_(slot.flags()),
@@ -393,6 +470,7 @@ class RankRunner {
         acc_(static_cast<char*>(acc)),
         spin_(GetExecTunables().spin),
         nt_bytes_(GetExecTunables().nt_bytes),
+        push_(GetExecTunables().push),
         same_types_(!HasScratchAcc(s_.dtype)),
         yield_ns_(GetExecTunables().yield_ns) {}
 
@@ -430,13 +508,86 @@ class RankRunner {
   }
 
  private:
+  std::atomic<uint32_t>& Flag(int64_t rank, int32_t idx) const {
+    return flags_[s_.step_base[rank] + idx];
+  }
   bool PeerDone(int64_t peer, int32_t idx) const {
-    return flags_[s_.step_base[peer] + idx].load(std::memory_order_seq_cst) ==
-           epoch_;
+    return Flag(peer, idx).load(std::memory_order_seq_cst) == done_;
+  }
+  void SetDone(int32_t i) {
+    Flag(a_.rank, i).store(done_, std::memory_order_seq_cst);
   }
   void Publish(int32_t i, int64_t peer) {
-    flags_[s_.step_base[a_.rank] + i].store(epoch_, std::memory_order_seq_cst);
+    SetDone(i);
     slot_.bell(peer).Ring();
+  }
+
+  // Claims RECV_COPY `idx` of rank `rank` for execution (by its owner or by
+  // its sender pushing the value). False when already claimed or done.
+  bool Claim(int64_t rank, int32_t idx) {
+    std::atomic<uint32_t>& f = Flag(rank, idx);
+    uint32_t x = f.load(std::memory_order_seq_cst);
+    if (x == claimed_ || x == done_) return false;
+    return f.compare_exchange_strong(x, claimed_, std::memory_order_seq_cst);
+  }
+
+  // The receiver-side conditions of peer v's RECV_COPY r: its local
+  // dependencies are done and the earlier SENDs of the chunk it overwrites
+  // have been read.
+  bool PeerRecvReady(int64_t v, int32_t r) const {
+    const RankSteps& rv = s_.ranks[v];
+    const Step& st = rv.steps[r];
+    for (int32_t k = st.deps_begin; k < st.deps_end; ++k) {
+      const int32_t d = rv.deps[k];
+      if (!rv.steps[d].trivially_done && !PeerDone(v, d)) return false;
+    }
+    for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
+      const Step& g = rv.steps[rv.guards[k]];
+      if (!g.src_input && !PeerDone(g.peer, g.match)) return false;
+    }
+    return true;
+  }
+
+  // After the write `group[n-1]` (completing `group`), the SENDs of the
+  // chunk that depend on it go to peers whose RECV_COPY is ready: claim
+  // those and write the value straight into the peers' accumulators in the
+  // same pass (saves the peers re-reading it). Fills sends/dsts/peers.
+  int CollectPushes(const StepTracker& tr, int32_t* group, int n,
+                    int32_t* sends, PushDst* dsts) {
+    if (!push_) return 0;
+    const Step& w = rs_.steps[group[n - 1]];
+    const int64_t off = s_.chunk_offset[w.chunk];
+    int np = 0;
+    for (int32_t k = w.succ_begin; k < w.succ_end && np < kMaxPush; ++k) {
+      const int32_t si = rs_.succs[k];
+      const Step& snd = rs_.steps[si];
+      if (snd.op != Op::kSend || snd.chunk != w.chunk) continue;
+      const Step& rcv = s_.ranks[snd.peer].steps[snd.match];
+      if (rcv.op != Op::kRecvCopy) continue;
+      if (!tr.DepsDoneExcept(si, group, n)) continue;
+      if (!PeerRecvReady(snd.peer, snd.match)) continue;
+      if (!Claim(snd.peer, snd.match)) continue;
+      sends[np] = si;
+      dsts[np].p = static_cast<char*>(slot_.info[snd.peer].acc) + off * asize_;
+      dsts[np].nt = UseStreamStores(rcv);
+      ++np;
+    }
+    return np;
+  }
+
+  void FinishPushes(StepTracker& tr, const int32_t* sends, int np) {
+    for (int e = 0; e < np; ++e) {
+      const Step& snd = rs_.steps[sends[e]];
+      tr.MarkDone(sends[e]);
+      SetDone(sends[e]);
+      Flag(snd.peer, snd.match).store(done_, std::memory_order_seq_cst);
+      slot_.bell(snd.peer).Ring();
+    }
+  }
+
+  bool UseStreamStores(const Step& recv) const {
+    return same_types_ && !recv.sent_after && nt_bytes_ > 0 &&
+           s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
   }
 
   Src SourceOf(const Step& st) const {
@@ -455,8 +606,24 @@ class RankRunner {
       // A value sent from the input is readable from the start (the input
       // never changes while the collective runs), so its receiver does not
       // wait for this flag and need not be woken.
-      if (!st.src_input) Publish(i, st.peer);
+      if (st.src_input) {
+        SetDone(i);
+      } else {
+        Publish(i, st.peer);
+      }
       return true;
+    }
+    if (st.op == Op::kRecvCopy) {
+      const uint32_t x = Flag(a_.rank, i).load(std::memory_order_seq_cst);
+      if (x == done_) {  // the sender pushed the value
+        tr.MarkDone(i);
+        return true;
+      }
+      if (x == claimed_) {  // the sender is pushing it right now
+        blocked_ = i;
+        blocked_guard_ = -1;
+        return false;
+      }
     }
     if (!st.src_input && !PeerDone(st.peer, st.match)) {
       blocked_ = i;
@@ -474,17 +641,23 @@ class RankRunner {
     const int64_t off = s_.chunk_offset[st.chunk];
     const int64_t len = s_.chunk_length[st.chunk];
     char* dst = acc_ + off * asize_;
+    int32_t push_sends[kMaxPush];
+    PushDst push_dsts[kMaxPush];
     if (st.op == Op::kRecvCopy) {
+      if (!Claim(a_.rank, i)) return false;  // the sender got there first
       const Src src = SourceOf(st);
-      const int64_t bytes = len * static_cast<int64_t>(asize_);
-      if (same_types_ && !st.sent_after && nt_bytes_ > 0 &&
-          s_.count * static_cast<int64_t>(asize_) >= nt_bytes_) {
-        StreamCopy(dst, src.p, bytes);
+      int32_t self = i;
+      const int np = CollectPushes(tr, &self, 1, push_sends, push_dsts);
+      if (np > 0) {
+        kt_.produce(dst, src, nullptr, 0, len, push_dsts, np);
+      } else if (UseStreamStores(st)) {
+        StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
       } else {
         kt_.copy(dst, src, len);
       }
       tr.MarkDone(i);
       Publish(i, st.peer);
+      FinishPushes(tr, push_sends, np);
       return true;
     }
     int32_t group[kMaxFuse];
@@ -504,11 +677,19 @@ class RankRunner {
     }
     const Src base = st.first_write ? Src{in_ + off * tsize_, true}
                                     : Src{dst, false};
-    kt_.reduce(dst, base, srcs, k, len);
+    const int np = rs_.steps[group[k - 1]].last_write
+                       ? CollectPushes(tr, group, k, push_sends, push_dsts)
+                       : 0;
+    if (np > 0) {
+      kt_.produce(dst, base, srcs, k, len, push_dsts, np);
+    } else {
+      kt_.reduce(dst, base, srcs, k, len);
+    }
     for (int m = 0; m < k; ++m) {
       tr.MarkDone(group[m]);
       Publish(group[m], rs_.steps[group[m]].peer);
     }
+    FinishPushes(tr, push_sends, np);
     return true;
   }
 
@@ -575,7 +756,8 @@ class RankRunner {
   const Schedule& s_;
   const RankSteps& rs_;
   Slot& slot_;
-  const uint32_t epoch_;
+  const uint32_t done_;     // flag value: step done in this call
+  const uint32_t claimed_;  // flag value: RECV_COPY being executed
   const int64_t generation_;
   const Clock::time_point deadline_;
   std::atomic<uint32_t>* const flags_;
@@ -587,6 +769,7 @@ class RankRunner {
   char* const acc_;
   const int spin_;
   const int64_t nt_bytes_;
+  const bool push_;
   const bool same_types_;
   const int64_t yield_ns_;
   int32_t blocked_ = -1;
@@ -620,11 +803,15 @@ ExecTunables& MutableTunables() {
     t.spin = 64;
     t.yield_ns = 200000;
     t.nt_bytes = int64_t{1} << 20;
+    t.push = true;
     if (const char* v = std::getenv("JAX_BLINK_SPIN")) {
       t.spin = std::max(0, std::atoi(v));
     }
     if (const char* v = std::getenv("JAX_BLINK_YIELD_US")) {
       t.yield_ns = std::max<int64_t>(0, std::atoll(v)) * 1000;
+    }
+    if (const char* v = std::getenv("JAX_BLINK_PUSH")) {
+      t.push = std::atoi(v) != 0;
     }
     if (const char* v = std::getenv("JAX_BLINK_NT_BYTES")) {
       t.nt_bytes = std::max<int64_t>(0, std::atoll(v));

@@ -95,7 +95,8 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
     for (size_t i = 0; i < cap; ++i) flags_[i].store(0, std::memory_order_relaxed);
     flag_cap_ = cap;
   }
-  if (++epoch == 0) {  // wrapped: old flags could alias the new epoch
+  // Flags hold 2*epoch (claimed) or 2*epoch+1 (done): keep epoch < 2^31.
+  if (++epoch >= (uint32_t{1} << 31)) {  // wrapped: old flags could alias
     for (size_t i = 0; i < flag_cap_; ++i) {
       flags_[i].store(0, std::memory_order_relaxed);
     }

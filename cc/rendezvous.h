@@ -82,7 +82,9 @@ struct RankInfo {
 class Slot {
  public:
   int64_t nranks = 0;
-  uint32_t epoch = 0;  // flags equal to epoch mean "done in this use"
+  // Per-step flags: 2*epoch+1 = done in this use of the slot, 2*epoch =
+  // claimed (a RECV_COPY being executed, possibly by its sender).
+  uint32_t epoch = 0;
   std::vector<RankInfo> info;
 
   std::atomic<uint32_t>* flags() { return flags_.get(); }

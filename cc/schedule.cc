@@ -486,6 +486,8 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
     for (Step& st : s.ranks[r].steps) {
       if (st.op != Op::kSend) {
         st.src_input = s.ranks[st.peer].steps[st.match].src_input;
+      } else {
+        st.trivially_done = st.src_input && st.deps_begin == st.deps_end;
       }
     }
   }

@@ -59,6 +59,9 @@ struct Step {
   // RECV: a later SEND of this rank sends the value this step writes (so a
   // peer will read it from the accumulator).
   bool sent_after;
+  // SEND of the input with no dependencies: complete from the start (as a
+  // dependency of another step it constrains nothing).
+  bool trivially_done;
   int32_t chunk;
   int32_t peer;
   int32_t tree;

@@ -504,3 +504,53 @@ def test_itemsize_mismatch_is_a_value_error():
 def test_has_cuda_is_false_on_this_build():
     assert ext.has_cuda() is False
     assert _ffi.has_cuda_support() is False
+
+
+# ------------------------------------------------------------ random trees
+def _random_tree(rng, nranks, root):
+    """A random spanning tree rooted at `root` (random parent among the
+    ranks already attached)."""
+    order = [root] + [int(r) for r in rng.permutation([r for r in range(nranks) if r != root])]
+    return [(order[int(rng.integers(0, i))], order[i]) for i in range(1, nranks)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_trees_schedules(seed):
+    schedule = pytest.importorskip("jax_blink.schedule")
+    rng = np.random.default_rng(seed)
+    nranks = int(rng.integers(2, 9))
+    ntrees = int(rng.integers(1, 5))
+    trees = [SimpleNamespace(root=int(rng.integers(0, nranks)),
+                             edges=None, weight=float(rng.uniform(0.5, 2)))
+             for _ in range(ntrees)]
+    for t in trees:
+        t.edges = _random_tree(rng, nranks, t.root)
+    dtype = list(DTYPES)[seed % len(DTYPES)]
+    count = int(rng.integers(1, 30_000))
+    sched = schedule.lower_trees(trees, nranks=nranks, collective="allreduce", count=count,
+                                 dtype=dtype, chunks=int(rng.integers(1, 9))).validate()
+    enc = np.asarray(sched.encode())
+    inputs = make_inputs(dtype, nranks, count, seed=seed)
+    for _ in range(3):
+        errors, outputs = run(enc, inputs)
+        assert errors == [None] * nranks
+        check_sum(dtype, inputs, outputs[0])
+        assert_bit_identical(outputs)
+
+
+@pytest.mark.parametrize("push", [True, False])
+def test_push_and_pull_give_identical_bits(push):
+    # Writing a chunk into a receiver's accumulator (push) or letting the
+    # receiver copy it (pull) must not change a single bit.
+    sched = lowered(8, 300_001, "float32", chunks=6)
+    inputs = make_inputs("float32", 8, 300_001, seed=3)
+    saved = ext._get_tunables()
+    try:
+        ext._set_tunables(saved["spin"], saved["yield_us"], saved["nt_bytes"], push)
+        errors, out = run(sched, inputs)
+        ext._set_tunables(saved["spin"], saved["yield_us"], saved["nt_bytes"], not push)
+        errors2, out2 = run(sched, inputs)
+    finally:
+        ext._set_tunables(saved["spin"], saved["yield_us"], saved["nt_bytes"], saved["push"])
+    assert errors == errors2 == [None] * 8
+    assert_bit_identical(out + out2)
