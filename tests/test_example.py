@@ -56,6 +56,16 @@ def test_example_blink_and_lax_psum_loss_curves_agree(compare_run):
     assert result["loss_max_abs_diff"] == pytest.approx(np.max(np.abs(blink - lax)))
 
 
+def test_example_gradients_take_the_planned_blink_path(compare_run):
+    # The gradients are large enough for a planned tree allreduce, not the
+    # small-value lax.psum fallback; otherwise the comparison would be vacuous.
+    _, _, result = compare_run
+    n_params = result["runs"]["blink"]["params"]
+    lines = [l for l in result["jax_blink_explain"].splitlines() if f"x {n_params} " in l]
+    assert lines, result["jax_blink_explain"]
+    assert all("lax.psum" not in l for l in lines), lines
+
+
 def test_example_reports_table_plot_and_step_times(compare_run):
     out, stdout, result = compare_run
     assert (out / "loss_curves.png").stat().st_size > 0
