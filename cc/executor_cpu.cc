@@ -311,17 +311,21 @@ struct MultiKernels {
   using A = typename Tr::A;
   // dst = base + s0 + ... (k >= 0 sources; k = 0 copies base) and the same
   // value into every extra destination, in one pass over the sources.
-  static void Produce(void* dst_v, Src base, const Src* srcs, int k,
-                      int64_t n, const PushDst* extra, int nextra) {
+  static void Produce(void* dst_v, bool dst_nt, Src base, const Src* srcs,
+                      int k, int64_t n, const PushDst* extra, int nextra) {
     A* dst = static_cast<A*>(dst_v);
     alignas(64) A tmp[kBlock];
-    bool any_nt = false;
+    bool any_nt = dst_nt;
     for (int e = 0; e < nextra; ++e) any_nt |= extra[e].nt;
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
       Kernels<Tr>::LoadBlock(tmp, base, off, m);
       for (int j = 0; j < k; ++j) Kernels<Tr>::AddBlock(tmp, srcs[j], off, m);
-      std::memcpy(dst + off, tmp, m * sizeof(A));
+      if (dst_nt) {
+        StreamStoreNoFence(dst + off, tmp, m * sizeof(A));
+      } else {
+        std::memcpy(dst + off, tmp, m * sizeof(A));
+      }
       for (int e = 0; e < nextra; ++e) {
         A* d = static_cast<A*>(extra[e].p) + off;
         if (extra[e].nt) {
@@ -336,7 +340,8 @@ struct MultiKernels {
 };
 
 struct KernelTable {
-  void (*produce)(void*, Src, const Src*, int, int64_t, const PushDst*, int);
+  void (*produce)(void*, bool, Src, const Src*, int, int64_t, const PushDst*,
+                  int);
   void (*reduce)(void*, Src, const Src*, int, int64_t);
   void (*copy)(void*, Src, int64_t);
   void (*finalize)(void*, const void*, int64_t);
@@ -552,16 +557,22 @@ class RankRunner {
   // chunk that depend on it go to peers whose RECV_COPY is ready: claim
   // those and write the value straight into the peers' accumulators in the
   // same pass (saves the peers re-reading it). Fills sends/dsts/peers.
+  // *all_pushed: every SEND of the chunk after the write was pushed, so no
+  // peer reads our accumulator chunk and it may bypass the cache too.
   int CollectPushes(const StepTracker& tr, int32_t* group, int n,
-                    int32_t* sends, PushDst* dsts) {
+                    int32_t* sends, PushDst* dsts, bool* all_pushed) {
+    *all_pushed = false;
     if (!push_) return 0;
     const Step& w = rs_.steps[group[n - 1]];
     const int64_t off = s_.chunk_offset[w.chunk];
     int np = 0;
-    for (int32_t k = w.succ_begin; k < w.succ_end && np < kMaxPush; ++k) {
+    int nsends = 0;
+    for (int32_t k = w.succ_begin; k < w.succ_end; ++k) {
       const int32_t si = rs_.succs[k];
       const Step& snd = rs_.steps[si];
       if (snd.op != Op::kSend || snd.chunk != w.chunk) continue;
+      ++nsends;
+      if (np == kMaxPush) continue;
       const Step& rcv = s_.ranks[snd.peer].steps[snd.match];
       if (rcv.op != Op::kRecvCopy) continue;
       if (!tr.DepsDoneExcept(si, group, n)) continue;
@@ -572,6 +583,8 @@ class RankRunner {
       dsts[np].nt = UseStreamStores(rcv);
       ++np;
     }
+    // Sends of the chunk that are not direct successors would read it too.
+    *all_pushed = np > 0 && np == nsends && nsends == w.nsends_after;
     return np;
   }
 
@@ -585,9 +598,14 @@ class RankRunner {
     }
   }
 
-  bool UseStreamStores(const Step& recv) const {
-    return same_types_ && !recv.sent_after && nt_bytes_ > 0 &&
+  // Large outputs of types without a scratch accumulator.
+  bool StreamEligible() const {
+    return same_types_ && nt_bytes_ > 0 &&
            s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+  }
+  // The value a RECV writes is not read again soon (no later SEND of it).
+  bool UseStreamStores(const Step& recv) const {
+    return !recv.sent_after && StreamEligible();
   }
 
   Src SourceOf(const Step& st) const {
@@ -647,9 +665,12 @@ class RankRunner {
       if (!Claim(a_.rank, i)) return false;  // the sender got there first
       const Src src = SourceOf(st);
       int32_t self = i;
-      const int np = CollectPushes(tr, &self, 1, push_sends, push_dsts);
+      bool all_pushed;
+      const int np =
+          CollectPushes(tr, &self, 1, push_sends, push_dsts, &all_pushed);
       if (np > 0) {
-        kt_.produce(dst, src, nullptr, 0, len, push_dsts, np);
+        kt_.produce(dst, all_pushed && StreamEligible(), src, nullptr, 0, len,
+                    push_dsts, np);
       } else if (UseStreamStores(st)) {
         StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
       } else {
@@ -677,11 +698,14 @@ class RankRunner {
     }
     const Src base = st.first_write ? Src{in_ + off * tsize_, true}
                                     : Src{dst, false};
-    const int np = rs_.steps[group[k - 1]].last_write
-                       ? CollectPushes(tr, group, k, push_sends, push_dsts)
-                       : 0;
+    const Step& last = rs_.steps[group[k - 1]];
+    bool all_pushed = false;
+    const int np = last.last_write ? CollectPushes(tr, group, k, push_sends,
+                                                   push_dsts, &all_pushed)
+                                   : 0;
     if (np > 0) {
-      kt_.produce(dst, base, srcs, k, len, push_dsts, np);
+      kt_.produce(dst, all_pushed && StreamEligible(), base, srcs, k, len,
+                  push_dsts, np);
     } else {
       kt_.reduce(dst, base, srcs, k, len);
     }

@@ -439,7 +439,10 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
         Step& st = rs.steps[x];
         if (st.op == Op::kSend) {
           st.src_input = (prev_write == -1);
-          if (prev_write != -1) rs.steps[prev_write].sent_after = true;
+          if (prev_write != -1) {
+            rs.steps[prev_write].sent_after = true;
+            ++rs.steps[prev_write].nsends_after;
+          }
           if (prev_write != -1 && !reach(prev_write, x)) {
             return Err(DescribeStep(s, r, x), " and ",
                        DescribeStep(s, r, prev_write),

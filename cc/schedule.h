@@ -59,6 +59,9 @@ struct Step {
   // RECV: a later SEND of this rank sends the value this step writes (so a
   // peer will read it from the accumulator).
   bool sent_after;
+  // RECV: number of SENDs of the chunk after this write and before the
+  // chunk's next write at this rank.
+  int32_t nsends_after;
   // SEND of the input with no dependencies: complete from the start (as a
   // dependency of another step it constrains nothing).
   bool trivially_done;
