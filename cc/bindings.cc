@@ -88,10 +88,9 @@ Buffer GetBuffer(const py::handle& obj, bool writable, const char* what,
   Buffer b;
   b.array = py::reinterpret_borrow<py::array>(obj);
   if (static_cast<size_t>(b.array.itemsize()) != itemsize) {
-    throw py::value_error(where + " has itemsize " +
-                          std::to_string(b.array.itemsize()) +
-                          " but the schedule dtype needs " +
-                          std::to_string(itemsize));
+    throw py::value_error(
+        where + " has itemsize " + std::to_string(b.array.itemsize()) +
+        " but the schedule dtype needs " + std::to_string(itemsize));
   }
   if (!(b.array.flags() & py::array::c_style)) {
     throw py::value_error(where + " must be C-contiguous");
@@ -113,7 +112,8 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
   // One schedule for all ranks, or a list with one per rank (to test
   // disagreeing ranks).
   std::vector<std::shared_ptr<Schedule>> scheds;
-  if (py::isinstance<py::list>(schedule) || py::isinstance<py::tuple>(schedule)) {
+  if (py::isinstance<py::list>(schedule) ||
+      py::isinstance<py::tuple>(schedule)) {
     for (py::handle h : schedule) {
       scheds.push_back(std::make_shared<Schedule>(DecodeOrThrow(h)));
     }
@@ -208,7 +208,8 @@ PYBIND11_MODULE(_blink_ext, m) {
         py::dict stages;
         stages["instantiate"] =
             Capsule(reinterpret_cast<void*>(CpuInstantiateHandler()));
-        stages["execute"] = Capsule(reinterpret_cast<void*>(CpuExecuteHandler()));
+        stages["execute"] =
+            Capsule(reinterpret_cast<void*>(CpuExecuteHandler()));
         py::dict d;
         d[kTargetName] = stages;
         return d;
@@ -233,21 +234,22 @@ PYBIND11_MODULE(_blink_ext, m) {
   m.def(
       "has_cuda", []() { return false; },
       "Whether this build contains the CUDA executor.");
-  m.def("run_ranks", &RunRanks, py::arg("schedule"), py::arg("inputs"),
-        py::arg("outputs"), py::arg("timeout_ms") = 10000,
-        py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
-        py::arg("group") = 0, py::arg("repeat") = 1,
-        py::arg("run_id") = py::none(),
-        "Test harness: runs every rank except skip_ranks on its own thread "
-        "through the rendezvous and CPU executor used by the custom call. "
-        "inputs/outputs: one C-contiguous array per rank (itemsize of the "
-        "schedule dtype; bfloat16 from ml_dtypes). schedule: one encoded "
-        "schedule, or a list with one per rank. repeat: run the collective this "
-        "many times on the same threads (one RunId, successive generations, "
-        "like a call site inside lax.scan; for benchmarks). run_id: the "
-        "rendezvous RunId (default: a fresh negative id). Returns one entry "
-        "per rank: None on success (or when skipped), else the first error "
-        "message.");
+  m.def(
+      "run_ranks", &RunRanks, py::arg("schedule"), py::arg("inputs"),
+      py::arg("outputs"), py::arg("timeout_ms") = 10000,
+      py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
+      py::arg("group") = 0, py::arg("repeat") = 1,
+      py::arg("run_id") = py::none(),
+      "Test harness: runs every rank except skip_ranks on its own thread "
+      "through the rendezvous and CPU executor used by the custom call. "
+      "inputs/outputs: one C-contiguous array per rank (itemsize of the "
+      "schedule dtype; bfloat16 from ml_dtypes). schedule: one encoded "
+      "schedule, or a list with one per rank. repeat: run the collective this "
+      "many times on the same threads (one RunId, successive generations, "
+      "like a call site inside lax.scan; for benchmarks). run_id: the "
+      "rendezvous RunId (default: a fresh negative id). Returns one entry "
+      "per rank: None on success (or when skipped), else the first error "
+      "message.");
   m.def(
       "rendezvous_stats",
       []() {
@@ -275,16 +277,14 @@ PYBIND11_MODULE(_blink_ext, m) {
       "Benchmark hook: overrides JAX_BLINK_SPIN / JAX_BLINK_YIELD_US / "
       "JAX_BLINK_NT_BYTES / JAX_BLINK_PUSH. Do not call while collectives "
       "run.");
-  m.def(
-      "_get_tunables",
-      []() {
-        const ExecTunables& t = GetExecTunables();
-        py::dict d;
-        d["spin"] = t.spin;
-        d["yield_us"] = t.yield_ns / 1000;
-        d["nt_bytes"] = t.nt_bytes;
-        d["push"] = t.push;
-        return d;
-      });
+  m.def("_get_tunables", []() {
+    const ExecTunables& t = GetExecTunables();
+    py::dict d;
+    d["spin"] = t.spin;
+    d["yield_us"] = t.yield_ns / 1000;
+    d["nt_bytes"] = t.nt_bytes;
+    d["push"] = t.push;
+    return d;
+  });
   m.attr("TARGET") = kTargetName;
 }

@@ -32,7 +32,7 @@ struct ExecArgs {
   void* out = nullptr;
   int64_t in_count = 0;   // elements in `in`
   int64_t out_count = 0;  // elements in `out`
-  int32_t dtype = -1;     // dtype code of the buffers (-1: not a schedule dtype)
+  int32_t dtype = -1;  // dtype code of the buffers (-1: not a schedule dtype)
   int64_t timeout_ms = 60000;
   // An error found by the caller before joining (e.g. a buffer that does not
   // fit the schedule). The rank still joins so that its peers fail fast with
@@ -41,7 +41,7 @@ struct ExecArgs {
 };
 
 struct ExecResult {
-  std::string error;       // "" on success
+  std::string error;        // "" on success
   int64_t generation = -1;  // rendezvous generation of this call
 };
 
@@ -50,8 +50,8 @@ ExecResult ExecuteCpu(const ExecArgs& args);
 
 // Tunables read once from the environment (see docs/building.md).
 struct ExecTunables {
-  int spin = 0;           // busy-wait iterations before yielding
-  int64_t yield_ns = 0;   // then sched_yield for this long before sleeping
+  int spin = 0;          // busy-wait iterations before yielding
+  int64_t yield_ns = 0;  // then sched_yield for this long before sleeping
   // Copies of at least this many bytes whose destination no peer reads
   // afterwards bypass the cache (non-temporal stores, x86-64 only); they
   // save the read-for-ownership traffic of large outputs.

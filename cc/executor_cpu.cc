@@ -22,7 +22,8 @@ namespace jax_blink {
 
 namespace {
 
-// ---- Element conversions -----------------------------------------------------
+// ---- Element conversions
+// -----------------------------------------------------
 
 inline uint32_t BitsOf(float f) {
   uint32_t u;
@@ -90,9 +91,10 @@ inline uint16_t FloatToBF16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// ---- Per-dtype traits --------------------------------------------------------
-// T: element type of the buffers; A: accumulator type. Signed integers use
-// unsigned arithmetic (wrapping, bit-identical to two's complement).
+// ---- Per-dtype traits
+// -------------------------------------------------------- T: element type of
+// the buffers; A: accumulator type. Signed integers use unsigned arithmetic
+// (wrapping, bit-identical to two's complement).
 
 template <typename E>
 struct SameTraits {
@@ -136,7 +138,8 @@ struct Kernels {
   using T = typename Tr::T;
   using A = typename Tr::A;
 
-  JAX_BLINK_KERNEL static void LoadBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
+  JAX_BLINK_KERNEL static void LoadBlock(A* __restrict__ tmp, Src s,
+                                         int64_t off, int64_t m) {
     if (Tr::kSame || !s.is_input) {
       std::memcpy(tmp, static_cast<const A*>(s.p) + off, m * sizeof(A));
     } else {
@@ -144,7 +147,8 @@ struct Kernels {
       for (int64_t i = 0; i < m; ++i) tmp[i] = Tr::ToAcc(p[i]);
     }
   }
-  JAX_BLINK_KERNEL static void AddBlock(A* __restrict__ tmp, Src s, int64_t off, int64_t m) {
+  JAX_BLINK_KERNEL static void AddBlock(A* __restrict__ tmp, Src s, int64_t off,
+                                        int64_t m) {
     if (Tr::kSame || !s.is_input) {
       const A* __restrict__ p = static_cast<const A*>(s.p) + off;
       for (int64_t i = 0; i < m; ++i) tmp[i] += p[i];
@@ -187,21 +191,23 @@ struct Kernels {
     }
   }
 
-  JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d, const A* __restrict__ s,
-                         int64_t n) {
+  JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d,
+                                          const A* __restrict__ s, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] += s[i];
   }
-  JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d, const A* __restrict__ s0,
-                          const A* __restrict__ s1, int64_t n) {
+  JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d,
+                                           const A* __restrict__ s0,
+                                           const A* __restrict__ s1,
+                                           int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = (d[i] + s0[i]) + s1[i];
   }
   JAX_BLINK_KERNEL static void Add2(A* __restrict__ d, const A* __restrict__ b,
-                   const A* __restrict__ s, int64_t n) {
+                                    const A* __restrict__ s, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = b[i] + s[i];
   }
   JAX_BLINK_KERNEL static void Add3(A* __restrict__ d, const A* __restrict__ b,
-                   const A* __restrict__ s0, const A* __restrict__ s1,
-                   int64_t n) {
+                                    const A* __restrict__ s0,
+                                    const A* __restrict__ s1, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = (b[i] + s0[i]) + s1[i];
   }
 
@@ -366,7 +372,8 @@ const KernelTable& TableFor(DType d) {
   return kTables[static_cast<int>(d)];
 }
 
-// ---- Per-thread reusable state -------------------------------------------------
+// ---- Per-thread reusable state
+// -------------------------------------------------
 
 class AlignedBuffer {
  public:
@@ -421,8 +428,7 @@ std::string DescribeInfo(const RankInfo& ri) {
      << (ri.dtype >= 0 && ri.dtype < kNumDTypes
              ? DTypeName(static_cast<DType>(ri.dtype))
              : "unsupported")
-     << " nranks=" << ri.nranks << " schedule=0x" << std::hex
-     << ri.fingerprint;
+     << " nranks=" << ri.nranks << " schedule=0x" << std::hex << ri.fingerprint;
   return os.str();
 }
 
@@ -696,8 +702,8 @@ class RankRunner {
       srcs[k++] = SourceOf(sj);
       j = sj.fuse_next;
     }
-    const Src base = st.first_write ? Src{in_ + off * tsize_, true}
-                                    : Src{dst, false};
+    const Src base =
+        st.first_write ? Src{in_ + off * tsize_, true} : Src{dst, false};
     const Step& last = rs_.steps[group[k - 1]];
     bool all_pushed = false;
     const int np = last.last_write ? CollectPushes(tr, group, k, push_sends,
@@ -873,8 +879,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   info.nranks = s.nranks;
   info.total_steps = s.total_steps;
   info.fingerprint = s.fingerprint;
-  if (info.error.empty() &&
-      (HasScratchAcc(s.dtype) || a.in == a.out)) {
+  if (info.error.empty() && (HasScratchAcc(s.dtype) || a.in == a.out)) {
     // float32 accumulator for f16/bf16; a separate accumulator when XLA
     // aliases input and output (peers may still read the input).
     info.acc = tls.scratch.Get(s.count * AccSize(s.dtype));
@@ -889,8 +894,9 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   Ticket ticket;
   Rendezvous& rv = Rendezvous::Global();
   RendezvousKey key{a.run_id, a.op_id, a.group};
+  const ExecTunables& tun = GetExecTunables();
   res.error = rv.Join(key, a.rank, s.nranks, std::move(info), deadline,
-                      timeout_ms, &ticket);
+                      timeout_ms, &ticket, tun.spin, tun.yield_ns);
   res.generation = ticket.generation;
   if (res.error.empty()) {
     Slot& slot = *ticket.slot;
@@ -921,9 +927,9 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   rv.Leave(&ticket);
 
   if (DebugEnabled()) {
-    const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
-                           Clock::now() - t0)
-                           .count();
+    const int64_t us =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
+            .count();
     std::fprintf(stderr,
                  "jax_blink: op=%" PRId64 " group=%" PRId64 " rank=%" PRId64
                  " gen=%" PRId64 " run=%" PRId64 " bytes=%" PRId64

@@ -50,15 +50,14 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 #endif
 }
 
-void Bell::Wait(uint32_t seen, int64_t timeout_ns, int spin,
-                int64_t yield_ns) {
+void Bell::Wait(uint32_t seen, int64_t timeout_ns, int spin, int64_t yield_ns) {
   for (int i = 0; i < spin; ++i) {
     if (seq.load(std::memory_order_relaxed) != seen) return;
     CpuRelax();
   }
   if (yield_ns > 0) {
-    const auto until = Clock::now() + std::chrono::nanoseconds(
-                                          std::min(yield_ns, timeout_ns));
+    const auto until =
+        Clock::now() + std::chrono::nanoseconds(std::min(yield_ns, timeout_ns));
     do {
       std::this_thread::yield();
       if (seq.load(std::memory_order_relaxed) != seen) return;
@@ -85,14 +84,16 @@ std::string DescribeRanks(const std::vector<int64_t>& ranks) {
   return os.str();
 }
 
-// ---- Slot --------------------------------------------------------------------
+// ---- Slot
+// --------------------------------------------------------------------
 
 void Slot::Reset(int64_t n, int64_t total_steps) {
   nranks = n;
   if (static_cast<size_t>(total_steps) > flag_cap_) {
     size_t cap = std::max<size_t>(total_steps, 2 * flag_cap_);
     flags_.reset(new std::atomic<uint32_t>[cap]);
-    for (size_t i = 0; i < cap; ++i) flags_[i].store(0, std::memory_order_relaxed);
+    for (size_t i = 0; i < cap; ++i)
+      flags_[i].store(0, std::memory_order_relaxed);
     flag_cap_ = cap;
   }
   // Flags hold 2*epoch (claimed) or 2*epoch+1 (done): keep epoch < 2^31.
@@ -148,7 +149,8 @@ std::string Slot::FailMessage() {
   return fail_message_;
 }
 
-// ---- Rendezvous --------------------------------------------------------------
+// ---- Rendezvous
+// --------------------------------------------------------------
 
 struct Rendezvous::Entry {
   int64_t nranks = 0;
@@ -238,7 +240,7 @@ void Rendezvous::EvictTombstonesLocked() {
 std::string Rendezvous::Join(const RendezvousKey& key, int64_t rank,
                              int64_t nranks, RankInfo info,
                              Clock::time_point deadline, int64_t timeout_ms,
-                             Ticket* ticket) {
+                             Ticket* ticket, int spin, int64_t yield_ns) {
   *ticket = Ticket();
   ticket->key = key;
   ticket->rank = rank;
@@ -296,10 +298,19 @@ std::string Rendezvous::Join(const RendezvousKey& key, int64_t rank,
   }
   lk.unlock();
 
-  // Wait for the others: a short spin, then sleep with the deadline.
-  for (int i = 0; i < 64 && slot->state.load(std::memory_order_acquire) == 0;
+  // Wait for the others: a short spin, yield (other device threads may
+  // need this core to arrive), then sleep with the deadline.
+  for (int i = 0; i < spin && slot->state.load(std::memory_order_acquire) == 0;
        ++i) {
     CpuRelax();
+  }
+  if (yield_ns > 0) {
+    const auto until =
+        std::min(deadline, Clock::now() + std::chrono::nanoseconds(yield_ns));
+    while (slot->state.load(std::memory_order_acquire) == 0 &&
+           Clock::now() < until) {
+      std::this_thread::yield();
+    }
   }
   while (slot->state.load(std::memory_order_acquire) == 0) {
     const auto now = Clock::now();
@@ -314,8 +325,8 @@ std::string Rendezvous::Join(const RendezvousKey& key, int64_t rank,
         os << "jax_blink: rendezvous timed out after " << timeout_ms
            << " ms: op_id=" << key.op_id << " group=" << key.group
            << " generation=" << gen << " (" << nranks << " ranks): rank(s) "
-           << DescribeRanks(missing) << " never arrived (arrived: "
-           << DescribeRanks(arrived)
+           << DescribeRanks(missing)
+           << " never arrived (arrived: " << DescribeRanks(arrived)
            << "). A device may be stuck or running a different program, or "
               "XLA may be limiting queued executions (set PJRT_NPROC=64 "
               "before importing jax).";

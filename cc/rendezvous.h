@@ -55,7 +55,8 @@ struct alignas(64) Bell {
   void Wait(uint32_t seen, int64_t timeout_ns, int spin, int64_t yield_ns);
 };
 
-// ---- Rendezvous --------------------------------------------------------------
+// ---- Rendezvous
+// --------------------------------------------------------------
 
 struct RendezvousKey {
   int64_t run_id;
@@ -68,15 +69,15 @@ struct RendezvousKey {
 
 // What a rank publishes.
 struct RankInfo {
-  const void* in = nullptr;   // input buffer (IN_r)
-  void* acc = nullptr;        // accumulator (ACC_r): out, or a scratch buffer
-  void* out = nullptr;        // output buffer
-  int64_t count = 0;          // elements in its buffers
-  int32_t dtype = -1;         // dtype code of its buffers
-  int64_t nranks = 0;         // from its schedule
-  int64_t total_steps = 0;    // from its schedule
-  uint64_t fingerprint = 0;   // of its schedule
-  std::string error;          // a local error found before joining, or ""
+  const void* in = nullptr;  // input buffer (IN_r)
+  void* acc = nullptr;       // accumulator (ACC_r): out, or a scratch buffer
+  void* out = nullptr;       // output buffer
+  int64_t count = 0;         // elements in its buffers
+  int32_t dtype = -1;        // dtype code of its buffers
+  int64_t nranks = 0;        // from its schedule
+  int64_t total_steps = 0;   // from its schedule
+  uint64_t fingerprint = 0;  // of its schedule
+  std::string error;         // a local error found before joining, or ""
 };
 
 class Slot {
@@ -146,9 +147,12 @@ class Rendezvous {
   // same key and generation arrived, or until `deadline`. On success fills
   // `ticket` and returns ""; on failure returns the error (the caller must
   // still call Leave() when ticket->slot is set).
+  // While waiting it spins `spin` iterations, then yields the CPU for up to
+  // yield_ns, then sleeps on a futex.
   std::string Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
-                   RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
-                   Ticket* ticket);
+                   RankInfo info, Clock::time_point deadline,
+                   int64_t timeout_ms, Ticket* ticket, int spin = 64,
+                   int64_t yield_ns = 0);
 
   // Leaves the slot; the last rank out recycles it.
   void Leave(Ticket* ticket);

@@ -34,9 +34,9 @@ std::string Err(Args&&... args) {
 std::string DescribeStep(const Schedule& s, int64_t rank, int64_t idx) {
   const Step& st = s.ranks[rank].steps[idx];
   std::ostringstream os;
-  os << "rank " << rank << " step " << idx << " (" << OpName(st.op)
-     << " chunk " << st.chunk << (st.op == Op::kSend ? " to" : " from")
-     << " rank " << st.peer << ")";
+  os << "rank " << rank << " step " << idx << " (" << OpName(st.op) << " chunk "
+     << st.chunk << (st.op == Op::kSend ? " to" : " from") << " rank "
+     << st.peer << ")";
   return os.str();
 }
 
@@ -115,13 +115,20 @@ std::string DescribeSet(const uint64_t* set, int64_t nranks) {
 
 size_t DTypeSize(DType d) {
   switch (d) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU32: return 4;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU32:
+      return 4;
   }
   return 0;
 }
@@ -130,31 +137,44 @@ size_t AccSize(DType d) { return HasScratchAcc(d) ? 4 : DTypeSize(d); }
 
 const char* DTypeName(DType d) {
   switch (d) {
-    case DType::kF32: return "float32";
-    case DType::kF64: return "float64";
-    case DType::kF16: return "float16";
-    case DType::kBF16: return "bfloat16";
-    case DType::kI32: return "int32";
-    case DType::kI64: return "int64";
-    case DType::kU32: return "uint32";
+    case DType::kF32:
+      return "float32";
+    case DType::kF64:
+      return "float64";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
+    case DType::kU32:
+      return "uint32";
   }
   return "?";
 }
 
 const char* OpName(Op op) {
   switch (op) {
-    case Op::kSend: return "SEND";
-    case Op::kRecvReduce: return "RECV_REDUCE";
-    case Op::kRecvCopy: return "RECV_COPY";
+    case Op::kSend:
+      return "SEND";
+    case Op::kRecvReduce:
+      return "RECV_REDUCE";
+    case Op::kRecvCopy:
+      return "RECV_COPY";
   }
   return "?";
 }
 
 const char* CollectiveName(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "allreduce";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kReduce: return "reduce";
+    case Collective::kAllReduce:
+      return "allreduce";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kReduce:
+      return "reduce";
   }
   return "?";
 }
@@ -210,7 +230,8 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
     return Err(CollectiveName(s.collective), " root = ", s.root,
                " is not a rank in [0, ", s.nranks, ")");
   }
-  if (dtype < 0 || dtype >= kNumDTypes) return Err("unknown dtype code ", dtype);
+  if (dtype < 0 || dtype >= kNumDTypes)
+    return Err("unknown dtype code ", dtype);
   s.dtype = static_cast<DType>(dtype);
   if (s.nchunks < 1 || s.nchunks > s.count || s.nchunks > kMaxChunks) {
     return Err("nchunks = ", s.nchunks, " (must be in [1, count = ", s.count,
@@ -222,8 +243,10 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
   size_t pos = kHeaderWords;
   const size_t table_words = 2 * static_cast<size_t>(s.nchunks);
   if (n - pos < table_words + static_cast<size_t>(s.nranks)) {
-    return Err("array of ", n, " words ends inside the chunk table or the "
-               "step counts (", s.nchunks, " chunks, ", s.nranks, " ranks)");
+    return Err("array of ", n,
+               " words ends inside the chunk table or the "
+               "step counts (",
+               s.nchunks, " chunks, ", s.nranks, " ranks)");
   }
   s.chunk_offset.resize(s.nchunks);
   s.chunk_length.resize(s.nchunks);
@@ -244,7 +267,8 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
     expect = off + len;
   }
   if (expect != s.count) {
-    return Err("chunks cover [0, ", expect, "), not [0, count = ", s.count, ")");
+    return Err("chunks cover [0, ", expect, "), not [0, count = ", s.count,
+               ")");
   }
   std::vector<int64_t> nsteps(s.nranks);
   int64_t total = 0;
@@ -286,8 +310,8 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
         return Err("rank ", r, " step ", i, ": unknown op code ", op);
       }
       if (chunk < 0 || chunk >= s.nchunks) {
-        return Err("rank ", r, " step ", i, ": chunk ", chunk,
-                   " not in [0, ", s.nchunks, ")");
+        return Err("rank ", r, " step ", i, ": chunk ", chunk, " not in [0, ",
+                   s.nchunks, ")");
       }
       if (peer < 0 || peer >= s.nranks) {
         return Err("rank ", r, " step ", i, ": peer ", peer, " not in [0, ",
@@ -391,10 +415,9 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
     size_t a = 0, b = 0;
     while (a < sends.size() || b < recvs.size()) {
       if (b == recvs.size() ||
-          (a < sends.size() && std::tie(sends[a].sender, sends[a].receiver,
-                                        sends[a].chunk) <
-                                   std::tie(recvs[b].sender, recvs[b].receiver,
-                                            recvs[b].chunk))) {
+          (a < sends.size() &&
+           std::tie(sends[a].sender, sends[a].receiver, sends[a].chunk) <
+               std::tie(recvs[b].sender, recvs[b].receiver, recvs[b].chunk))) {
         return Err(DescribeStep(s, sends[a].rank, sends[a].idx),
                    " has no matching RECV at rank ", sends[a].receiver);
       }
@@ -552,11 +575,12 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
           ++shown;
         }
       }
-      return Err("the steps deadlock (the dependencies, the SEND->RECV "
-                 "matching and the rule that a sent chunk is not overwritten "
-                 "before its receiver read it form a cycle); stuck steps "
-                 "include: ",
-                 os.str());
+      return Err(
+          "the steps deadlock (the dependencies, the SEND->RECV "
+          "matching and the rule that a sent chunk is not overwritten "
+          "before its receiver read it form a cycle); stuck steps "
+          "include: ",
+          os.str());
     }
   }
 
@@ -603,7 +627,8 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
       }
     }
     std::vector<uint64_t> full(set_words, 0), root_only(set_words, 0);
-    for (int64_t r = 0; r < s.nranks; ++r) full[r / 64] |= uint64_t{1} << (r % 64);
+    for (int64_t r = 0; r < s.nranks; ++r)
+      full[r / 64] |= uint64_t{1} << (r % 64);
     if (s.root >= 0) root_only[s.root / 64] |= uint64_t{1} << (s.root % 64);
     for (int64_t r = 0; r < s.nranks; ++r) {
       const std::vector<uint64_t>* want = nullptr;
