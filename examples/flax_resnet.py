@@ -393,6 +393,9 @@ def print_summary(runs: dict, env: dict, diff: dict | None) -> None:
     for label, fmt in rows:
         print(f"{label:<{w0}}" + "".join(f" | {fmt(runs[n]):>{w}}" for n in names))
     print(line)
+    print(f"wall time {env['wall_s_after_imports']:.0f} s after imports; load average (1 min) "
+          f"{env['loadavg_1min_start']:.1f} at start, {env['loadavg_1min_end']:.1f} at end "
+          f"(a load above the core count makes step times noisy)")
     if diff is not None:
         ratio = runs["blink"]["step_ms_median"] / runs["lax"]["step_ms_median"]
         print(f"loss curves, max |blink - lax|: {diff['max_abs_diff']:.3g} "
@@ -469,6 +472,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    t_start = time.perf_counter()
     args = parse_args(argv)
     devices = jax.devices()
     n_dev = len(devices)
@@ -495,11 +499,14 @@ def main(argv=None) -> int:
         "train_examples": len(data[0]),
         "test_examples": len(data[1]),
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "loadavg_1min_start": os.getloadavg()[0],
     }
 
     names = ["blink", "lax"] if args.compare else [args.psum]
     runs = train(args, names, data, mesh, n_dev)
 
+    env["loadavg_1min_end"] = os.getloadavg()[0]
+    env["wall_s_after_imports"] = time.perf_counter() - t_start
     diff = compare_losses(runs) if args.compare else None
     print_summary(runs, env, diff)
     decisions = jax_blink.explain() if "blink" in runs else None
