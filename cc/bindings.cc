@@ -264,25 +264,28 @@ PYBIND11_MODULE(_blink_ext, m) {
       "Counts of live rendezvous state (for leak tests).");
   m.def(
       "_set_tunables",
-      [](int spin, int64_t yield_us, int64_t nt_bytes, bool push) {
+      [](int spin, int64_t yield_us, int64_t nt_bytes, bool push,
+         int64_t hugepage_bytes) {
         ExecTunables t;
         t.spin = spin;
         t.yield_ns = yield_us * 1000;
         t.nt_bytes = nt_bytes;
         t.push = push;
+        t.hugepage_bytes = hugepage_bytes;
         SetExecTunables(t);
       },
       py::arg("spin"), py::arg("yield_us"), py::arg("nt_bytes"),
-      py::arg("push") = true,
+      py::arg("push") = true, py::arg("hugepage_bytes") = int64_t{8} << 20,
       "Benchmark hook: overrides JAX_BLINK_SPIN / JAX_BLINK_YIELD_US / "
-      "JAX_BLINK_NT_BYTES / JAX_BLINK_PUSH. Do not call while collectives "
-      "run.");
+      "JAX_BLINK_NT_BYTES / JAX_BLINK_PUSH / JAX_BLINK_HUGEPAGE_BYTES. Do not "
+      "call while collectives run.");
   m.def("_get_tunables", []() {
     const ExecTunables& t = GetExecTunables();
     py::dict d;
     d["spin"] = t.spin;
     d["yield_us"] = t.yield_ns / 1000;
     d["nt_bytes"] = t.nt_bytes;
+    d["hugepage_bytes"] = t.hugepage_bytes;
     d["push"] = t.push;
     return d;
   });

@@ -59,6 +59,8 @@ struct ExecTunables {
   // A rank that completes a chunk writes it straight into the accumulators
   // of receivers whose RECV_COPY is ready (claimed with a CAS on its flag).
   bool push = true;
+  // Output buffers at least this large get madvise(MADV_HUGEPAGE) (0: never).
+  int64_t hugepage_bytes = 0;
 };
 const ExecTunables& GetExecTunables();
 // For benchmarks and tests: replaces the tunables (not thread-safe against

@@ -546,11 +546,11 @@ def test_push_and_pull_give_identical_bits(push):
     inputs = make_inputs("float32", 8, 300_001, seed=3)
     saved = ext._get_tunables()
     try:
-        ext._set_tunables(saved["spin"], saved["yield_us"], saved["nt_bytes"], push)
+        ext._set_tunables(**dict(saved, push=push))
         errors, out = run(sched, inputs)
-        ext._set_tunables(saved["spin"], saved["yield_us"], saved["nt_bytes"], not push)
+        ext._set_tunables(**dict(saved, push=not push))
         errors2, out2 = run(sched, inputs)
     finally:
-        ext._set_tunables(saved["spin"], saved["yield_us"], saved["nt_bytes"], saved["push"])
+        ext._set_tunables(**saved)
     assert errors == errors2 == [None] * 8
     assert_bit_identical(out + out2)
