@@ -852,7 +852,7 @@ namespace {
 ExecTunables& MutableTunables() {
   static ExecTunables t = [] {
     ExecTunables t;
-    t.spin = 64;
+    t.spin = 0;
     t.yield_ns = 200000;
     t.nt_bytes = int64_t{1} << 20;
     t.push = true;
