@@ -554,3 +554,91 @@ def test_push_and_pull_give_identical_bits(push):
         ext._set_tunables(**saved)
     assert errors == errors2 == [None] * 8
     assert_bit_identical(out + out2)
+
+
+# ----------------------------------------------- the FFI custom call itself
+# These call the custom call with jax.ffi.ffi_call directly (not through
+# jax_blink.psum), to pin down what the C++ handler does with its operands
+# and attributes on 8 CPU devices.
+def _ffi_allreduce(schedule, x, *, timeout_ms=20000, op_id=1, rank_fn=None, scan=0):
+    jax = pytest.importorskip("jax")
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    _ffi.ensure_registered()
+    mesh = jax.make_mesh((8,), ("i",))
+
+    def call(v, rank):
+        return jax.ffi.ffi_call(_ffi.TARGET, jax.ShapeDtypeStruct(v.shape, v.dtype))(
+            v, rank, np.int32(0), schedule=np.asarray(schedule, np.int64),
+            op_id=np.int64(op_id), timeout_ms=np.int64(timeout_ms))
+
+    def body(v):
+        v = v.reshape(-1)
+        rank = lax.axis_index("i").astype(np.int32)
+        if rank_fn is not None:
+            rank = rank_fn(rank)
+        if scan:
+            def step(c, _):
+                return call(c, rank), None
+            out, _ = lax.scan(step, v, None, length=scan)
+        else:
+            out = call(v, rank)
+        return out.reshape(1, -1)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                              check_vma=False))
+    return np.asarray(f(jax.device_put(x, jax.NamedSharding(mesh, P("i")))))
+
+
+def test_ffi_call_allreduce_on_8_devices():
+    count = 10_001
+    x = np.random.default_rng(0).standard_normal((8, count)).astype(np.float32)
+    out = _ffi_allreduce(star_allreduce(8, count, 3), x)
+    check_sum("float32", list(x), out[0])
+    assert_bit_identical(list(out))
+
+
+def test_ffi_call_inside_scan_uses_generations():
+    count = 1000
+    x = np.ones((8, count), np.float32)
+    out = _ffi_allreduce(chain_allreduce(8, count, 2), x, scan=3)
+    np.testing.assert_array_equal(out, np.full((8, count), 8.0 ** 3, np.float32))
+
+
+def test_ffi_call_rejects_invalid_schedule_with_the_validator_message():
+    jax = pytest.importorskip("jax")
+    bad = star_allreduce(8, 100, 1)
+    bad[0] = 7
+    with pytest.raises(jax.errors.JaxRuntimeError, match="bad magic"):
+        _ffi_allreduce(bad, np.ones((8, 100), np.float32))
+
+
+def test_ffi_call_rejects_dtype_not_matching_schedule():
+    jax = pytest.importorskip("jax")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="dtype float32 but the schedule is for float64"):
+        _ffi_allreduce(star_allreduce(8, 100, 1, "float64"), np.ones((8, 100), np.float32),
+                       timeout_ms=5000)
+
+
+def test_ffi_call_rejects_rank_out_of_range():
+    jax = pytest.importorskip("jax")
+    # XLA reports one device's error: the one with rank 8, or the others
+    # timing out for the rank 0 that nobody claims.
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"rank 8 is not in \[0, 8\)|rank\(s\) \[0\] never arrived"):
+        _ffi_allreduce(star_allreduce(8, 100, 1), np.ones((8, 100), np.float32),
+                       rank_fn=lambda r: r + 1, timeout_ms=300)
+
+
+def test_ffi_call_missing_ranks_time_out_naming_them():
+    jax = pytest.importorskip("jax")
+    t0 = time.monotonic()
+    # Devices 2k and 2k+1 both claim rank 2k: ranks 1, 3, 5, 7 never arrive.
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rank\(s\) \[1, 3, 5, 7\] never arrived"):
+        _ffi_allreduce(star_allreduce(8, 100, 1), np.ones((8, 100), np.float32),
+                       rank_fn=lambda r: r // 2 * 2, timeout_ms=300, op_id=4242)
+    assert time.monotonic() - t0 < 20
+    # The process goes on.
+    out = _ffi_allreduce(star_allreduce(8, 100, 1), np.ones((8, 100), np.float32), op_id=4242)
+    np.testing.assert_array_equal(out, np.full((8, 100), 8.0, np.float32))
