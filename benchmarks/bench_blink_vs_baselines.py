@@ -129,8 +129,10 @@ def markdown(results, crossovers, info, model, seconds):
                 f"| {preset} | {format_size(int(size))} | {s['allocations']} | {s['geomean_vs_ring']:.2f}x | "
                 f"{s['max_vs_ring']:.2f}x ({','.join(map(str, s['max_vs_ring_allocation']))}) | "
                 f"{s['geomean_vs_best']:.2f}x | {s['min_vs_best']:.3f} | {s['slower']} | {s['slower_with_fallback']} |")
-    lines += ["", "Crossover (whole machine): below this size per GPU, NCCL (`lax.psum`) is predicted "
-              "faster than Blink; use it as the fallback threshold.", "",
+    lines += ["", "Crossover (whole machine, sizes 1K..256M by 4x): the smallest size from which Blink is "
+              "predicted at least as fast as NCCL (`lax.psum`: the faster of ring and double binary tree) at "
+              "every larger size; `never` when NCCL is faster at 256 MB. The sizes where NCCL wins are listed: "
+              "where rings are already bandwidth-optimal (whole DGX-1, PCIe box) they are the large ones.", "",
               "| preset | crossover | sizes where NCCL is predicted faster | Blink/NCCL time at 1 KB | at 1 MB | at 256 MB |",
               "|---|---|---|---|---|---|"]
     for preset, c in crossovers.items():
