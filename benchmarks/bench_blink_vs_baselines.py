@@ -21,13 +21,12 @@ import argparse
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from _machine import machine  # noqa: E402
 from jax_blink.bench_cli import compare, format_size, parse_sizes, sweep_subsets  # noqa: E402
 from jax_blink.simulate import SimModel  # noqa: E402
 from jax_blink.topology import Topology  # noqa: E402
@@ -37,17 +36,6 @@ SWEEP_SIZES = (2**20, 2**28)
 #: Whole machines for the crossover (dgx2's 16 ranks make its large sizes slow to simulate).
 CROSSOVER_PRESETS = ("dgx1-v100", "dgx1-p100", "dgx-a100", "hgx-h100", "pcie")
 CROSSOVER_SIZES = "1K:256M:4"
-
-
-def machine():
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout.splitlines()
-            if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        model = platform.processor()
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "note": "simulated: the numbers depend on the model, not on this machine"}
 
 
 def crossover(topology, sizes, model):
@@ -154,7 +142,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--machine", default=None, help="name used in the output files (default: from lscpu)")
     args = parser.parse_args()
-    info = machine()
+    info = machine(note="simulated: the numbers depend on the model, not on this machine")
     name = args.machine or "-".join(info["cpu"].split()[:2]).lower() + f"-{info['cores']}core"
     model = SimModel()
     start = time.perf_counter()

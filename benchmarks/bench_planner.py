@@ -21,29 +21,19 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from _machine import cpu_model
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 RTOL = 1e-6
 FULL_PRESETS = ["dgx1-p100", "dgx1-v100", "dgx2", "dgx-a100", "hgx-h100", "pcie", "shm:8"]
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        match = re.search(r"Model name:\s*(.+)", out)
-        if match:
-            return match.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _init_worker(cache_dir):

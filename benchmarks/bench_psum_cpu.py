@@ -19,8 +19,6 @@ os.environ.setdefault("PJRT_NPROC", "64")
 
 import argparse
 import json
-import platform
-import subprocess
 import time
 
 import numpy as np
@@ -30,17 +28,11 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
+from _machine import machine
 
 
-def machine():
-    try:
-        model = next(l.split(":", 1)[1].strip() for l in subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout.splitlines()
-            if l.startswith("Model name"))
-    except (OSError, StopIteration):
-        model = platform.processor()
-    return {"cpu": model, "cores": os.cpu_count(), "jax": jax.__version__,
-            "devices": f"{jax.device_count()} x {jax.devices()[0].platform}"}
+def device_machine():
+    return machine(jax=jax.__version__, devices=f"{jax.device_count()} x {jax.devices()[0].platform}")
 
 
 def time_fn(f, x, reps):
@@ -71,7 +63,7 @@ def main():
     n = jax.device_count()
     mesh = jax.make_mesh((n,), ("x",))
     rows = []
-    print(f"# {machine()}")
+    print(f"# {device_machine()}")
     print(f"{'size(B)':>12} {'count':>10} {'lax_us':>10} {'blink_us':>10} {'ratio':>6} "
           f"{'algbw':>7} {'busbw':>7} {'copy_GB/s':>9} {'#wrong':>6}")
     for size in (int(float(s)) for s in args.sizes.split(",")):
@@ -104,7 +96,7 @@ def main():
               f"{algbw:>7.2f} {busbw:>7.2f} {achieved:>4.1f}/{copy_bw:<4.1f} {wrong:>6}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"machine": machine(), "plan": jax_blink.explain(
+            json.dump({"machine": device_machine(), "plan": jax_blink.explain(
                 jax.ShapeDtypeStruct((10**6,), np.float32), n), "rows": rows}, f, indent=1)
 
 

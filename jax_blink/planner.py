@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_blink import bounds
+from jax_blink._jsonio import read_document
 from jax_blink.topology import LinkGraph, Topology, TopologyError
 
 __all__ = ["plan", "Plan", "Tree", "PlanError", "ALPHA_SECONDS", "MAX_CHUNKS_PER_TREE",
@@ -253,24 +254,8 @@ class Plan:
     @classmethod
     def from_json(cls, text) -> "Plan":
         """Load a plan from JSON text, a dict or a file path, and check its invariants."""
-        if isinstance(text, dict):
-            d = text
-        else:
-            text = str(text)
-            if not text.lstrip().startswith("{"):
-                try:
-                    with open(text) as f:
-                        text = f.read()
-                except OSError as e:
-                    raise PlanError(f"cannot read plan file {text!r}: {e.strerror}") from None
-            try:
-                d = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise PlanError(f"malformed plan JSON: {e}") from None
-        if not isinstance(d, dict) or d.get("format") != "jax_blink.plan":
-            raise PlanError("not a jax_blink plan: expected an object with \"format\": \"jax_blink.plan\"")
-        if d.get("version") != FORMAT_VERSION:
-            raise PlanError(f"plan format version {d.get('version')!r}; this jax_blink reads {FORMAT_VERSION}")
+        d = read_document(text, fmt="jax_blink.plan", version=FORMAT_VERSION, error=PlanError,
+                          what="plan")
         try:
             topology = Topology.from_json(d["topology"])
             result = cls(d["collective"], None if d["root"] is None else int(d["root"]), d["family"],

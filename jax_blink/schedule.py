@@ -21,6 +21,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from jax_blink._jsonio import read_document
+
 __all__ = [
     "Step",
     "Schedule",
@@ -409,21 +411,8 @@ class Schedule:
     @classmethod
     def from_json(cls, text) -> "Schedule":
         """Load a schedule from JSON text, a dict, or a path to a JSON file."""
-        if isinstance(text, dict):
-            d = text
-        else:
-            text = str(text)
-            if not text.lstrip().startswith("{"):
-                with open(text) as f:
-                    text = f.read()
-            try:
-                d = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ScheduleError(f"malformed schedule JSON: {e}") from None
-        if d.get("format") != "jax_blink.schedule":
-            raise ScheduleError("not a jax_blink schedule (missing 'format': 'jax_blink.schedule')")
-        if d.get("version") != FORMAT_VERSION:
-            raise ScheduleError(f"schedule format version {d.get('version')}; this jax_blink reads {FORMAT_VERSION}")
+        d = read_document(text, fmt="jax_blink.schedule", version=FORMAT_VERSION,
+                          error=ScheduleError, what="schedule")
         try:
             steps = tuple(
                 tuple(Step(s["op"], int(s["chunk"]), int(s["peer"]), int(s.get("tree", 0)),
@@ -593,7 +582,6 @@ def _order_steps(raw):
     chunk counts as one level), and each rank's list is sorted by (level,
     semantic position): in-order execution is deadlock-free and pipelined.
     """
-    nranks = len(raw)
     local_deps = []
     for steps in raw:
         deps = []

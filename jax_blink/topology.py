@@ -27,6 +27,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from jax_blink._jsonio import read_document
+
 __all__ = ["Topology", "Link", "LinkGraph", "TopologyError", "LINK_KINDS", "FAST_KINDS"]
 
 #: Link kinds, fastest class first.
@@ -159,24 +161,8 @@ class Topology:
     @classmethod
     def from_json(cls, path_or_text) -> "Topology":
         """Load from JSON text, a dict, or a path to a JSON file (see :meth:`to_json`)."""
-        if isinstance(path_or_text, dict):
-            data = path_or_text
-        else:
-            text = str(path_or_text)
-            if not text.lstrip().startswith("{"):
-                try:
-                    with open(text) as f:
-                        text = f.read()
-                except OSError as e:
-                    raise TopologyError(f"cannot read topology file {path_or_text!r}: {e.strerror}") from None
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TopologyError(f"malformed topology JSON: {e}") from None
-        if not isinstance(data, dict) or data.get("format") != "jax_blink.topology":
-            raise TopologyError("not a jax_blink topology: expected an object with \"format\": \"jax_blink.topology\"")
-        if data.get("version") != FORMAT_VERSION:
-            raise TopologyError(f"topology format version {data.get('version')!r}; this jax_blink reads {FORMAT_VERSION}")
+        data = read_document(path_or_text, fmt="jax_blink.topology", version=FORMAT_VERSION,
+                             error=TopologyError, what="topology")
         for key in ("nranks", "links"):
             if key not in data:
                 raise TopologyError(f"malformed topology JSON: missing key {key!r}")
