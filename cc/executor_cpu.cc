@@ -494,7 +494,23 @@ class RankRunner {
     auto step = [&](int32_t i) { return TryRun(tr, i); };
     while (!tr.AllDone()) {
       const uint32_t seen = bell_.seq.load(std::memory_order_seq_cst);
+      const uint32_t pushed =
+          bell_.pushed_sinks.load(std::memory_order_seq_cst);
       if (tr.Sweep(step)) continue;
+      // Only copies that senders push remain: sleep until all are in.
+      const int32_t left = OnlySinksLeft(tr);
+      if (left < 0) continue;
+      if (left > 0) {
+        const uint32_t target = pushed + static_cast<uint32_t>(left);
+        bell_.sink_target.store(target, std::memory_order_seq_cst);
+        if (bell_.pushed_sinks.load(std::memory_order_seq_cst) < target) {
+          std::string err =
+              Idle(seen, [&] { return BlockedText(tr); }, /*yield=*/false);
+          if (!err.empty()) return err;
+        }
+        bell_.sink_target.store(UINT32_MAX, std::memory_order_seq_cst);
+        continue;
+      }
       std::string err = Idle(seen, [&] { return BlockedText(tr); });
       if (!err.empty()) return err;
     }
@@ -502,6 +518,7 @@ class RankRunner {
     if (!aliased) Finalize();
     // Value semantics for XLA: our buffers may be reused as soon as we
     // return, so wait until every receiver has read every SEND.
+    bell_.final_wait.store(1, std::memory_order_seq_cst);
     for (int32_t i : rs_.sends) {
       const Step& st = rs_.steps[i];
       while (!PeerDone(st.peer, st.match)) {
@@ -534,6 +551,16 @@ class RankRunner {
   void Publish(int32_t i, int64_t peer) {
     SetDone(i);
     slot_.bell(peer).Ring();
+  }
+  // A RECV acknowledges its SEND. A SEND of the input only needs the ack for
+  // its rank's final wait, so the sender is woken only once it waits there.
+  void PublishRecv(int32_t i) {
+    const Step& st = rs_.steps[i];
+    SetDone(i);
+    Bell& b = slot_.bell(st.peer);
+    if (!st.src_input || b.final_wait.load(std::memory_order_seq_cst) != 0) {
+      b.Ring();
+    }
   }
 
   // Claims RECV_COPY `idx` of rank `rank` for execution (by its owner or by
@@ -600,10 +627,20 @@ class RankRunner {
   void FinishPushes(StepTracker& tr, const int32_t* sends, int np) {
     for (int e = 0; e < np; ++e) {
       const Step& snd = rs_.steps[sends[e]];
+      // The RECV's flag first: a receiver that sees the SEND done but not
+      // its RECV concludes nobody pushes it and pulls it itself.
+      Flag(snd.peer, snd.match).store(done_, std::memory_order_seq_cst);
       tr.MarkDone(sends[e]);
       SetDone(sends[e]);
-      Flag(snd.peer, snd.match).store(done_, std::memory_order_seq_cst);
-      slot_.bell(snd.peer).Ring();
+      Bell& b = slot_.bell(snd.peer);
+      if (s_.ranks[snd.peer].steps[snd.match].sink) {
+        // Wake the receiver only once all the copies it sleeps on are in.
+        const uint32_t c =
+            b.pushed_sinks.fetch_add(1, std::memory_order_seq_cst) + 1;
+        if (c >= b.sink_target.load(std::memory_order_seq_cst)) b.Ring();
+      } else {
+        b.Ring();
+      }
     }
   }
 
@@ -686,7 +723,7 @@ class RankRunner {
         kt_.copy(dst, src, len);
       }
       tr.MarkDone(i);
-      Publish(i, st.peer);
+      PublishRecv(i);
       FinishPushes(tr, push_sends, np);
       return true;
     }
@@ -720,7 +757,7 @@ class RankRunner {
     }
     for (int m = 0; m < k; ++m) {
       tr.MarkDone(group[m]);
-      Publish(group[m], rs_.steps[group[m]].peer);
+      PublishRecv(group[m]);
     }
     FinishPushes(tr, push_sends, np);
     return true;
@@ -747,8 +784,31 @@ class RankRunner {
 
   // Nothing runnable: check for failure and deadline, then sleep until a
   // peer rings our bell.
+  // When every step left is a RECV_COPY sink that only its sender's push
+  // can complete now, their number; -1 when one was completed since the
+  // last sweep (sweep again); 0 otherwise (wait as usual).
+  int32_t OnlySinksLeft(const StepTracker& tr) const {
+    if (!push_) return 0;
+    int32_t left = 0;
+    for (int32_t i = 0; i < tr.NumSteps(); ++i) {
+      if (tr.Done(i)) continue;
+      const Step& st = rs_.steps[i];
+      if (!st.sink || st.src_input) return 0;  // inputs' values are not pushed
+      // Read the SEND's flag before the RECV's: a pusher marks the RECV
+      // done before the SEND, so a done SEND with a RECV not done means
+      // nobody pushes it: ours to pull (and the SEND rang our bell).
+      const bool send_done = PeerDone(st.peer, st.match);
+      if (Flag(a_.rank, i).load(std::memory_order_seq_cst) == done_) {
+        return -1;  // pushed after the sweep looked at it
+      }
+      if (send_done) return 0;
+      ++left;
+    }
+    return left;
+  }
+
   template <typename Describe>
-  std::string Idle(uint32_t seen, Describe&& describe) {
+  std::string Idle(uint32_t seen, Describe&& describe, bool yield = true) {
     if (slot_.failed.load(std::memory_order_seq_cst) != 0) {
       return "jax_blink: " + Where(a_, generation_) + ": " +
              slot_.FailMessage();
@@ -764,7 +824,8 @@ class RankRunner {
     const int64_t left_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(deadline_ - now)
             .count();
-    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_, yield_ns_);
+    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_,
+               yield ? yield_ns_ : 0);
     return std::string();
   }
 

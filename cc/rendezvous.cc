@@ -107,6 +107,7 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
     bells_.reset(new Bell[n]);
     bell_cap_ = n;
   }
+  for (int64_t r = 0; r < n; ++r) bells_[r].ResetFilters();
   if (info.size() < static_cast<size_t>(n)) info.resize(n);
   for (int64_t r = 0; r < n; ++r) {
     RankInfo& ri = info[r];

@@ -44,6 +44,21 @@ using Clock = std::chrono::steady_clock;
 struct alignas(64) Bell {
   std::atomic<uint32_t> seq{0};
   std::atomic<uint32_t> sleepers{0};
+  // Wake-up filters (reset with the slot), so that completions the rank
+  // need not react to do not wake it:
+  // set while the rank waits for its SENDs to be read before returning;
+  std::atomic<uint32_t> final_wait{0};
+  // RECV_COPYs without successors completed for the rank by their senders,
+  // and the count at which the rank wants to be woken (it sleeps until all
+  // its remaining steps are such pushed copies).
+  std::atomic<uint32_t> pushed_sinks{0};
+  std::atomic<uint32_t> sink_target{UINT32_MAX};
+
+  void ResetFilters() {
+    final_wait.store(0, std::memory_order_relaxed);
+    pushed_sinks.store(0, std::memory_order_relaxed);
+    sink_target.store(UINT32_MAX, std::memory_order_relaxed);
+  }
 
   void Ring() {
     seq.fetch_add(1, std::memory_order_seq_cst);

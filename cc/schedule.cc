@@ -512,6 +512,7 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
     for (Step& st : s.ranks[r].steps) {
       if (st.op != Op::kSend) {
         st.src_input = s.ranks[st.peer].steps[st.match].src_input;
+        st.sink = st.op == Op::kRecvCopy && st.succ_begin == st.succ_end;
       } else {
         st.trivially_done = st.src_input && st.deps_begin == st.deps_end;
       }

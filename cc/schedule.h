@@ -62,6 +62,9 @@ struct Step {
   // RECV: number of SENDs of the chunk after this write and before the
   // chunk's next write at this rank.
   int32_t nsends_after;
+  // RECV_COPY with no successor at its rank: completing it (possibly by the
+  // sender, see the CPU executor's push) enables nothing else there.
+  bool sink;
   // SEND of the input with no dependencies: complete from the start (as a
   // dependency of another step it constrains nothing).
   bool trivially_done;
