@@ -531,8 +531,8 @@ def test_random_trees_schedules(seed):
                                  dtype=dtype, chunks=int(rng.integers(1, 9))).validate()
     enc = np.asarray(sched.encode())
     inputs = make_inputs(dtype, nranks, count, seed=seed)
-    for _ in range(3):
-        errors, outputs = run(enc, inputs)
+    for repeat in (1, 1, 10):  # repeat: successive generations on the same threads
+        errors, outputs = run(enc, inputs, repeat=repeat)
         assert errors == [None] * nranks
         check_sum(dtype, inputs, outputs[0])
         assert_bit_identical(outputs)
