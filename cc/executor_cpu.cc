@@ -504,8 +504,7 @@ class RankRunner {
         const uint32_t target = pushed + static_cast<uint32_t>(left);
         bell_.sink_target.store(target, std::memory_order_seq_cst);
         if (bell_.pushed_sinks.load(std::memory_order_seq_cst) < target) {
-          std::string err =
-              Idle(seen, [&] { return BlockedText(tr); }, /*yield=*/false);
+          std::string err = Idle(seen, [&] { return BlockedText(tr); });
           if (!err.empty()) return err;
         }
         bell_.sink_target.store(UINT32_MAX, std::memory_order_seq_cst);
@@ -808,7 +807,7 @@ class RankRunner {
   }
 
   template <typename Describe>
-  std::string Idle(uint32_t seen, Describe&& describe, bool yield = true) {
+  std::string Idle(uint32_t seen, Describe&& describe) {
     if (slot_.failed.load(std::memory_order_seq_cst) != 0) {
       return "jax_blink: " + Where(a_, generation_) + ": " +
              slot_.FailMessage();
@@ -824,8 +823,7 @@ class RankRunner {
     const int64_t left_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(deadline_ - now)
             .count();
-    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_,
-               yield ? yield_ns_ : 0);
+    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_, yield_ns_);
     return std::string();
   }
 
