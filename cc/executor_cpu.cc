@@ -986,6 +986,10 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   const ExecTunables& tun = GetExecTunables();
   res.error = rv.Join(key, a.rank, s.nranks, std::move(info), deadline,
                       timeout_ms, &ticket, tun.spin, tun.yield_ns);
+  // Time spent waiting for the other ranks to arrive (debug log).
+  const int64_t wait_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
+          .count();
   res.generation = ticket.generation;
   if (res.error.empty()) {
     Slot& slot = *ticket.slot;
@@ -1019,13 +1023,18 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
     const int64_t us =
         std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
             .count();
-    std::fprintf(stderr,
-                 "jax_blink: op=%" PRId64 " group=%" PRId64 " rank=%" PRId64
-                 " gen=%" PRId64 " run=%" PRId64 " bytes=%" PRId64
-                 " us=%" PRId64 " %s%s\n",
-                 a.op_id, a.group, a.rank, res.generation, a.run_id,
-                 static_cast<int64_t>(a.in_count * DTypeSize(s.dtype)), us,
-                 res.error.empty() ? "ok" : "error: ", res.error.c_str());
+    std::fprintf(
+        stderr,
+        "jax_blink: op=%" PRId64 " group=%" PRId64 " rank=%" PRId64
+        " gen=%" PRId64 " run=%" PRId64 " bytes=%" PRId64 " us=%" PRId64
+        " wait_us=%" PRId64 " start_us=%" PRId64 " %s%s\n",
+        a.op_id, a.group, a.rank, res.generation, a.run_id,
+        static_cast<int64_t>(a.in_count * DTypeSize(s.dtype)), us, wait_us,
+        static_cast<int64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(
+                t0.time_since_epoch())
+                .count()),
+        res.error.empty() ? "ok" : "error: ", res.error.c_str());
   }
   return res;
 }
