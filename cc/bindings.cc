@@ -275,7 +275,7 @@ PYBIND11_MODULE(_blink_ext, m) {
         SetExecTunables(t);
       },
       py::arg("spin"), py::arg("yield_us"), py::arg("nt_bytes"),
-      py::arg("push") = true, py::arg("hugepage_bytes") = int64_t{4} << 20,
+      py::arg("push") = true, py::arg("hugepage_bytes") = int64_t{2} << 20,
       "Benchmark hook: overrides JAX_BLINK_SPIN / JAX_BLINK_YIELD_US / "
       "JAX_BLINK_NT_BYTES / JAX_BLINK_PUSH / JAX_BLINK_HUGEPAGE_BYTES. Do not "
       "call while collectives run.");

@@ -915,7 +915,7 @@ ExecTunables& MutableTunables() {
     t.yield_ns = 200000;
     t.nt_bytes = int64_t{1} << 20;
     t.push = true;
-    t.hugepage_bytes = int64_t{4} << 20;
+    t.hugepage_bytes = int64_t{2} << 20;
     if (const char* v = std::getenv("JAX_BLINK_SPIN")) {
       t.spin = std::max(0, std::atoi(v));
     }

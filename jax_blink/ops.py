@@ -89,11 +89,25 @@ def _topology(value, nranks):
     return key
 
 
+def _chunks(value):
+    if value is None:
+        env = os.environ.get("JAX_BLINK_CHUNKS")
+        if not env:
+            return None
+        try:
+            value = int(env)
+        except ValueError:
+            raise ValueError(f"JAX_BLINK_CHUNKS={env!r} is not a whole number of chunks") from None
+    if int(value) < 1:
+        raise ValueError(f"chunks must be >= 1 per tree, got {value}")
+    return int(value)
+
+
 @functools.lru_cache(maxsize=256)
-def _plan_and_schedule(topology_key, count, dtype):
+def _plan_and_schedule(topology_key, count, dtype, chunks):
     """The plan and the encoded schedule for ``count`` elements (cached)."""
     p = plan(_TOPOLOGIES[topology_key], "allreduce")
-    schedule = p.lower(count * DTYPES[dtype][1], dtype)
+    schedule = p.lower(count * DTYPES[dtype][1], dtype, chunks=chunks)
     return p, schedule, schedule.encode()
 
 
@@ -101,7 +115,7 @@ def _plan_and_schedule(topology_key, count, dtype):
 blink_psum_p = Primitive("blink_psum")
 
 
-def _abstract_eval(x, rank, group, *, axes, topology, timeout_ms, varying):
+def _abstract_eval(x, rank, group, *, axes, topology, chunks, timeout_ms, varying):
     mat = x.manual_axis_type
     if mat.varying & set(axes):
         return x.update(manual_axis_type=mat.update(varying=mat.varying - set(axes)))
@@ -146,10 +160,11 @@ def _batch(args, dims, **params):
 _ffi_rule = jax.ffi.ffi_lowering(_ffi.TARGET)
 
 
-def _lowering(ctx, x, rank, group, *, axes, topology, timeout_ms, varying):
+def _lowering(ctx, x, rank, group, *, axes, topology, chunks, timeout_ms, varying):
     _ffi.ensure_registered()
     aval = ctx.avals_in[0]
-    _, _, encoded = _plan_and_schedule(topology, int(np.prod(aval.shape)), np.dtype(aval.dtype).name)
+    _, _, encoded = _plan_and_schedule(topology, int(np.prod(aval.shape)),
+                                       np.dtype(aval.dtype).name, chunks)
     # one id per call site in the module; a call site inside a loop is told
     # apart by the executor's per-rank generation counter
     return _ffi_rule(ctx, x, rank, group, schedule=encoded, op_id=np.int64(next(_op_ids)),
@@ -187,7 +202,7 @@ def _fallback_reason(axes):
 
 
 def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
-         timeout_s=None):
+         timeout_s=None, chunks=None):
     """Sum ``x`` over the devices of ``axis_name``; a drop-in for ``lax.psum``.
 
     Runs a topology-planned, pipelined tree allreduce through a C++ XLA
@@ -215,6 +230,9 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         How long a device waits for its peers before failing with an error
         naming the ranks that never arrived. Default: ``$JAX_BLINK_TIMEOUT_S``,
         else 60.
+    chunks : int or None
+        Pipeline chunks per tree, overriding the planner's alpha-beta model.
+        Default: ``$JAX_BLINK_CHUNKS``, else the model's choice.
 
     Returns
     -------
@@ -231,6 +249,7 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         return x
     threshold = _min_bytes(min_bytes)
     timeout_ms = _timeout_ms(timeout_s)
+    chunks = _chunks(chunks)
     arrays = []
     for leaf in leaves:
         a = jnp.asarray(leaf)
@@ -273,14 +292,14 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
             for i, r in zip(idx, lax.psum([arrays[i] for i in idx], axes)):
                 out[i] = r
             continue
-        p, schedule, _ = _plan_and_schedule(topo_key, count, np.dtype(dtype).name)
+        p, schedule, _ = _plan_and_schedule(topo_key, count, np.dtype(dtype).name, chunks)
         _record(f"psum over {axes}: {dtype} x {count} ({nbytes} B per device): "
                 f"{_describe(p, schedule)}")
         flat = (arrays[idx[0]].reshape(-1) if len(idx) == 1
                 else jnp.concatenate([arrays[i].reshape(-1) for i in idx]))
         varying = set(axes) <= set(vma)
         summed = blink_psum_p.bind(flat, rank, group, axes=axes, topology=topo_key,
-                                   timeout_ms=timeout_ms, varying=varying)
+                                   chunks=chunks, timeout_ms=timeout_ms, varying=varying)
         offset = 0
         for i in idx:
             n = arrays[i].size
@@ -304,7 +323,7 @@ def _describe(p, schedule):
             f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps")
 
 
-def explain(x=None, axis_size=None, *, topology=None, min_bytes=None):
+def explain(x=None, axis_size=None, *, topology=None, min_bytes=None, chunks=None):
     """Say which plan ``jax_blink.psum`` uses, or why it falls back.
 
     With no arguments, returns what the most recent psum traces decided
@@ -331,5 +350,6 @@ def explain(x=None, axis_size=None, *, topology=None, min_bytes=None):
         return "lax.psum (the reduced axes have a single device)"
     if nbytes < threshold:
         return f"lax.psum ({nbytes} B per device < min_bytes {threshold})"
-    p, schedule, _ = _plan_and_schedule(_topology(topology, axis_size), count, dtype.name)
+    p, schedule, _ = _plan_and_schedule(_topology(topology, axis_size), count, dtype.name,
+                                        _chunks(chunks))
     return _describe(p, schedule)
