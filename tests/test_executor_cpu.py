@@ -308,11 +308,12 @@ def test_repeat_uses_generations_and_frees_state():
     sched = lowered(8, 4096, "float32", chunks=4)
     inputs = make_inputs("float32", 8, 4096)
     outputs = [np.zeros_like(x) for x in inputs]
+    before = ext.rendezvous_stats()  # earlier timeouts in this process may leave records
     errors = ext.run_ranks(sched, inputs, outputs, 20000, repeat=200)
     assert errors == [None] * 8
     check_sum("float32", inputs, outputs[0])
     stats = ext.rendezvous_stats()
-    assert stats["entries"] == 0 and stats["active_slots"] == 0
+    assert stats["entries"] == before["entries"] and stats["active_slots"] == before["active_slots"]
 
 
 def test_concurrent_collectives_do_not_interfere():
