@@ -58,9 +58,11 @@ FORMAT_VERSION = 1
 #: Bumped whenever planning changes its results; part of every cache key.
 CACHE_VERSION = 1
 #: Per-hop latency (seconds) of the pipeline model, by link kind. ``shm`` is
-#: the per-step cost fitted to real runs of 8 CPU devices sharing 2 cores
-#: (benchmarks/bench_sim_vs_real.py): a step waits for a peer thread to be
-#: scheduled, so fewer, larger chunks win there.
+#: measured, not a wire latency: with 8 device threads on 2 cores a step that
+#: waits on a peer waits for that peer's thread to be scheduled, and more
+#: pipeline chunks did not pay off at any size
+#: (``benchmarks/bench_psum_cpu.py --chunks 1,4,12``), so the model picks one
+#: chunk per tree up to ~4 MB per device and few above.
 ALPHA_SECONDS = {"nvlink": 3e-6, "pcie": 5e-6, "net": 10e-6, "shm": 2e-3}
 #: Upper clamp on the pipeline chunks the model chooses per tree.
 MAX_CHUNKS_PER_TREE = 32
