@@ -237,37 +237,9 @@ struct Kernels {
   }
 };
 
-// memcpy with non-temporal stores (no read-for-ownership, no cache
-// pollution) for destinations nobody reads soon. Ends with a store fence so
-// that the completion flag published afterwards orders after the data.
-JAX_BLINK_KERNEL void StreamCopy(void* dst_v, const void* src_v, size_t bytes) {
+inline void StoreFence() {
 #if defined(__x86_64__)
-  char* dst = static_cast<char*>(dst_v);
-  const char* src = static_cast<const char*>(src_v);
-  const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
-  if (bytes < head + 64) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  bytes -= head;
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
   _mm_sfence();
-#else
-  std::memcpy(dst_v, src_v, bytes);
 #endif
 }
 
@@ -303,10 +275,12 @@ JAX_BLINK_KERNEL void StreamStoreNoFence(void* dst_v, const void* src_v,
 #endif
 }
 
-inline void StoreFence() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
+// memcpy with non-temporal stores (no read-for-ownership, no cache
+// pollution) for destinations nobody reads soon. Ends with a store fence so
+// that the completion flag published afterwards orders after the data.
+JAX_BLINK_KERNEL void StreamCopy(void* dst, const void* src, size_t bytes) {
+  StreamStoreNoFence(dst, src, bytes);
+  StoreFence();
 }
 
 // A peer's accumulator chunk that a rank writes on the peer's behalf.
