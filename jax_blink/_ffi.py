@@ -58,11 +58,16 @@ def ensure_registered():
 
 
 def has_cuda_support():
-    """Whether the installed extension contains the CUDA executor.
+    """Whether the CUDA executor can be used here: ``jax_blink._blink_cuda`` is
+    importable (built when a CUDA compiler was found, docs/building.md) and
+    it sees at least one GPU.
 
-    Returns False (never raises) when the extension is not built.
+    The CUDA executor is not yet registered as an XLA FFI target; for now the
+    module is a single-GPU harness (tests/test_cuda.py). Returns False (never
+    raises) when the module is not built or no GPU is visible.
     """
     try:
-        return bool(load_extension().has_cuda())
+        from jax_blink import _blink_cuda
     except ImportError:
         return False
+    return bool(_blink_cuda.has_cuda()) and _blink_cuda.device_count() > 0
