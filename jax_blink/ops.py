@@ -39,8 +39,11 @@ if os.environ.get("JAX_BLINK_DEBUG", "") not in ("", "0"):
     logger.setLevel(logging.DEBUG)
 
 #: Default per-device size (bytes, per dtype group) below which psum calls
-#: lax.psum: under it a rendezvous costs more than it saves.
-DEFAULT_MIN_BYTES = 32 * 1024
+#: lax.psum. On 8 CPU devices jax_blink is faster at every size measured,
+#: down to one element (benchmarks/bench_psum_cpu.py), so only empty values
+#: fall back by default. Raise it to leave many tiny psums to XLA, which can
+#: combine them into one all-reduce.
+DEFAULT_MIN_BYTES = 0
 DEFAULT_TIMEOUT_S = 60.0
 
 _SUPPORTED = tuple(DTYPES)
@@ -225,7 +228,7 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         ``shm:N`` (devices sharing host memory).
     min_bytes : int or None
         Per-device bytes (per dtype) below which ``lax.psum`` is used.
-        Default: ``$JAX_BLINK_MIN_BYTES``, else 32 KiB.
+        Default: ``$JAX_BLINK_MIN_BYTES``, else 0 (only empty values).
     timeout_s : float or None
         How long a device waits for its peers before failing with an error
         naming the ranks that never arrived. Default: ``$JAX_BLINK_TIMEOUT_S``,
@@ -286,7 +289,7 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
     for (dtype, vma), idx in by_type.items():
         count = sum(arrays[i].size for i in idx)
         nbytes = count * np.dtype(dtype).itemsize
-        if nbytes < threshold:
+        if count == 0 or nbytes < threshold:
             _record(f"psum over {axes}: {dtype} x {count}: lax.psum "
                     f"({nbytes} B per device < min_bytes {threshold})")
             for i, r in zip(idx, lax.psum([arrays[i] for i in idx], axes)):
@@ -348,8 +351,8 @@ def explain(x=None, axis_size=None, *, topology=None, min_bytes=None, chunks=Non
     threshold = _min_bytes(min_bytes)
     if axis_size == 1:
         return "lax.psum (the reduced axes have a single device)"
-    if nbytes < threshold:
-        return f"lax.psum ({nbytes} B per device < min_bytes {threshold})"
+    if count == 0 or nbytes < threshold:
+        return f"lax.psum ({nbytes} B per device < min_bytes {threshold}, or empty)"
     p, schedule, _ = _plan_and_schedule(_topology(topology, axis_size), count, dtype.name,
                                         _chunks(chunks))
     return _describe(p, schedule)

@@ -219,14 +219,27 @@ def test_three_psums_scan_pytree_and_pmean():
         np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
 
 
-def test_small_inputs_fall_back_to_lax_psum_and_explain_says_so():
+def test_inputs_below_min_bytes_fall_back_to_lax_psum_and_explain_says_so():
     mesh = mesh1d()
     x = random_input("float32", (N, 10))
-    ours = per_device(lambda v: jax_blink.psum(v, "x"), x, mesh)
+    ours = per_device(lambda v: jax_blink.psum(v, "x", min_bytes=1024), x, mesh)
     np.testing.assert_allclose(ours[0], x.sum(0), rtol=1e-5)
-    assert "min_bytes" in jax_blink.explain()
-    assert "lax.psum" in jax_blink.explain(jax.ShapeDtypeStruct((10,), jnp.float32), N)
-    assert "plan" in jax_blink.explain(jax.ShapeDtypeStruct((10**6,), jnp.float32), N)
+    assert "min_bytes 1024" in jax_blink.explain()
+    assert "lax.psum" in jax_blink.explain(jax.ShapeDtypeStruct((10,), jnp.float32), N,
+                                           min_bytes=1024)
+    assert "plan" in jax_blink.explain(jax.ShapeDtypeStruct((10,), jnp.float32), N)
+
+
+def test_empty_values_and_the_env_threshold(monkeypatch):
+    mesh = mesh1d()
+    empty = per_device(lambda v: jax_blink.psum(v, "x"), np.zeros((N, 0), np.float32), mesh)
+    assert empty.shape == (N, 0)
+    monkeypatch.setenv("JAX_BLINK_MIN_BYTES", "4096")
+    assert "lax.psum" in jax_blink.explain(jax.ShapeDtypeStruct((1000,), jnp.float32), N)
+    assert "plan" in jax_blink.explain(jax.ShapeDtypeStruct((1024,), jnp.float32), N)
+    monkeypatch.setenv("JAX_BLINK_MIN_BYTES", "lots")
+    with pytest.raises(ValueError, match="JAX_BLINK_MIN_BYTES='lots'"):
+        jax_blink.explain(jax.ShapeDtypeStruct((1024,), jnp.float32), N)
 
 
 def test_unsupported_dtype_is_a_clear_trace_time_error():
