@@ -321,7 +321,9 @@ def pmean(x, axis_name, **kwargs):
 
 
 def _describe(p, schedule):
-    return (f"{p.family} plan on {p.topology.name}: {len(p.trees)} tree(s), "
+    used = (f"{len(p.trees)} tree(s)" if schedule.ntrees == len(p.trees)
+            else f"{schedule.ntrees} of {len(p.trees)} trees (the value is too small for more)")
+    return (f"{p.family} plan on {p.topology.name}: {used}, "
             f"rate {p.rate_gbps:.3g} GB/s (bound {p.bound_gbps:.3g}, ring {p.ring_rate_gbps:.3g}), "
             f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps")
 
