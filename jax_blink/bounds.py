@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from jax_blink.topology import FAST_KINDS, LinkGraph, Topology
+from .topology import FAST_KINDS, LinkGraph, Topology
 
 __all__ = ["broadcast_bound", "reduce_bound", "tree_packing_bound", "dual_bound", "best_rings",
            "min_cut", "min_partition",

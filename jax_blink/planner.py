@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_blink import bounds
-from jax_blink._jsonio import read_document
-from jax_blink.topology import LinkGraph, Topology, TopologyError
+from . import bounds
+from ._jsonio import read_document
+from .topology import LinkGraph, Topology, TopologyError
 
 __all__ = ["plan", "Plan", "Tree", "PlanError", "ALPHA_SECONDS", "MAX_CHUNKS_PER_TREE",
            "cache_dir", "clear_memory_cache"]
@@ -308,7 +308,7 @@ class Plan:
             Pipeline chunks per tree (one int for all, or one per tree);
             default: :meth:`chunks_for`.
         """
-        from jax_blink.schedule import DTYPES, dtype_name, lower_trees
+        from .schedule import DTYPES, dtype_name, lower_trees
 
         itemsize = DTYPES[dtype_name(dtype)][1]
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, (int, np.integer)) \

@@ -19,7 +19,7 @@ number GPUs differently, which :mod:`jax_blink.detect` reads from
 
 from __future__ import annotations
 
-from jax_blink.topology import Topology, TopologyError
+from .topology import Topology, TopologyError
 
 __all__ = ["preset", "preset_names", "dgx1_p100", "dgx1_v100", "dgx2", "dgx_a100", "hgx_h100",
            "pcie", "shm"]

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from jax_blink._jsonio import read_document
+from ._jsonio import read_document
 
 __all__ = [
     "Step",

@@ -93,7 +93,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from jax_blink.schedule import Schedule
+from .schedule import Schedule
 
 __all__ = ["simulate", "tune", "Tuned", "SimModel", "SimResult", "SimError", "bus_factor", "Network",
            "DEFAULT_LATENCY_US"]

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from jax_blink._jsonio import read_document
+from ._jsonio import read_document
 
 __all__ = ["Topology", "Link", "LinkGraph", "TopologyError", "LINK_KINDS", "FAST_KINDS"]
 
@@ -154,7 +154,7 @@ class Topology:
     @classmethod
     def preset(cls, name: str) -> "Topology":
         """A named machine; see :func:`jax_blink.presets.preset_names`."""
-        from jax_blink import presets
+        from . import presets
 
         return presets.preset(name)
 

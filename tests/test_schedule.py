@@ -143,3 +143,14 @@ def test_non_spanning_tree_names_unreachable_ranks():
     with pytest.raises(ScheduleError, match=r"unreachable \[2\]"):
         lower_trees([Tree(root=0, edges=[(0, 1)], weight=1.0)], nranks=3,
                     collective="allreduce", count=4, dtype="float32")
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import importlib
+
+    names = ("schedule", "topology", "planner", "bounds", "simulate", "baselines", "bench_cli")
+    for module in (importlib.import_module(f"jax_blink.{n}") for n in names):
+        result = doctest.testmod(module)
+        assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"
