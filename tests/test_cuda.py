@@ -21,6 +21,7 @@ import pytest
 import jax_blink
 from jax_blink import _ffi
 from jax_blink import schedule as jbs
+from reference import assert_bit_identical, check_sum, lowered, make_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -46,57 +47,6 @@ def cuda():
     return _blink_cuda
 
 
-def make_inputs(dtype, nranks, count, seed=0):
-    rng = np.random.default_rng(seed)
-    t = DTYPES[dtype]
-    if dtype in ("int32", "int64"):
-        info = np.iinfo(t)
-        return [rng.integers(info.min, info.max, count, dtype=t, endpoint=True)
-                for _ in range(nranks)]
-    if dtype == "uint32":
-        return [rng.integers(0, 2**32, count, dtype=np.uint32) for _ in range(nranks)]
-    if dtype == "float16":
-        return [(rng.integers(-2048, 2048, count) * 2.0 ** rng.integers(-20, -14, count))
-                .astype(np.float16) for _ in range(nranks)]
-    if dtype == "bfloat16":
-        return [(rng.integers(-256, 256, count) * 2.0 ** rng.integers(-4, 4, count))
-                .astype(ml_dtypes.bfloat16) for _ in range(nranks)]
-    return [rng.standard_normal(count).astype(t) * 100 for _ in range(nranks)]
-
-
-def check_sum(dtype, inputs, out):
-    t = DTYPES[dtype]
-    if dtype in ("int32", "int64", "uint32"):
-        ref = np.zeros_like(inputs[0])
-        for x in inputs:
-            ref = ref + x
-        np.testing.assert_array_equal(out, ref)
-    elif dtype in ("float16", "bfloat16"):
-        exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
-        ref = exact.astype(np.float32).astype(t)
-        np.testing.assert_array_equal(out.view(np.uint16), ref.view(np.uint16))
-    else:
-        exact = np.sum([x.astype(np.longdouble) for x in inputs], axis=0)
-        bound = (len(inputs) - 1) * np.finfo(t).eps * np.sum(
-            [np.abs(x.astype(np.longdouble)) for x in inputs], axis=0)
-        bound = bound + np.spacing(np.abs(exact).astype(t)).astype(np.longdouble)
-        assert np.all(np.abs(out.astype(np.longdouble) - exact) <= bound)
-
-
-def lowered_trees(nranks, count, dtype, chunks):
-    """Star, chain and shifted star trees through lower_trees."""
-    T = SimpleNamespace
-    trees = [
-        T(root=0, edges=[(0, i) for i in range(1, nranks)], weight=1.0),
-        T(root=nranks - 1, edges=[(i + 1, i) for i in range(nranks - 1)], weight=2.0),
-        T(root=1 % nranks, edges=[(1 % nranks, i) for i in range(nranks) if i != 1 % nranks],
-          weight=1.0),
-    ]
-    s = jbs.lower_trees(trees, nranks=nranks, collective="allreduce", count=count,
-                        dtype=dtype, chunks=chunks)
-    return np.asarray(s.validate().encode())
-
-
 def planned(preset, count, dtype, chunks=None):
     """A planner schedule for a preset machine (the product path)."""
     plan = jax_blink.plan(jax_blink.Topology.preset(preset))
@@ -104,17 +54,12 @@ def planned(preset, count, dtype, chunks=None):
     return np.asarray(plan.lower(count * itemsize, dtype, chunks=chunks).encode())
 
 
-def assert_bit_identical(outputs):
-    for o in outputs[1:]:
-        assert o.tobytes() == outputs[0].tobytes()
-
-
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "staged"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("count,chunks", [(1, 1), (1000, 3), (100_003, 8)])
 def test_lowered_allreduce_equals_numpy(cuda, direct, dtype, nranks, count, chunks):
-    sched = lowered_trees(nranks, count, dtype, chunks)
+    sched = lowered(nranks, count, dtype, chunks)
     inputs = make_inputs(dtype, nranks, count)
     out = cuda.run_schedule(sched, inputs, direct=direct)
     check_sum(dtype, inputs, out[0])
@@ -137,7 +82,7 @@ def test_planned_preset_allreduce_equals_numpy(cuda, dtype, preset):
 def test_matches_cpu_executor_bit_for_bit(cuda, dtype):
     """Same schedule, same summation order: GPU and CPU outputs are equal."""
     ext = _ffi.load_extension()
-    sched = lowered_trees(8, 50_001, dtype, chunks=8)
+    sched = lowered(8, 50_001, dtype, chunks=8)
     inputs = [x.astype(DTYPES[dtype]) for x in
               np.random.default_rng(1).standard_normal((8, 50_001)) * 10]
     cpu = [np.zeros_like(x) for x in inputs]
@@ -151,7 +96,7 @@ def test_matches_cpu_executor_bit_for_bit(cuda, dtype):
 def test_repeated_enqueues_without_host_sync(cuda, direct):
     """repeat=k enqueues the collective k times back to back (events only):
     inputs are unchanged, so every call must give the same result."""
-    sched = lowered_trees(8, 200_001, "float32", chunks=16)
+    sched = lowered(8, 200_001, "float32", chunks=16)
     inputs = make_inputs("float32", 8, 200_001, seed=5)
     once = cuda.run_schedule(sched, inputs, direct=direct)
     many = cuda.run_schedule(sched, inputs, direct=direct, repeat=20)
@@ -174,7 +119,7 @@ def test_odd_lengths_and_misaligned_chunks(cuda, offset, dtype):
     """Chunk boundaries at odd element offsets exercise the scalar head/tail
     and the fall-back when operands are misaligned relative to each other."""
     count = 4099 + offset
-    sched = lowered_trees(4, count, dtype, chunks=7)
+    sched = lowered(4, count, dtype, chunks=7)
     inputs = make_inputs(dtype, 4, count, seed=offset)
     for direct in (True, False):
         out = cuda.run_schedule(sched, inputs, direct=direct)

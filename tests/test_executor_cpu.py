@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from jax_blink import _ffi
+from reference import assert_bit_identical, check_sum, lowered, make_inputs
 
 ext = _ffi.load_extension()
 
@@ -134,71 +135,11 @@ def star_reduce(nranks, count, nchunks, root, dtype="float32"):
     return b.encode()
 
 
-def lowered(nranks, count, dtype, chunks=4):
-    """Several trees (star, chain, and a shifted star) through lower_trees."""
-    schedule = pytest.importorskip("jax_blink.schedule")
-    T = SimpleNamespace
-    trees = [
-        T(root=0, edges=[(0, i) for i in range(1, nranks)], weight=1.0),
-        T(root=nranks - 1, edges=[(i + 1, i) for i in range(nranks - 1)], weight=2.0),
-        T(root=1 % nranks, edges=[(1 % nranks, i) for i in range(nranks) if i != 1 % nranks],
-          weight=1.0),
-    ]
-    s = schedule.lower_trees(trees, nranks=nranks, collective="allreduce", count=count,
-                             dtype=dtype, chunks=chunks)
-    return np.asarray(s.validate().encode())
-
-
 # ------------------------------------------------------------ inputs / refs
-def make_inputs(dtype, nranks, count, seed=0):
-    """Inputs whose float16/bfloat16 partial sums are exact in float32."""
-    rng = np.random.default_rng(seed)
-    np_dtype = DTYPES[dtype][1]
-    if dtype in ("int32", "int64"):
-        info = np.iinfo(np_dtype)
-        return [rng.integers(info.min, info.max, count, dtype=np_dtype, endpoint=True)
-                for _ in range(nranks)]
-    if dtype == "uint32":
-        return [rng.integers(0, 2**32, count, dtype=np.uint32) for _ in range(nranks)]
-    if dtype == "float16":
-        # 11-bit integers scaled by 2^k, k in [-20, -14]: sums of 8 need at most
-        # 11 + 3 + 6 = 20 bits (exact in float32); includes f16 subnormals.
-        return [(rng.integers(-2048, 2048, count) * 2.0 ** rng.integers(-20, -14, count))
-                .astype(np.float16) for _ in range(nranks)]
-    if dtype == "bfloat16":
-        return [(rng.integers(-256, 256, count) * 2.0 ** rng.integers(-4, 4, count))
-                .astype(ml_dtypes.bfloat16) for _ in range(nranks)]
-    return [rng.standard_normal(count).astype(np_dtype) * 100 for _ in range(nranks)]
-
-
-def check_sum(dtype, inputs, out):
-    np_dtype = DTYPES[dtype][1]
-    if dtype in ("int32", "int64", "uint32"):
-        ref = np.zeros_like(inputs[0])
-        for x in inputs:
-            ref = ref + x  # wraps, like lax.psum
-        np.testing.assert_array_equal(out, ref)
-    elif dtype in ("float16", "bfloat16"):
-        exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
-        ref = exact.astype(np.float32).astype(np_dtype)  # exact in f32: one rounding
-        np.testing.assert_array_equal(out.view(np.uint16), ref.view(np.uint16))
-    else:
-        exact = np.sum([x.astype(np.longdouble) for x in inputs], axis=0)
-        bound = (len(inputs) - 1) * np.finfo(np_dtype).eps * np.sum(
-            [np.abs(x.astype(np.longdouble)) for x in inputs], axis=0)
-        bound = bound + np.spacing(np.abs(exact).astype(np_dtype)).astype(np.longdouble)
-        assert np.all(np.abs(out.astype(np.longdouble) - exact) <= bound)
-
-
 def run(schedule, inputs, timeout_ms=20000, **kw):
     outputs = [np.zeros_like(x) for x in inputs]
     errors = ext.run_ranks(schedule, inputs, outputs, timeout_ms, **kw)
     return errors, outputs
-
-
-def assert_bit_identical(outputs):
-    for o in outputs[1:]:
-        assert o.tobytes() == outputs[0].tobytes()
 
 
 # ------------------------------------------------------------------ results

@@ -1,0 +1,84 @@
+"""Reference inputs and checks shared by the executor tests (CPU and CUDA).
+
+Inputs are chosen so that float16/bfloat16 partial sums are exact in
+float32: the executors' result must then equal the exact sum rounded once,
+in every summation order, and the comparison is exact.
+"""
+
+from types import SimpleNamespace
+
+import ml_dtypes
+import numpy as np
+
+from jax_blink.schedule import lower_trees
+
+#: schedule dtype name -> numpy type
+NP_DTYPES = {
+    "float32": np.float32,
+    "float64": np.float64,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint32": np.uint32,
+}
+
+
+def make_inputs(dtype, nranks, count, seed=0):
+    """Inputs whose float16/bfloat16 partial sums are exact in float32."""
+    rng = np.random.default_rng(seed)
+    np_dtype = NP_DTYPES[dtype]
+    if dtype in ("int32", "int64"):
+        info = np.iinfo(np_dtype)
+        return [rng.integers(info.min, info.max, count, dtype=np_dtype, endpoint=True)
+                for _ in range(nranks)]
+    if dtype == "uint32":
+        return [rng.integers(0, 2**32, count, dtype=np.uint32) for _ in range(nranks)]
+    if dtype == "float16":
+        # 11-bit integers scaled by 2^k, k in [-20, -14]: sums of 8 need at most
+        # 11 + 3 + 6 = 20 bits (exact in float32); includes f16 subnormals.
+        return [(rng.integers(-2048, 2048, count) * 2.0 ** rng.integers(-20, -14, count))
+                .astype(np.float16) for _ in range(nranks)]
+    if dtype == "bfloat16":
+        return [(rng.integers(-256, 256, count) * 2.0 ** rng.integers(-4, 4, count))
+                .astype(ml_dtypes.bfloat16) for _ in range(nranks)]
+    return [rng.standard_normal(count).astype(np_dtype) * 100 for _ in range(nranks)]
+
+
+def check_sum(dtype, inputs, out):
+    np_dtype = NP_DTYPES[dtype]
+    if dtype in ("int32", "int64", "uint32"):
+        ref = np.zeros_like(inputs[0])
+        for x in inputs:
+            ref = ref + x  # wraps, like lax.psum
+        np.testing.assert_array_equal(out, ref)
+    elif dtype in ("float16", "bfloat16"):
+        exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+        ref = exact.astype(np.float32).astype(np_dtype)  # exact in f32: one rounding
+        np.testing.assert_array_equal(out.view(np.uint16), ref.view(np.uint16))
+    else:
+        exact = np.sum([x.astype(np.longdouble) for x in inputs], axis=0)
+        bound = (len(inputs) - 1) * np.finfo(np_dtype).eps * np.sum(
+            [np.abs(x.astype(np.longdouble)) for x in inputs], axis=0)
+        bound = bound + np.spacing(np.abs(exact).astype(np_dtype)).astype(np.longdouble)
+        assert np.all(np.abs(out.astype(np.longdouble) - exact) <= bound)
+
+
+def assert_bit_identical(outputs):
+    for o in outputs[1:]:
+        assert o.tobytes() == outputs[0].tobytes()
+
+
+def lowered(nranks, count, dtype, chunks=4):
+    """Several trees (a star, a chain and a shifted star) through lower_trees,
+    as the encoded, validated schedule."""
+    T = SimpleNamespace
+    trees = [
+        T(root=0, edges=[(0, i) for i in range(1, nranks)], weight=1.0),
+        T(root=nranks - 1, edges=[(i + 1, i) for i in range(nranks - 1)], weight=2.0),
+        T(root=1 % nranks, edges=[(1 % nranks, i) for i in range(nranks) if i != 1 % nranks],
+          weight=1.0),
+    ]
+    s = lower_trees(trees, nranks=nranks, collective="allreduce", count=count,
+                    dtype=dtype, chunks=chunks)
+    return np.asarray(s.validate().encode())
