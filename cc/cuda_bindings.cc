@@ -54,6 +54,21 @@ struct Streams {
   ~Streams() { for (auto x : s) if (x) cudaStreamDestroy(x); }
 };
 
+// N simulated ranks on one device: an input buffer, an output buffer and a
+// stream each, and the executor's view of them.
+struct SimRanks {
+  std::vector<DevBuf> in, out;
+  Streams streams;
+  std::vector<CudaRankBuffers> buffers;
+  SimRanks(int64_t n, size_t bytes, int device) : streams(n), buffers(n) {
+    for (int64_t r = 0; r < n; ++r) {
+      in.emplace_back(bytes);
+      out.emplace_back(bytes);
+      buffers[r] = {device, in[r].p, out[r].p, streams.s[r]};
+    }
+  }
+};
+
 // Runs `schedule` over N device buffers on one GPU; returns the outputs.
 py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, bool direct,
                      int64_t repeat, int device) {
@@ -76,30 +91,26 @@ py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, boo
     }
     host.push_back(a);
   }
-  std::vector<DevBuf> din, dout;
+  SimRanks sim(n, bytes, device);
   for (int64_t r = 0; r < n; ++r) {
-    din.emplace_back(bytes);
-    dout.emplace_back(bytes);
-    Check(cudaMemcpy(din[r].p, host[r].data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-    Check(cudaMemset(dout[r].p, 0xA5, bytes ? bytes : 1), "cudaMemset");  // poison
+    Check(cudaMemcpy(sim.in[r].p, host[r].data(), bytes, cudaMemcpyHostToDevice),
+          "cudaMemcpy H2D");
+    Check(cudaMemset(sim.out[r].p, 0xA5, bytes ? bytes : 1), "cudaMemset");  // poison
   }
-  Streams st(n);
-  std::vector<CudaRankBuffers> b(n);
-  for (int64_t r = 0; r < n; ++r) b[r] = {device, din[r].p, dout[r].p, st.s[r]};
   CudaExecutor ex;
   CudaExecOptions opts;
   opts.direct = direct;
   {
     py::gil_scoped_release nogil;
     for (int64_t k = 0; k < repeat; ++k) {
-      std::string err = ex.Enqueue(s, b, opts);
+      std::string err = ex.Enqueue(s, sim.buffers, opts);
       if (!err.empty()) {
         py::gil_scoped_acquire g;
         throw std::runtime_error(err);
       }
     }
     for (int64_t r = 0; r < n; ++r) {
-      cudaError_t e = cudaStreamSynchronize(st.s[r]);
+      cudaError_t e = cudaStreamSynchronize(sim.streams.s[r]);
       if (e != cudaSuccess) {
         py::gil_scoped_acquire g;
         Check(e, "cudaStreamSynchronize");
@@ -110,7 +121,7 @@ py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, boo
   py::list out;
   for (int64_t r = 0; r < n; ++r) {
     py::array o = np.attr("empty_like")(host[r]);
-    Check(cudaMemcpy(o.mutable_data(), dout[r].p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    Check(cudaMemcpy(o.mutable_data(), sim.out[r].p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
     out.append(o);
   }
   return out;
@@ -124,15 +135,8 @@ double TimeSchedule(const py::object& schedule, int64_t iters, int64_t warmup, b
   const int64_t n = s.nranks;
   const size_t bytes = static_cast<size_t>(s.count) * DTypeSize(s.dtype);
   Check(cudaSetDevice(device), "cudaSetDevice");
-  std::vector<DevBuf> din, dout;
-  for (int64_t r = 0; r < n; ++r) {
-    din.emplace_back(bytes);
-    dout.emplace_back(bytes);
-    Check(cudaMemset(din[r].p, 0, bytes), "cudaMemset");
-  }
-  Streams st(n);
-  std::vector<CudaRankBuffers> b(n);
-  for (int64_t r = 0; r < n; ++r) b[r] = {device, din[r].p, dout[r].p, st.s[r]};
+  SimRanks sim(n, bytes, device);
+  for (int64_t r = 0; r < n; ++r) Check(cudaMemset(sim.in[r].p, 0, bytes), "cudaMemset");
   CudaExecutor ex;
   CudaExecOptions opts;
   opts.direct = direct;
@@ -147,17 +151,17 @@ double TimeSchedule(const py::object& schedule, int64_t iters, int64_t warmup, b
     for (int64_t k = 0; k < warmup + iters && err.empty(); ++k) {
       if (k == warmup) {
         // All ranks' streams join rank 0's before the timed region.
-        for (int64_t r = 0; r < n; ++r) Check(cudaStreamSynchronize(st.s[r]), "sync");
-        Check(cudaEventRecord(t0, st.s[0]), "cudaEventRecord");
+        for (int64_t r = 0; r < n; ++r) Check(cudaStreamSynchronize(sim.streams.s[r]), "sync");
+        Check(cudaEventRecord(t0, sim.streams.s[0]), "cudaEventRecord");
       }
-      err = ex.Enqueue(s, b, opts);
+      err = ex.Enqueue(s, sim.buffers, opts);
     }
     if (err.empty()) {
       for (int64_t r = 1; r < n; ++r) {
-        Check(cudaEventRecord(joined, st.s[r]), "cudaEventRecord");
-        Check(cudaStreamWaitEvent(st.s[0], joined, 0), "cudaStreamWaitEvent");
+        Check(cudaEventRecord(joined, sim.streams.s[r]), "cudaEventRecord");
+        Check(cudaStreamWaitEvent(sim.streams.s[0], joined, 0), "cudaStreamWaitEvent");
       }
-      Check(cudaEventRecord(t1, st.s[0]), "cudaEventRecord");
+      Check(cudaEventRecord(t1, sim.streams.s[0]), "cudaEventRecord");
       Check(cudaEventSynchronize(t1), "cudaEventSynchronize");
       Check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
     }

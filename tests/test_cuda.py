@@ -14,26 +14,15 @@ float32/float64 within the recursive-summation bound.
 
 from types import SimpleNamespace
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import jax_blink
 from jax_blink import _ffi
 from jax_blink import schedule as jbs
-from reference import assert_bit_identical, check_sum, lowered, make_inputs
+from reference import NP_DTYPES, assert_bit_identical, check_sum, lowered, make_inputs
 
 pytestmark = pytest.mark.gpu
-
-DTYPES = {
-    "float32": np.float32,
-    "float64": np.float64,
-    "float16": np.float16,
-    "bfloat16": ml_dtypes.bfloat16,
-    "int32": np.int32,
-    "int64": np.int64,
-    "uint32": np.uint32,
-}
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +39,12 @@ def cuda():
 def planned(preset, count, dtype, chunks=None):
     """A planner schedule for a preset machine (the product path)."""
     plan = jax_blink.plan(jax_blink.Topology.preset(preset))
-    itemsize = np.dtype(DTYPES[dtype]).itemsize
+    itemsize = np.dtype(NP_DTYPES[dtype]).itemsize
     return np.asarray(plan.lower(count * itemsize, dtype, chunks=chunks).encode())
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "staged"])
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype", list(NP_DTYPES))
 @pytest.mark.parametrize("nranks", [2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("count,chunks", [(1, 1), (1000, 3), (100_003, 8)])
 def test_lowered_allreduce_equals_numpy(cuda, direct, dtype, nranks, count, chunks):
@@ -83,7 +72,7 @@ def test_matches_cpu_executor_bit_for_bit(cuda, dtype):
     """Same schedule, same summation order: GPU and CPU outputs are equal."""
     ext = _ffi.load_extension()
     sched = lowered(8, 50_001, dtype, chunks=8)
-    inputs = [x.astype(DTYPES[dtype]) for x in
+    inputs = [x.astype(NP_DTYPES[dtype]) for x in
               np.random.default_rng(1).standard_normal((8, 50_001)) * 10]
     cpu = [np.zeros_like(x) for x in inputs]
     assert ext.run_ranks(sched, inputs, cpu, 20000) == [None] * 8
