@@ -3,6 +3,8 @@
 // kernel/copy timers for benchmarks/bench_cuda.py.
 //
 // STATUS: compile-checked only (built without a GPU present); never run.
+// The event ordering it drives is verified on the host by the stream
+// emulator (tests/test_stream_emulator.py).
 #include <cuda_runtime.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -13,6 +15,7 @@
 
 #include "executor_cuda.h"
 #include "schedule.h"
+#include "stream_exec.h"
 
 namespace py = pybind11;
 
@@ -55,16 +58,18 @@ struct Streams {
 };
 
 // N simulated ranks on one device: an input buffer, an output buffer and a
-// stream each, and the executor's view of them.
+// stream each, and the executor (with its transport) over them.
 struct SimRanks {
   std::vector<DevBuf> in, out;
   Streams streams;
-  std::vector<CudaRankBuffers> buffers;
+  std::vector<StreamRank> buffers;
+  CudaTransport transport;
+  StreamExecutor executor{&transport};
   SimRanks(int64_t n, size_t bytes, int device) : streams(n), buffers(n) {
     for (int64_t r = 0; r < n; ++r) {
       in.emplace_back(bytes);
       out.emplace_back(bytes);
-      buffers[r] = {device, in[r].p, out[r].p, streams.s[r]};
+      buffers[r] = {device, in[r].p, out[r].p, transport.Adopt(device, streams.s[r])};
     }
   }
 };
@@ -97,13 +102,12 @@ py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, boo
           "cudaMemcpy H2D");
     Check(cudaMemset(sim.out[r].p, 0xA5, bytes ? bytes : 1), "cudaMemset");  // poison
   }
-  CudaExecutor ex;
-  CudaExecOptions opts;
+  StreamExecOptions opts;
   opts.direct = direct;
   {
     py::gil_scoped_release nogil;
     for (int64_t k = 0; k < repeat; ++k) {
-      std::string err = ex.Enqueue(s, sim.buffers, opts);
+      std::string err = sim.executor.Enqueue(s, sim.buffers, opts);
       if (!err.empty()) {
         py::gil_scoped_acquire g;
         throw std::runtime_error(err);
@@ -137,8 +141,7 @@ double TimeSchedule(const py::object& schedule, int64_t iters, int64_t warmup, b
   Check(cudaSetDevice(device), "cudaSetDevice");
   SimRanks sim(n, bytes, device);
   for (int64_t r = 0; r < n; ++r) Check(cudaMemset(sim.in[r].p, 0, bytes), "cudaMemset");
-  CudaExecutor ex;
-  CudaExecOptions opts;
+  StreamExecOptions opts;
   opts.direct = direct;
   cudaEvent_t t0, t1, joined;
   Check(cudaEventCreate(&t0), "cudaEventCreate");
@@ -154,7 +157,7 @@ double TimeSchedule(const py::object& schedule, int64_t iters, int64_t warmup, b
         for (int64_t r = 0; r < n; ++r) Check(cudaStreamSynchronize(sim.streams.s[r]), "sync");
         Check(cudaEventRecord(t0, sim.streams.s[0]), "cudaEventRecord");
       }
-      err = ex.Enqueue(s, sim.buffers, opts);
+      err = sim.executor.Enqueue(s, sim.buffers, opts);
     }
     if (err.empty()) {
       for (int64_t r = 1; r < n; ++r) {

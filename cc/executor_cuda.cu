@@ -1,8 +1,5 @@
-// CUDA executor: reduction kernels and the event-ordered enqueueing of a
-// decoded schedule. See executor_cuda.h for the model.
-//
-// STATUS: compile-checked only (nvcc, no GPU on the machine it was written
-// on). Nothing here has been run yet; tests/test_cuda.py is the check.
+// CUDA transport of the stream executor: reduction kernels, streams, events
+// and peer copies. See executor_cuda.h (status) and stream_exec.h (model).
 #include "executor_cuda.h"
 
 #include <cuda_bf16.h>
@@ -12,7 +9,6 @@
 #include <cstring>
 #include <sstream>
 
-#include "executor.h"  // StepTracker (shared with the CPU executor)
 
 namespace jax_blink {
 
@@ -210,7 +206,13 @@ cudaError_t FinalizeTyped(void* out, const void* acc, int64_t n, cudaStream_t s)
   return cudaGetLastError();
 }
 
-// Converts an f16/bf16 input chunk into the float32 accumulator.
+}  // namespace
+
+std::string CudaErrorText(const char* what, cudaError_t e) {
+  return std::string("jax_blink CUDA executor: ") + what + ": " +
+         cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
 cudaError_t LaunchToAcc(DType d, void* dst, const void* src, int64_t n,
                         cudaStream_t s) {
   switch (d) {
@@ -219,13 +221,6 @@ cudaError_t LaunchToAcc(DType d, void* dst, const void* src, int64_t n,
     default: return cudaErrorInvalidValue;
   }
 }
-
-std::string CudaErr(const char* what, cudaError_t e) {
-  return std::string("jax_blink CUDA executor: ") + what + ": " +
-         cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-}
-
-}  // namespace
 
 cudaError_t LaunchReduce(DType d, void* dst, const void* base, bool base_in,
                          const void* src, bool src_in, int64_t n,
@@ -253,361 +248,210 @@ cudaError_t LaunchFinalize(DType d, void* out, const void* acc, int64_t n,
   }
 }
 
-// ---- The executor --------------------------------------------------------
+// ---- The transport ---------------------------------------------------------
 
-struct CudaExecutor::Impl {
-  struct Rank {
-    int device = -1;
-    std::vector<cudaStream_t> link;  // [peer]: RECVs from peer (nullptr: self)
-    std::vector<cudaEvent_t> tail;   // [peer]: end of link[peer]'s work
-    std::vector<cudaEvent_t> step_ev;
-    std::vector<int32_t> ev_stream;  // peer whose link stream recorded step_ev
-    cudaEvent_t start = nullptr;
-    void* scratch = nullptr;  // float32 accumulator (f16/bf16)
-    size_t scratch_bytes = 0;
-    std::vector<void*> stage;  // [peer]: staging of RECVs from peer
-    std::vector<size_t> stage_bytes;
-  };
-  std::vector<Rank> ranks;
-
-  ~Impl() { Release(); }
-
-  void Release() {
-    for (Rank& r : ranks) {
-      if (r.device < 0) continue;
+CudaTransport::~CudaTransport() {
+  for (const StreamRec& r : streams_) {
+    if (r.owned && r.stream) {
       cudaSetDevice(r.device);
-      for (cudaStream_t s : r.link) if (s) cudaStreamDestroy(s);
-      for (cudaEvent_t e : r.tail) if (e) cudaEventDestroy(e);
-      for (cudaEvent_t e : r.step_ev) if (e) cudaEventDestroy(e);
-      if (r.start) cudaEventDestroy(r.start);
-      if (r.scratch) cudaFree(r.scratch);
-      for (void* p : r.stage) if (p) cudaFree(p);
+      cudaStreamDestroy(r.stream);
     }
-    ranks.clear();
   }
+  for (const EventRec& r : events_) {
+    if (r.event) {
+      cudaSetDevice(r.device);
+      cudaEventDestroy(r.event);
+    }
+  }
+}
 
-  static cudaError_t NewEvent(cudaEvent_t* e) {
-    return cudaEventCreateWithFlags(e, cudaEventDisableTiming);
-  }
+std::string CudaTransport::Use(int device) {
+  int cur = -1;
+  cudaError_t e = cudaGetDevice(&cur);
+  if (e == cudaSuccess && cur == device) return std::string();
+  e = cudaSetDevice(device);
+  return e == cudaSuccess ? std::string() : CudaErrorText("cudaSetDevice", e);
+}
 
-  // Streams, events and scratch for `n` ranks on `devices`; grows only.
-  std::string Prepare(const Schedule& s, const std::vector<CudaRankBuffers>& b,
-                      bool staged) {
-    const int64_t n = s.nranks;
-    bool same = static_cast<int64_t>(ranks.size()) == n;
-    for (int64_t r = 0; same && r < n; ++r) same = ranks[r].device == b[r].device;
-    if (!same) {
-      Release();
-      ranks.resize(n);
-      for (int64_t r = 0; r < n; ++r) {
-        Rank& R = ranks[r];
-        R.device = b[r].device;
-        cudaError_t e = cudaSetDevice(R.device);
-        if (e != cudaSuccess) return CudaErr("cudaSetDevice", e);
-        R.link.assign(n, nullptr);
-        R.tail.assign(n, nullptr);
-        R.stage.assign(n, nullptr);
-        R.stage_bytes.assign(n, 0);
-        if ((e = NewEvent(&R.start)) != cudaSuccess) return CudaErr("cudaEventCreate", e);
-        for (int64_t p = 0; p < n; ++p) {
-          if (p == r) continue;
-          if ((e = cudaStreamCreateWithFlags(&R.link[p], cudaStreamNonBlocking)) != cudaSuccess)
-            return CudaErr("cudaStreamCreate", e);
-          if ((e = NewEvent(&R.tail[p])) != cudaSuccess) return CudaErr("cudaEventCreate", e);
-        }
-      }
-    }
-    const size_t tsize = DTypeSize(s.dtype);
-    const size_t asize = AccSize(s.dtype);
-    for (int64_t r = 0; r < n; ++r) {
-      Rank& R = ranks[r];
-      cudaError_t e = cudaSetDevice(R.device);
-      if (e != cudaSuccess) return CudaErr("cudaSetDevice", e);
-      const size_t nsteps = s.ranks[r].steps.size();
-      while (R.step_ev.size() < nsteps) {
-        cudaEvent_t ev;
-        if ((e = NewEvent(&ev)) != cudaSuccess) return CudaErr("cudaEventCreate", e);
-        R.step_ev.push_back(ev);
-      }
-      R.ev_stream.assign(nsteps, -1);
-      if (HasScratchAcc(s.dtype)) {
-        const size_t need = static_cast<size_t>(s.count) * asize;
-        if (R.scratch_bytes < need) {
-          if (R.scratch) cudaFree(R.scratch);
-          R.scratch = nullptr;
-          R.scratch_bytes = 0;
-          if ((e = cudaMalloc(&R.scratch, need)) != cudaSuccess) return CudaErr("cudaMalloc scratch", e);
-          R.scratch_bytes = need;
-        }
-      }
-      if (staged) {
-        // One staging area per link that carries a RECV, indexed like the
-        // buffers (chunks never overlap; a link's copies are stream-ordered).
-        std::vector<uint8_t> used(n, 0);
-        for (const Step& st : s.ranks[r].steps) {
-          if (st.op != Op::kSend) used[st.peer] = 1;
-        }
-        const size_t need = static_cast<size_t>(s.count) * std::max(tsize, asize);
-        for (int64_t p = 0; p < n; ++p) {
-          if (!used[p] || R.stage_bytes[p] >= need) continue;
-          if (R.stage[p]) cudaFree(R.stage[p]);
-          R.stage[p] = nullptr;
-          R.stage_bytes[p] = 0;
-          if ((e = cudaMalloc(&R.stage[p], need)) != cudaSuccess) return CudaErr("cudaMalloc staging", e);
-          R.stage_bytes[p] = need;
-        }
-      }
-    }
-    return std::string();
+std::string CudaTransport::UseStream(StreamId s, cudaStream_t* out) {
+  if (s < 0 || static_cast<size_t>(s) >= streams_.size() || !streams_[s].stream) {
+    return "jax_blink CUDA executor: unknown stream id " + std::to_string(s);
   }
+  *out = streams_[s].stream;
+  return Use(streams_[s].device);
+}
 
-  // Can device `a` read device `b`'s memory in a kernel? Enables peer
-  // access on first use.
-  bool DirectOk(int a, int b) {
-    if (a == b) return true;
-    int can = 0;
-    if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) return false;
-    cudaSetDevice(a);
-    cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) {
-      cudaGetLastError();  // clear the sticky-free error
-      return true;
-    }
-    return e == cudaSuccess;
+StreamId CudaTransport::Adopt(int device, cudaStream_t stream) {
+  auto it = adopted_.find(stream);
+  if (it != adopted_.end() && streams_[it->second].device == device) return it->second;
+  StreamRec rec{stream, device, false};
+  StreamId id;
+  if (!free_streams_.empty()) {
+    id = free_streams_.back();
+    free_streams_.pop_back();
+    streams_[id] = rec;
+  } else {
+    id = static_cast<StreamId>(streams_.size());
+    streams_.push_back(rec);
   }
-};
+  adopted_[stream] = id;
+  return id;
+}
 
-CudaExecutor::CudaExecutor() : impl_(new Impl) {}
-CudaExecutor::~CudaExecutor() = default;
-
-std::string CudaExecutor::Enqueue(const Schedule& s,
-                                  const std::vector<CudaRankBuffers>& bufs,
-                                  const CudaExecOptions& opts) {
-  const int64_t n = s.nranks;
-  if (static_cast<int64_t>(bufs.size()) != n) {
-    return "jax_blink CUDA executor: need " + std::to_string(n) + " ranks' buffers, got " +
-           std::to_string(bufs.size());
-  }
-  for (int64_t r = 0; r < n; ++r) {
-    if (bufs[r].in == bufs[r].out && s.count > 0) {
-      return "jax_blink CUDA executor: rank " + std::to_string(r) +
-             ": output aliasing the input is not supported yet";
-    }
-  }
-  // Per link (receiver r, sender p): read directly or through staging.
-  std::vector<uint8_t> direct(n * n, 0);
-  bool any_staged = false;
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t p = 0; p < n; ++p) {
-      if (p == r) continue;
-      direct[r * n + p] = opts.direct && impl_->DirectOk(bufs[r].device, bufs[p].device);
-      any_staged |= !direct[r * n + p];
-    }
-  }
-  std::string err = impl_->Prepare(s, bufs, any_staged);
+std::string CudaTransport::CreateStream(int device, StreamId* s) {
+  std::string err = Use(device);
   if (!err.empty()) return err;
-  auto& R = impl_->ranks;
-  const size_t tsize = DTypeSize(s.dtype);
-  const size_t asize = AccSize(s.dtype);
-  const bool scratch_acc = HasScratchAcc(s.dtype);
-  auto acc_of = [&](int64_t r) -> char* {
-    return static_cast<char*>(scratch_acc ? R[r].scratch : bufs[r].out);
-  };
-  auto in_of = [&](int64_t r) -> const char* {
-    return static_cast<const char*>(bufs[r].in);
-  };
-
-  cudaError_t e;
-#define JB_CHECK(call, what)                                  \
-  do {                                                        \
-    if ((e = (call)) != cudaSuccess) return CudaErr(what, e); \
-  } while (0)
-
-  // Entry: each link stream starts after its receiver's and its sender's
-  // inputs are ready (their callers' streams reached this call).
-  for (int64_t r = 0; r < n; ++r) {
-    JB_CHECK(cudaSetDevice(R[r].device), "cudaSetDevice");
-    JB_CHECK(cudaEventRecord(R[r].start, bufs[r].stream), "cudaEventRecord");
+  cudaStream_t st = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return CudaErrorText("cudaStreamCreate", e);
+  StreamRec rec{st, device, true};
+  if (!free_streams_.empty()) {
+    *s = free_streams_.back();
+    free_streams_.pop_back();
+    streams_[*s] = rec;
+  } else {
+    *s = static_cast<StreamId>(streams_.size());
+    streams_.push_back(rec);
   }
-  for (int64_t r = 0; r < n; ++r) {
-    JB_CHECK(cudaSetDevice(R[r].device), "cudaSetDevice");
-    for (int64_t p = 0; p < n; ++p) {
-      if (p == r) continue;
-      JB_CHECK(cudaStreamWaitEvent(R[r].link[p], R[r].start, 0), "cudaStreamWaitEvent");
-      JB_CHECK(cudaStreamWaitEvent(R[r].link[p], R[p].start, 0), "cudaStreamWaitEvent");
-    }
-  }
-
-  // Makes `stream` (link[peer_of_stream] of rank `rr`) wait for the value
-  // produced by the local dependencies of step i of rank `owner`: the events
-  // of the RECVs among them, and through SENDs (which do no work) the
-  // dependencies of those.
-  std::string werr;
-  auto wait_deps = [&](auto&& self, cudaStream_t stream, int64_t rr, int64_t link_peer,
-                       int64_t owner, int32_t i) -> void {
-    const RankSteps& rs = s.ranks[owner];
-    const Step& st = rs.steps[i];
-    for (int32_t k = st.deps_begin; k < st.deps_end && werr.empty(); ++k) {
-      const int32_t d = rs.deps[k];
-      const Step& sd = rs.steps[d];
-      if (sd.op == Op::kSend) {
-        self(self, stream, rr, link_peer, owner, d);
-        continue;
-      }
-      // Same stream: already ordered.
-      if (owner == rr && R[owner].ev_stream[d] == link_peer) continue;
-      cudaError_t we = cudaStreamWaitEvent(stream, R[owner].step_ev[d], 0);
-      if (we != cudaSuccess) werr = CudaErr("cudaStreamWaitEvent", we);
-    }
-  };
-
-  std::vector<StepTracker> tr(n);
-  for (int64_t r = 0; r < n; ++r) tr[r].Reset(s.ranks[r]);
-
-  auto run_step = [&](int64_t r, int32_t i) -> bool {
-    const RankSteps& rs = s.ranks[r];
-    const Step& st = rs.steps[i];
-    if (st.op == Op::kSend) {  // the receiver does the work
-      tr[r].MarkDone(i);
-      return true;
-    }
-    const int64_t p = st.peer;
-    // Host-side order: every event waited on must be recorded already.
-    if (!st.src_input && !tr[p].Done(st.match)) return false;
-    for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
-      const Step& g = rs.steps[rs.guards[k]];
-      if (!g.src_input && !tr[g.peer].Done(g.match)) return false;
-    }
-    if (!err.empty()) return false;
-    cudaStream_t stream = R[r].link[p];
-    if ((e = cudaSetDevice(R[r].device)) != cudaSuccess) {
-      err = CudaErr("cudaSetDevice", e);
-      return false;
-    }
-    wait_deps(wait_deps, stream, r, p, r, i);
-    if (!st.src_input) wait_deps(wait_deps, stream, r, p, p, st.match);
-    for (int32_t k = st.guards_begin; k < st.guards_end && werr.empty(); ++k) {
-      const Step& g = rs.steps[rs.guards[k]];
-      if (g.src_input) continue;  // its receiver read our input, not acc
-      cudaError_t we = cudaStreamWaitEvent(stream, R[g.peer].step_ev[g.match], 0);
-      if (we != cudaSuccess) werr = CudaErr("cudaStreamWaitEvent", we);
-    }
-    if (!werr.empty()) {
-      err = werr;
-      return false;
-    }
-    const int64_t off = s.chunk_offset[st.chunk];
-    const int64_t len = s.chunk_length[st.chunk];
-    const size_t src_size = st.src_input ? tsize : asize;
-    const char* src = st.src_input ? in_of(p) + off * tsize : acc_of(p) + off * asize;
-    char* dst = acc_of(r) + off * asize;
-    const bool dir = direct[r * n + p];
-    const int dev_r = R[r].device, dev_p = R[p].device;
-    const bool convert = st.src_input && scratch_acc;  // T -> float32
-    // Staged: bring the peer's chunk next to us first.
-    auto stage_in = [&]() -> cudaError_t {
-      char* stg = static_cast<char*>(R[r].stage[p]) + off * src_size;
-      cudaError_t ce =
-          dev_r == dev_p
-              ? cudaMemcpyAsync(stg, src, len * src_size, cudaMemcpyDeviceToDevice, stream)
-              : cudaMemcpyPeerAsync(stg, dev_r, src, dev_p, len * src_size, stream);
-      src = stg;
-      return ce;
-    };
-    cudaError_t ce = cudaSuccess;
-    if (st.op == Op::kRecvCopy) {
-      if (!convert) {
-        ce = dev_r == dev_p
-                 ? cudaMemcpyAsync(dst, src, len * asize, cudaMemcpyDeviceToDevice, stream)
-                 : cudaMemcpyPeerAsync(dst, dev_r, src, dev_p, len * asize, stream);
-      } else {
-        if (!dir) ce = stage_in();
-        if (ce == cudaSuccess) ce = LaunchToAcc(s.dtype, dst, src, len, stream);
-      }
-    } else {  // RECV_REDUCE
-      if (!dir) ce = stage_in();
-      const void* base = st.first_write ? static_cast<const void*>(in_of(r) + off * tsize)
-                                        : static_cast<const void*>(dst);
-      if (ce == cudaSuccess) {
-        ce = LaunchReduce(s.dtype, dst, base, st.first_write, src, st.src_input, len,
-                          stream);
-      }
-    }
-    if (ce != cudaSuccess) {
-      err = CudaErr(st.op == Op::kRecvCopy ? "RECV_COPY" : "RECV_REDUCE", ce);
-      return false;
-    }
-    if ((e = cudaEventRecord(R[r].step_ev[i], stream)) != cudaSuccess) {
-      err = CudaErr("cudaEventRecord", e);
-      return false;
-    }
-    R[r].ev_stream[i] = static_cast<int32_t>(p);
-    tr[r].MarkDone(i);
-    return true;
-  };
-
-  // Host-side topological enqueueing: sweep every rank's ready steps until
-  // all are enqueued. No GPU waits happen here.
-  for (;;) {
-    bool all = true, progress = false;
-    for (int64_t r = 0; r < n; ++r) {
-      if (tr[r].AllDone()) continue;
-      progress |= tr[r].Sweep([&](int32_t i) { return run_step(r, i); });
-      if (!err.empty()) return err;
-      all &= tr[r].AllDone();
-    }
-    if (all) break;
-    if (!progress) {
-      std::ostringstream os;
-      os << "jax_blink CUDA executor: the schedule's steps cannot be ordered "
-            "(cross-rank dependency cycle);";
-      for (int64_t r = 0; r < n; ++r) {
-        os << " rank " << r << ": " << tr[r].NumDone() << "/" << tr[r].NumSteps();
-      }
-      return os.str();
-    }
-  }
-
-  // Exit: each link stream's tail, then every caller stream waits for its
-  // own link streams (writes) and its peers' link streams reading from it
-  // (so XLA cannot reuse the input/output before every peer has read it).
-  for (int64_t r = 0; r < n; ++r) {
-    JB_CHECK(cudaSetDevice(R[r].device), "cudaSetDevice");
-    for (int64_t p = 0; p < n; ++p) {
-      if (p == r) continue;
-      JB_CHECK(cudaEventRecord(R[r].tail[p], R[r].link[p]), "cudaEventRecord");
-    }
-  }
-  for (int64_t r = 0; r < n; ++r) {
-    JB_CHECK(cudaSetDevice(R[r].device), "cudaSetDevice");
-    cudaStream_t main = bufs[r].stream;
-    for (int64_t p = 0; p < n; ++p) {
-      if (p == r) continue;
-      JB_CHECK(cudaStreamWaitEvent(main, R[r].tail[p], 0), "cudaStreamWaitEvent");
-      JB_CHECK(cudaStreamWaitEvent(main, R[p].tail[r], 0), "cudaStreamWaitEvent");
-    }
-    // Output: written chunks from the accumulator (rounded once for
-    // f16/bf16), unwritten chunks are the input.
-    const RankSteps& rs = s.ranks[r];
-    char* out = static_cast<char*>(bufs[r].out);
-    for (int64_t c = 0; c < s.nchunks; ++c) {
-      const int64_t off = s.chunk_offset[c];
-      const int64_t len = s.chunk_length[c];
-      if (len == 0) continue;
-      if (rs.chunk_written[c]) {
-        if (scratch_acc) {
-          JB_CHECK(LaunchFinalize(s.dtype, out + off * tsize, acc_of(r) + off * asize, len, main),
-                   "finalize");
-        }
-      } else {
-        JB_CHECK(cudaMemcpyAsync(out + off * tsize, in_of(r) + off * tsize, len * tsize,
-                                 cudaMemcpyDeviceToDevice, main),
-                 "cudaMemcpyAsync");
-      }
-    }
-  }
-#undef JB_CHECK
   return std::string();
+}
+
+std::string CudaTransport::CreateEvent(int device, EventId* ev) {
+  std::string err = Use(device);
+  if (!err.empty()) return err;
+  cudaEvent_t x = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&x, cudaEventDisableTiming);
+  if (e != cudaSuccess) return CudaErrorText("cudaEventCreate", e);
+  EventRec rec{x, device};
+  if (!free_events_.empty()) {
+    *ev = free_events_.back();
+    free_events_.pop_back();
+    events_[*ev] = rec;
+  } else {
+    *ev = static_cast<EventId>(events_.size());
+    events_.push_back(rec);
+  }
+  return std::string();
+}
+
+void CudaTransport::DestroyStream(StreamId s) {
+  if (s < 0 || static_cast<size_t>(s) >= streams_.size()) return;
+  StreamRec& r = streams_[s];
+  if (!r.stream) return;
+  if (r.owned) {
+    cudaSetDevice(r.device);
+    cudaStreamDestroy(r.stream);
+  } else {
+    adopted_.erase(r.stream);
+  }
+  r = StreamRec();
+  free_streams_.push_back(s);
+}
+
+void CudaTransport::DestroyEvent(EventId e) {
+  if (e < 0 || static_cast<size_t>(e) >= events_.size() || !events_[e].event) return;
+  cudaSetDevice(events_[e].device);
+  cudaEventDestroy(events_[e].event);
+  events_[e] = EventRec();
+  free_events_.push_back(e);
+}
+
+std::string CudaTransport::Alloc(int device, size_t bytes, void** p) {
+  std::string err = Use(device);
+  if (!err.empty()) return err;
+  cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    *p = nullptr;
+    return CudaErrorText("cudaMalloc", e) + " (" + std::to_string(bytes) +
+           " bytes of executor scratch on device " + std::to_string(device) + ")";
+  }
+  return std::string();
+}
+
+void CudaTransport::Free(int device, void* p) {
+  if (!p) return;
+  cudaSetDevice(device);
+  cudaFree(p);
+}
+
+bool CudaTransport::PeerReadable(int reader, int owner) {
+  if (reader == owner) return true;
+  auto key = std::make_pair(reader, owner);
+  auto it = peer_.find(key);
+  if (it != peer_.end()) return it->second;
+  int can = 0;
+  bool ok = cudaDeviceCanAccessPeer(&can, reader, owner) == cudaSuccess && can;
+  if (ok && Use(reader).empty()) {
+    cudaError_t e = cudaDeviceEnablePeerAccess(owner, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();  // not sticky; clear it
+    } else if (e != cudaSuccess) {
+      cudaGetLastError();
+      ok = false;
+    }
+  } else {
+    ok = false;
+  }
+  peer_[key] = ok;
+  return ok;
+}
+
+std::string CudaTransport::Record(EventId ev, StreamId s) {
+  cudaStream_t st;
+  std::string err = UseStream(s, &st);
+  if (!err.empty()) return err;
+  cudaError_t e = cudaEventRecord(events_[ev].event, st);
+  return e == cudaSuccess ? std::string() : CudaErrorText("cudaEventRecord", e);
+}
+
+std::string CudaTransport::Wait(StreamId s, EventId ev) {
+  cudaStream_t st;
+  std::string err = UseStream(s, &st);
+  if (!err.empty()) return err;
+  cudaError_t e = cudaStreamWaitEvent(st, events_[ev].event, 0);
+  return e == cudaSuccess ? std::string() : CudaErrorText("cudaStreamWaitEvent", e);
+}
+
+std::string CudaTransport::Copy(StreamId s, void* dst, int dst_device, const void* src,
+                                int src_device, size_t bytes) {
+  if (bytes == 0) return std::string();
+  cudaStream_t st;
+  std::string err = UseStream(s, &st);
+  if (!err.empty()) return err;
+  // Across devices without peer access the driver stages the copy through
+  // pinned host memory.
+  cudaError_t e = dst_device == src_device
+                      ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)
+                      : cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, st);
+  return e == cudaSuccess ? std::string() : CudaErrorText("copy", e);
+}
+
+std::string CudaTransport::Reduce(StreamId s, DType d, void* dst, const void* base,
+                                  bool base_is_input, const void* src, bool src_is_input,
+                                  int64_t n) {
+  cudaStream_t st;
+  std::string err = UseStream(s, &st);
+  if (!err.empty()) return err;
+  cudaError_t e = LaunchReduce(d, dst, base, base_is_input, src, src_is_input, n, st);
+  return e == cudaSuccess ? std::string() : CudaErrorText("reduction kernel", e);
+}
+
+std::string CudaTransport::ToAcc(StreamId s, DType d, void* dst, const void* src,
+                                 int64_t n) {
+  cudaStream_t st;
+  std::string err = UseStream(s, &st);
+  if (!err.empty()) return err;
+  cudaError_t e = LaunchToAcc(d, dst, src, n, st);
+  return e == cudaSuccess ? std::string() : CudaErrorText("conversion kernel", e);
+}
+
+std::string CudaTransport::Finalize(StreamId s, DType d, void* out, const void* acc,
+                                    int64_t n) {
+  cudaStream_t st;
+  std::string err = UseStream(s, &st);
+  if (!err.empty()) return err;
+  cudaError_t e = LaunchFinalize(d, out, acc, n, st);
+  return e == cudaSuccess ? std::string() : CudaErrorText("rounding kernel", e);
 }
 
 }  // namespace jax_blink
