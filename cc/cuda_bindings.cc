@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "executor_cuda.h"
+#include "ffi.h"
 #include "schedule.h"
 #include "stream_exec.h"
 
@@ -229,9 +230,33 @@ int DeviceCount() {
 
 PYBIND11_MODULE(_blink_cuda, m) {
   using namespace jax_blink;
-  m.doc() = "jax_blink CUDA executor: single-GPU harness (compile-checked only; see "
-            "docs/building.md)";
+  m.doc() = "jax_blink CUDA executor: FFI handlers and a single-GPU harness "
+            "(compile-checked only; see docs/building.md)";
   m.def("has_cuda", []() { return true; });
+  m.def(
+      "registrations",
+      []() {
+        py::dict stages;
+        stages["instantiate"] = py::capsule(reinterpret_cast<void*>(CudaInstantiateHandler()));
+        stages["execute"] = py::capsule(reinterpret_cast<void*>(CudaExecuteHandler()));
+        py::dict d;
+        d[kTargetName] = stages;
+        return d;
+      },
+      "FFI targets: {name: {stage: PyCapsule}} for jax.ffi.register_ffi_target "
+      "(platform CUDA).");
+  m.def(
+      "type_registrations",
+      []() {
+        py::dict reg;
+        reg["type_id"] = py::capsule(CudaStateTypeId());
+        reg["type_info"] = py::capsule(CudaStateTypeInfo());
+        py::dict d;
+        d[kCudaStateTypeName] = reg;
+        return d;
+      },
+      "FFI state types: {name: {type_id, type_info}} for jax.ffi.register_ffi_type "
+      "(platform CUDA).");
   m.def("device_count", &DeviceCount, "CUDA devices visible (0 without a GPU or driver)");
   m.def("run_schedule", &RunSchedule, py::arg("schedule"), py::arg("inputs"),
         py::arg("direct") = true, py::arg("repeat") = 1, py::arg("device") = 0,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "executor.h"
+#include "ffi_common.h"
 #include "schedule.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -26,41 +27,11 @@ ffi::TypeId ScheduleState::id = {};
 
 const XLA_FFI_TypeInfo kScheduleStateInfo = ffi::MakeTypeInfo<ScheduleState>();
 
-int32_t DTypeCode(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32:
-      return static_cast<int32_t>(DType::kF32);
-    case ffi::DataType::F64:
-      return static_cast<int32_t>(DType::kF64);
-    case ffi::DataType::F16:
-      return static_cast<int32_t>(DType::kF16);
-    case ffi::DataType::BF16:
-      return static_cast<int32_t>(DType::kBF16);
-    case ffi::DataType::S32:
-      return static_cast<int32_t>(DType::kI32);
-    case ffi::DataType::S64:
-      return static_cast<int32_t>(DType::kI64);
-    case ffi::DataType::U32:
-      return static_cast<int32_t>(DType::kU32);
-    default:
-      return -1;
-  }
-}
-
 ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
     int64_t op_id, ffi::Span<const int64_t> schedule, int64_t timeout_ms) {
   auto state = std::make_unique<ScheduleState>();
-  std::string err =
-      DecodeSchedule(schedule.begin(), schedule.size(), &state->schedule);
-  if (!err.empty()) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "jax_blink (op_id=" + std::to_string(op_id) + "): " + err));
-  }
-  if (timeout_ms < 1) {
-    return ffi::Unexpected(
-        ffi::Error::InvalidArgument("jax_blink: timeout_ms must be >= 1, got " +
-                                    std::to_string(timeout_ms)));
-  }
+  ffi::Error err = DecodeAttributes(op_id, schedule, timeout_ms, &state->schedule);
+  if (err.failure()) return ffi::Unexpected(std::move(err));
   return state;
 }
 
@@ -82,13 +53,7 @@ ffi::Error Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
   a.in_count = static_cast<int64_t>(x.element_count());
   a.out_count = static_cast<int64_t>(out->element_count());
   a.dtype = DTypeCode(x.element_type());
-  if (out->element_type() != x.element_type()) {
-    a.local_error = "the output dtype differs from the input dtype";
-  } else if (a.dtype < 0) {
-    a.local_error =
-        "unsupported buffer dtype (the schedule dtypes are "
-        "float32, float64, float16, bfloat16, int32, int64, uint32)";
-  }
+  a.local_error = BufferTypeError(x.element_type(), out->element_type());
   a.timeout_ms = timeout_ms;
   ExecResult r = ExecuteCpu(a);
   if (!r.error.empty()) return ffi::Error::Internal(r.error);

@@ -1,4 +1,5 @@
-// XLA FFI handlers of the "jax_blink_collective" custom call (CPU).
+// XLA FFI handlers of the "jax_blink_collective" custom call: CPU (ffi.cc,
+// module _blink_ext) and CUDA (ffi_cuda.cc, module _blink_cuda).
 #ifndef JAX_BLINK_CC_FFI_H_
 #define JAX_BLINK_CC_FFI_H_
 
@@ -15,6 +16,13 @@ void* StateTypeId();
 void* StateTypeInfo();
 inline constexpr const char* kTargetName = "jax_blink_collective";
 inline constexpr const char* kStateTypeName = "jax_blink_schedule_state";
+
+// CUDA: the same stages; the state also caches each device's rank and group.
+XLA_FFI_Handler* CudaInstantiateHandler();
+XLA_FFI_Handler* CudaExecuteHandler();
+void* CudaStateTypeId();
+void* CudaStateTypeInfo();
+inline constexpr const char* kCudaStateTypeName = "jax_blink_cuda_schedule_state";
 
 }  // namespace jax_blink
 

@@ -120,6 +120,8 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
     ri.total_steps = 0;
     ri.fingerprint = 0;
     ri.error.clear();
+    ri.device = -1;
+    ri.stream = nullptr;
   }
   present_.assign(n, 0);
   arrived_ = 0;

@@ -93,6 +93,8 @@ struct RankInfo {
   int64_t total_steps = 0;   // from its schedule
   uint64_t fingerprint = 0;  // of its schedule
   std::string error;         // a local error found before joining, or ""
+  int device = -1;           // CUDA: the rank's device
+  void* stream = nullptr;    // CUDA: the caller's stream (cudaStream_t)
 };
 
 class Slot {
