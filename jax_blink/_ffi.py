@@ -3,10 +3,13 @@
 The extension ``jax_blink._blink_ext`` holds the typed FFI handlers of the
 ``jax_blink_collective`` custom call (instantiate + execute stages), the FFI
 state type of its decoded schedule, the C++ schedule validator and a test
-harness (``run_ranks``). Registration happens once per process, on the first
-call of :func:`ensure_registered` (the ops module calls it before lowering).
+harness (``run_ranks``); ``jax_blink._blink_cuda`` (built where nvcc is found)
+holds the same custom call for CUDA. Registration happens once per process and
+platform, on the first call of :func:`ensure_registered` (the ops module calls
+it before lowering).
 """
 
+import os
 import threading
 
 TARGET = "jax_blink_collective"
@@ -18,7 +21,7 @@ _BUILD_HINT = (
 )
 
 _lock = threading.Lock()
-_registered = False
+_registered = set()  # platforms done
 
 
 def load_extension():
@@ -30,44 +33,66 @@ def load_extension():
     return _blink_ext
 
 
-def ensure_registered():
-    """Registers the FFI state type and targets for the CPU platform, once."""
-    global _registered
-    if _registered:
+def _load_cuda_extension():
+    try:
+        from jax_blink import _blink_cuda
+    except ImportError as e:
+        raise ImportError(
+            "jax_blink's CUDA module (jax_blink._blink_cuda) is not built: it is compiled "
+            f"when a CUDA compiler is found at build time; see docs/building.md ({e})") from e
+    return _blink_cuda
+
+
+def ensure_registered(platform="cpu"):
+    """Registers the FFI state type and targets for ``platform`` ("cpu" or "cuda"), once."""
+    if platform in _registered:
         return
     with _lock:
-        if _registered:
+        if platform in _registered:
             return
         import jax
 
-        ext = load_extension()
+        ext = load_extension() if platform == "cpu" else _load_cuda_extension()
+        xla_platform = "cpu" if platform == "cpu" else "CUDA"
         # jaxlib 0.10 replays registrations made before the CPU client
         # exists in the wrong order (handlers before their state types) and
         # then fails to start the backend. Start it first; this is why
         # ensure_registered() must run lazily (at lowering), not at import,
         # so that user settings such as jax_num_cpu_devices still apply.
         try:
-            jax.devices("cpu")
+            jax.devices("cpu" if platform == "cpu" else "gpu")
         except RuntimeError:
             pass
         for name, registration in ext.type_registrations().items():
-            jax.ffi.register_ffi_type(name, registration, platform="cpu")
+            jax.ffi.register_ffi_type(name, registration, platform=xla_platform)
         for name, stages in ext.registrations().items():
-            jax.ffi.register_ffi_target(name, stages, platform="cpu")
-        _registered = True
+            jax.ffi.register_ffi_target(name, stages, platform=xla_platform)
+        _registered.add(platform)
 
 
 def has_cuda_support():
     """Whether the extension was built with CUDA: ``jax_blink._blink_cuda``
     (built when a CUDA compiler was found, docs/building.md) is importable.
 
-    The CUDA executor is not yet registered as an XLA FFI target; for now the
-    module is a single-GPU harness (tests/test_cuda.py), and whether a GPU is
-    visible is ``jax_blink._blink_cuda.device_count() > 0``. Returns False
-    (never raises) when the module is not built.
+    The module holds the CUDA FFI handlers and a single-GPU harness
+    (tests/test_cuda.py); whether a GPU is visible is
+    ``jax_blink._blink_cuda.device_count() > 0``. The handlers have been
+    compile-checked but not yet run on a GPU, so ``psum`` uses them only with
+    ``JAX_BLINK_CUDA=1`` (see :func:`cuda_opted_in`). Returns False (never
+    raises) when the module is not built.
     """
     try:
         from jax_blink import _blink_cuda
     except ImportError:
         return False
     return bool(_blink_cuda.has_cuda())
+
+
+def cuda_opted_in():
+    """Whether ``JAX_BLINK_CUDA`` asks psum to use the (experimental) CUDA executor."""
+    value = os.environ.get("JAX_BLINK_CUDA", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"JAX_BLINK_CUDA={value!r}: use 1 to enable the CUDA executor, 0 to disable it")

@@ -17,6 +17,7 @@ import itertools
 import logging
 import math
 import os
+import types
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
 from jax_blink.planner import plan
-from jax_blink.schedule import DTYPES
+from jax_blink.schedule import DTYPES, lower_trees
 from jax_blink.topology import Topology
 
 __all__ = ["psum", "pmean", "explain"]
@@ -77,10 +78,23 @@ def _timeout_ms(value):
     return int(math.ceil(value * 1000))
 
 
+@functools.lru_cache(maxsize=1)
+def _detected_gpus():
+    from jax_blink.detect import detect  # runs nvidia-smi once
+    return detect()
+
+
 def _topology(value, nranks):
     if value is None:
         path = os.environ.get("JAX_BLINK_TOPOLOGY")
-        value = Topology.from_json(path) if path else Topology.preset(f"shm:{nranks}")
+        if path:
+            value = Topology.from_json(path)
+        elif jax.default_backend() == "gpu" and getattr(_detected_gpus(), "n", 0) == nranks:
+            # nvidia-smi's GPU i taken as rank i: right for meshes over
+            # jax.devices() in order; another order costs speed, not results.
+            value = _detected_gpus()
+        else:
+            value = Topology.preset(f"shm:{nranks}")
     elif isinstance(value, str):
         value = Topology.preset(value)
     if value.n != nranks:
@@ -108,8 +122,19 @@ def _chunks(value):
 
 @functools.lru_cache(maxsize=256)
 def _plan_and_schedule(topology_key, count, dtype, chunks):
-    """The plan and the encoded schedule for ``count`` elements (cached)."""
-    p = plan(_TOPOLOGIES[topology_key], "allreduce")
+    """The plan and the encoded schedule for ``count`` elements (cached).
+
+    One rank needs no plan (None): its schedule has no steps and the custom
+    call copies the input. psum itself leaves single devices to lax.psum;
+    tests bind the primitive directly to check the handler on one device.
+    """
+    topology = _TOPOLOGIES[topology_key]
+    if topology.n == 1:
+        alone = types.SimpleNamespace(root=0, edges=(), weight=1.0)
+        schedule = lower_trees([alone], nranks=1, collective="allreduce", count=count,
+                               dtype=dtype)
+        return None, schedule, schedule.encode()
+    p = plan(topology, "allreduce")
     schedule = p.lower(count * DTYPES[dtype][1], dtype, chunks=chunks)
     return p, schedule, schedule.encode()
 
@@ -163,8 +188,8 @@ def _batch(args, dims, **params):
 _ffi_rule = jax.ffi.ffi_lowering(_ffi.TARGET)
 
 
-def _lowering(ctx, x, rank, group, *, axes, topology, chunks, timeout_ms, varying):
-    _ffi.ensure_registered()
+def _lowering(ctx, x, rank, group, *, platform, axes, topology, chunks, timeout_ms, varying):
+    _ffi.ensure_registered(platform)
     aval = ctx.avals_in[0]
     _, _, encoded = _plan_and_schedule(topology, int(np.prod(aval.shape)),
                                        np.dtype(aval.dtype).name, chunks)
@@ -179,7 +204,9 @@ blink_psum_p.def_impl(_impl)
 ad.primitive_jvps[blink_psum_p] = _jvp
 ad.primitive_transposes[blink_psum_p] = _transpose
 batching.primitive_batchers[blink_psum_p] = _batch
-mlir.register_lowering(blink_psum_p, _lowering, platform="cpu")
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(blink_psum_p, functools.partial(_lowering, platform=_platform),
+                           platform=_platform)
 
 
 # ---------------------------------------------------------- user functions
@@ -199,9 +226,18 @@ def _fallback_reason(axes):
     for ax in axes:
         if ax not in manual:
             return f"axis {ax!r} is not a manual device axis of shard_map/pmap (a vmap axis?)"
-    if jax.default_backend() != "cpu":
-        return f"no jax_blink executor for backend {jax.default_backend()!r} in this build"
-    return None
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return None
+    if backend == "gpu" and "rocm" not in jax.devices()[0].client.platform_version.lower():
+        if not _ffi.has_cuda_support():
+            return ("this build of jax_blink has no CUDA executor (nvcc was not found when it "
+                    "was built; docs/building.md)")
+        if not _ffi.cuda_opted_in():
+            return ("the CUDA executor has not yet been verified on a GPU; set JAX_BLINK_CUDA=1 "
+                    "to use it (experimental)")
+        return None
+    return f"no jax_blink executor for backend {backend!r}"
 
 
 def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,

@@ -82,3 +82,31 @@ def lowered(nranks, count, dtype, chunks=4):
     s = lower_trees(trees, nranks=nranks, collective="allreduce", count=count,
                     dtype=dtype, chunks=chunks)
     return np.asarray(s.validate().encode())
+
+
+def one_device_collective(x, device):
+    """Runs the blink_psum primitive over a one-device mesh on ``device``.
+
+    ``jax_blink.psum`` leaves single devices to ``lax.psum``; binding the
+    primitive directly still lowers to the custom call (a one-rank schedule:
+    the handler copies the input), which checks the lowering and the FFI
+    handler of the device's platform under real XLA. Returns the output and
+    the compiled program's text.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from jax_blink import ops
+
+    mesh = jax.sharding.Mesh(np.asarray([device]), ("x",))
+    key = ops._topology("shm:1", 1)
+
+    def body(v):
+        flat = ops.blink_psum_p.bind(v.reshape(-1), jnp.int32(0), jnp.int32(0), axes=("x",),
+                                     topology=key, chunks=None, timeout_ms=10_000, varying=True)
+        return flat.reshape(v.shape)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
+    x = jax.device_put(x, device)
+    return np.asarray(f(x)), f.lower(x).compile().as_text()

@@ -278,3 +278,13 @@ def test_missing_rank_times_out_naming_it_and_the_process_goes_on():
         jax.block_until_ready(f(jax.device_put(x, NamedSharding(mesh, P("x")))))
     ours = per_device(lambda v: jax_blink.psum(v, "x", min_bytes=0), x, mesh)
     np.testing.assert_array_equal(ours, np.full((N, 1000), N, np.float32))
+
+
+def test_one_rank_schedule_through_the_cpu_custom_call():
+    """The primitive on one device: a one-rank schedule, executed by the handler."""
+    from reference import one_device_collective
+
+    x = np.arange(1000, dtype=np.float32) - 3.5
+    out, text = one_device_collective(x, jax.devices("cpu")[0])
+    assert "jax_blink_collective" in text
+    np.testing.assert_array_equal(out, x)
