@@ -153,7 +153,7 @@ ffi::Error Execute(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   info.count = static_cast<int64_t>(x.element_count());
   info.dtype = DTypeCode(x.element_type());
   info.nranks = s.nranks;
-  info.total_steps = 1;  // one flag: rank 0 has enqueued everything
+  info.total_steps = 1;  // JoinAndLead's flag
   info.fingerprint = s.fingerprint;
   info.device = device;
   info.stream = stream;
@@ -164,43 +164,10 @@ ffi::Error Execute(cudaStream_t stream, ffi::RunId run_id, int32_t device,
                               info.out);
   }
 
-  Rendezvous& rv = Rendezvous::Global();
-  Ticket ticket;
-  err = rv.Join(RendezvousKey{run_id.run_id, op_id, group}, rank, s.nranks,
-                std::move(info), deadline, timeout_ms, &ticket);
-  if (err.empty()) {
-    Slot& slot = *ticket.slot;
-    const std::string where = CallSiteText(op_id, group, ticket.generation);
-    err = CheckConsistent(slot, where);
-    std::atomic<uint32_t>& enqueued = slot.flags()[0];
-    const uint32_t done = 2 * ticket.epoch + 1;
-    if (err.empty() && rank == 0) {
-      err = EnqueueAll(s, slot);
-      if (!err.empty()) slot.Fail(0, "jax_blink: " + where + ": " + err);
-      enqueued.store(done, std::memory_order_seq_cst);
-      FutexWakeAll(&enqueued);
-    } else if (err.empty()) {
-      // Return only after rank 0 has enqueued our part: XLA's next work on
-      // our stream must come after the collective's final waits.
-      uint32_t cur;
-      while ((cur = enqueued.load(std::memory_order_seq_cst)) != done) {
-        const auto now = Clock::now();
-        if (now >= deadline) {
-          err = "jax_blink: " + where + ": timed out after " +
-                std::to_string(timeout_ms) +
-                " ms waiting for rank 0 to enqueue the collective";
-          break;
-        }
-        FutexWait(&enqueued, cur,
-                  std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
-                      .count());
-      }
-      if (err.empty() && slot.failed.load(std::memory_order_seq_cst) != 0) {
-        err = slot.FailMessage();
-      }
-    }
-  }
-  if (ticket.slot != nullptr) rv.Leave(&ticket);
+  int64_t generation = -1;
+  err = JoinAndLead(RendezvousKey{run_id.run_id, op_id, group}, rank, s.nranks,
+                    std::move(info), deadline, timeout_ms,
+                    [&s](const Slot& slot) { return EnqueueAll(s, slot); }, &generation);
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
 }

@@ -64,4 +64,49 @@ std::string CheckConsistent(const Slot& slot, const std::string& where) {
   return std::string();
 }
 
+std::string JoinAndLead(const RendezvousKey& key, int64_t rank, int64_t nranks,
+                        RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
+                        const std::function<std::string(const Slot&)>& lead,
+                        int64_t* generation) {
+  Rendezvous& rv = Rendezvous::Global();
+  Ticket ticket;
+  std::string err = rv.Join(key, rank, nranks, std::move(info), deadline, timeout_ms,
+                            &ticket);
+  *generation = ticket.generation;
+  if (err.empty()) {
+    Slot& slot = *ticket.slot;
+    const std::string where = CallSiteText(key.op_id, key.group, ticket.generation);
+    err = CheckConsistent(slot, where);  // the same verdict on every rank
+    std::atomic<uint32_t>& led = slot.flags()[0];
+    const uint32_t done = 2 * ticket.epoch + 1;
+    if (err.empty() && rank == 0) {
+      err = lead(slot);
+      if (!err.empty()) {
+        err = "jax_blink: " + where + ": " + err;
+        slot.Fail(0, err);
+      }
+      led.store(done, std::memory_order_seq_cst);
+      FutexWakeAll(&led);
+    } else if (err.empty()) {
+      uint32_t cur;
+      while ((cur = led.load(std::memory_order_seq_cst)) != done) {
+        const auto now = Clock::now();
+        if (now >= deadline) {
+          err = "jax_blink: " + where + ": timed out after " + std::to_string(timeout_ms) +
+                " ms waiting for rank 0 to enqueue the collective";
+          break;
+        }
+        FutexWait(&led, cur,
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
+                      .count());
+      }
+      if (err.empty() && slot.failed.load(std::memory_order_seq_cst) != 0) {
+        err = slot.FailMessage();
+      }
+    }
+  }
+  if (ticket.slot != nullptr) rv.Leave(&ticket);
+  return err;
+}
+
 }  // namespace jax_blink

@@ -6,6 +6,7 @@
 #define JAX_BLINK_CC_JOIN_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "rendezvous.h"
@@ -23,6 +24,20 @@ std::string CheckBuffers(const Schedule& s, int32_t dtype, int64_t in_count,
 // "" when every rank published no error and the same count, dtype and
 // schedule; else the first problem, prefixed with "jax_blink: " and `where`.
 std::string CheckConsistent(const Slot& slot, const std::string& where);
+
+// The stream executors' meeting (CUDA handler; emulated in tests): joins the
+// rendezvous as `rank` with `info` (info.total_steps must be 1); once all
+// ranks arrived and agree, rank 0 calls lead(slot) to enqueue the whole
+// collective for every rank, and the others wait until it has returned (on
+// the host only), so that nothing their caller enqueues afterwards can come
+// before the collective's work on their streams. Returns "" or the error,
+// the same on every rank where possible (lead's error is shared); a rank
+// that never arrives makes the others time out naming it. *generation gets
+// the call's rendezvous generation.
+std::string JoinAndLead(const RendezvousKey& key, int64_t rank, int64_t nranks,
+                        RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
+                        const std::function<std::string(const Slot&)>& lead,
+                        int64_t* generation);
 
 }  // namespace jax_blink
 
