@@ -5,9 +5,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +20,8 @@
 #include "ffi.h"
 #include "rendezvous.h"
 #include "schedule.h"
+#include "stream_emulator.h"
+#include "stream_exec.h"
 
 namespace py = pybind11;
 
@@ -195,6 +201,179 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
   return result;
 }
 
+// Runs StreamExecutor (the GPU executor's enqueueing) over the host stream
+// emulator: each rank's buffers are host memory labelled in[r] / out[r] on
+// device devices[r], with a caller stream that writes the input before the
+// collective (and again before each repeat, reading the previous output)
+// and reuses both buffers after it, as XLA does. Returns the outputs, the
+// races the emulator found and its counters.
+py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
+                        const std::optional<std::vector<int>>& devices,
+                        const py::object& peer, bool direct, bool alias,
+                        int64_t repeat, uint64_t seed, uint32_t omit) {
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  const Schedule s = DecodeOrThrow(schedule);
+  const int64_t n = s.nranks;
+  const size_t tsize = DTypeSize(s.dtype);
+  const size_t bytes = static_cast<size_t>(s.count) * tsize;
+  if (static_cast<int64_t>(py::len(inputs)) != n) {
+    throw py::value_error("need " + std::to_string(n) + " inputs, got " +
+                          std::to_string(py::len(inputs)));
+  }
+  std::vector<Buffer> ins;
+  for (int64_t r = 0; r < n; ++r) {
+    ins.push_back(GetBuffer(inputs[r], false, "inputs", r, tsize));
+    if (ins.back().count != s.count) {
+      throw py::value_error("inputs[" + std::to_string(r) + "] has " +
+                            std::to_string(ins.back().count) +
+                            " elements but the schedule needs " +
+                            std::to_string(s.count));
+    }
+  }
+  std::vector<int> dev(n, 0);
+  if (devices) {
+    if (static_cast<int64_t>(devices->size()) != n) {
+      throw py::value_error("need one device per rank (" + std::to_string(n) +
+                            "), got " + std::to_string(devices->size()));
+    }
+    dev = *devices;
+  }
+  int ndev = 0;
+  for (int d : dev) {
+    if (d < 0) throw py::value_error("devices must be >= 0");
+    ndev = std::max(ndev, d + 1);
+  }
+
+  // Host memory standing in for the ranks' device buffers (declared before
+  // the emulator, which refers to it), 64-byte aligned like XLA's buffers
+  // and filled with 0xff until the input is written.
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<void, FreeDeleter>> host;
+  auto host_buffer = [&]() -> char* {
+    const size_t cap = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, cap);
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0xff, cap);
+    host.emplace_back(p);
+    return static_cast<char*>(p);
+  };
+
+  StreamEmulator em;
+  if (!peer.is_none()) {
+    py::module_ np = py::module_::import("numpy");
+    py::array_t<bool, py::array::c_style> m =
+        np.attr("ascontiguousarray")(peer, "bool");
+    if (m.ndim() != 2 || m.shape(0) != m.shape(1) || m.shape(0) < ndev) {
+      throw py::value_error(
+          "peer must be a square boolean matrix covering devices 0.." +
+          std::to_string(ndev - 1));
+    }
+    for (py::ssize_t a = 0; a < m.shape(0); ++a) {
+      for (py::ssize_t b = 0; b < m.shape(1); ++b) {
+        em.SetPeerAccess(static_cast<int>(a), static_cast<int>(b), m.at(a, b));
+      }
+    }
+  }
+  auto check = [](const std::string& err) {
+    if (!err.empty()) throw std::runtime_error(err);
+  };
+  std::vector<StreamRank> ranks(n);
+  for (int64_t r = 0; r < n; ++r) {
+    StreamRank& R = ranks[r];
+    const std::string rs = "[" + std::to_string(r) + "]";
+    R.device = dev[r];
+    char* in = host_buffer();
+    R.in = in;
+    R.out = alias ? in : host_buffer();
+    check(em.Label(R.in, bytes, "in" + rs, R.device));
+    check(em.Label(R.out, bytes, "out" + rs, R.device));
+    check(em.CreateStream(R.device, &R.stream));
+    em.NameStream(R.stream, "caller" + rs);
+  }
+  // The caller writing rank r's input (its producer, or the next step).
+  auto write_input = [&](int64_t r, bool reads_out, const char* label) {
+    const StreamRank& R = ranks[r];
+    void* dst = const_cast<void*>(R.in);
+    const void* src = ins[r].ptr;
+    std::vector<Range> reads;
+    if (reads_out) reads.push_back({R.out, bytes});
+    check(em.Touch(R.stream, reads, {{R.in, bytes}}, label,
+                   [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
+  };
+  for (int64_t r = 0; r < n; ++r) write_input(r, false, "caller writes in");
+
+  StreamExecOptions opts;
+  opts.direct = direct;
+  opts.omit = omit;
+  auto ex = std::make_unique<StreamExecutor>(&em);
+  for (int64_t k = 0; k < repeat; ++k) {
+    if (k > 0) {
+      for (int64_t r = 0; r < n; ++r) {
+        write_input(r, true, "caller reads out, writes next in");
+      }
+    }
+    check(ex->Enqueue(s, ranks, opts));
+  }
+  for (const StreamRank& R : ranks) {
+    check(em.Touch(R.stream, {}, {{R.in, bytes}, {R.out, bytes}},
+                   "caller reuses in and out"));
+  }
+  const StreamExecStats xs = ex->stats();
+  // Destroying the executor first releases its streams, events and buffers
+  // under queued work (legal, as in CUDA); Run reports any misuse.
+  ex.reset();
+  check(em.Run(seed));
+
+  py::module_ np = py::module_::import("numpy");
+  py::list outputs;
+  for (int64_t r = 0; r < n; ++r) {
+    py::array o = np.attr("empty_like")(inputs[r]);
+    std::memcpy(o.mutable_data(), ranks[r].out, bytes);
+    outputs.append(o);
+  }
+  const StreamEmulatorStats& st = em.stats();
+  py::list races;
+  for (const std::string& x : em.races()) races.append(x);
+  const int64_t unreported =
+      st.races - static_cast<int64_t>(em.races().size());
+  if (unreported > 0) {
+    races.append("... and " + std::to_string(unreported) + " more races");
+  }
+  py::dict stats;
+  stats["streams"] = st.streams;
+  stats["events"] = st.events;
+  stats["allocs"] = st.allocs;
+  // After the executor is destroyed: what it leaked (the callers' streams
+  // stay).
+  stats["live_streams"] = st.live_streams;
+  stats["live_events"] = st.live_events;
+  stats["live_alloc_bytes"] = st.alloc_bytes;
+  stats["peer_queries"] = st.peer_queries;
+  stats["copy"] = st.copies;
+  stats["reduce"] = st.reduces;
+  stats["to_acc"] = st.to_accs;
+  stats["finalize"] = st.finalizes;
+  stats["record"] = st.records;
+  stats["wait"] = st.waits;
+  stats["noop_wait"] = st.noop_waits;
+  stats["touch"] = st.touches;
+  stats["executed"] = st.executed;
+  stats["accesses"] = st.accesses;
+  stats["races"] = st.races;
+  stats["exec_kernels"] = xs.kernels;
+  stats["exec_copies"] = xs.copies;
+  stats["exec_waits"] = xs.waits;
+  stats["exec_records"] = xs.records;
+  stats["staged_links"] = xs.staged_links;
+  py::dict result;
+  result["outputs"] = outputs;
+  result["races"] = races;
+  result["stats"] = stats;
+  return result;
+}
+
 }  // namespace
 }  // namespace jax_blink
 
@@ -250,6 +429,28 @@ PYBIND11_MODULE(_blink_ext, m) {
       "rendezvous RunId (default: a fresh negative id). Returns one entry "
       "per rank: None on success (or when skipped), else the first error "
       "message.");
+  m.def("emulate_streams", &EmulateStreams, py::arg("schedule"),
+        py::arg("inputs"), py::kw_only(), py::arg("devices") = py::none(),
+        py::arg("peer") = py::none(), py::arg("direct") = true,
+        py::arg("alias") = false, py::arg("repeat") = 1, py::arg("seed") = 0,
+        py::arg("omit") = 0,
+        "Test harness: runs the GPU executor's enqueueing (StreamExecutor) "
+        "over the host stream emulator with its race checker. inputs: one "
+        "C-contiguous array per rank of the schedule's dtype and count. "
+        "devices: device label per rank (default all 0, one GPU). peer: "
+        "optional [D, D] bool matrix, peer[a, b]: device a may read device "
+        "b's memory (default all true). direct=False stages every read "
+        "through copies. alias: the output buffer is the input buffer. "
+        "repeat: Enqueue calls on one executor, the caller rewriting the "
+        "input (same data) between them. seed: the emulator's execution "
+        "order. omit: StreamOmit bits (OMIT_*) dropping waits, for tests. "
+        "Returns {'outputs': [array], 'races': [str], 'stats': {str: int}}; "
+        "raises ValueError for bad arguments, RuntimeError for an executor "
+        "or emulator error.");
+  m.attr("OMIT_ENTRY_WAITS") = static_cast<int>(kOmitEntryWaits);
+  m.attr("OMIT_DEP_WAITS") = static_cast<int>(kOmitDepWaits);
+  m.attr("OMIT_GUARDS") = static_cast<int>(kOmitGuards);
+  m.attr("OMIT_EXIT_WAITS") = static_cast<int>(kOmitExitWaits);
   m.def(
       "rendezvous_stats",
       []() {
