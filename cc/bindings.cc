@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 
 #include "executor.h"
 #include "ffi.h"
+#include "join.h"
 #include "rendezvous.h"
 #include "schedule.h"
 #include "stream_emulator.h"
@@ -210,7 +212,9 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
 py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
                         const std::optional<std::vector<int>>& devices,
                         const py::object& peer, bool direct, bool alias,
-                        int64_t repeat, uint64_t seed, uint32_t omit) {
+                        int64_t repeat, uint64_t seed, uint32_t omit, bool handler,
+                        const std::vector<int64_t>& skip_ranks, int64_t bad_count_rank,
+                        int64_t timeout_ms) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
   const Schedule s = DecodeOrThrow(schedule);
   const int64_t n = s.nranks;
@@ -299,22 +303,79 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
     const void* src = ins[r].ptr;
     std::vector<Range> reads;
     if (reads_out) reads.push_back({R.out, bytes});
-    check(em.Touch(R.stream, reads, {{R.in, bytes}}, label,
-                   [dst, src, bytes] { std::memcpy(dst, src, bytes); }));
+    return em.Touch(R.stream, reads, {{R.in, bytes}}, label,
+                    [dst, src, bytes] { std::memcpy(dst, src, bytes); });
   };
-  for (int64_t r = 0; r < n; ++r) write_input(r, false, "caller writes in");
+  for (int64_t r = 0; r < n; ++r) check(write_input(r, false, "caller writes in"));
 
   StreamExecOptions opts;
   opts.direct = direct;
   opts.omit = omit;
   auto ex = std::make_unique<StreamExecutor>(&em);
-  for (int64_t k = 0; k < repeat; ++k) {
-    if (k > 0) {
-      for (int64_t r = 0; r < n; ++r) {
-        write_input(r, true, "caller reads out, writes next in");
-      }
+  // Call k of all ranks (the caller rewrites the inputs before each later
+  // call).
+  auto enqueue = [&](int64_t k, const std::vector<StreamRank>& rs) -> std::string {
+    for (int64_t r = 0; k > 0 && r < n; ++r) {
+      std::string err = write_input(r, true, "caller reads out, writes next in");
+      if (!err.empty()) return err;
     }
-    check(ex->Enqueue(s, ranks, opts));
+    return ex->Enqueue(s, rs, opts);
+  };
+  py::list errors;
+  if (!handler) {
+    for (int64_t k = 0; k < repeat; ++k) check(enqueue(k, ranks));
+  } else {
+    // The CUDA handler's host protocol: one thread per rank joins the
+    // rendezvous (JoinAndLead); rank 0 enqueues for all from what the ranks
+    // published. Only rank 0 touches the emulator, as only rank 0 touches
+    // CUDA in the handler.
+    static std::atomic<int64_t> next_run{int64_t{1} << 48};
+    const int64_t run_id = next_run.fetch_add(1);
+    std::vector<std::string> errs(n);
+    std::vector<std::thread> threads;
+    {
+      py::gil_scoped_release nogil;
+      for (int64_t r = 0; r < n; ++r) {
+        if (std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end()) continue;
+        threads.emplace_back([&, r] {
+          for (int64_t k = 0; k < repeat && errs[r].empty(); ++k) {
+            RankInfo info;
+            info.in = ranks[r].in;
+            info.out = ranks[r].out;
+            info.acc = info.out;
+            info.count = r == bad_count_rank ? s.count + 1 : s.count;
+            info.dtype = static_cast<int32_t>(s.dtype);
+            info.nranks = n;
+            info.total_steps = 1;
+            info.fingerprint = s.fingerprint;
+            info.device = ranks[r].device;
+            info.stream = reinterpret_cast<void*>(static_cast<intptr_t>(ranks[r].stream));
+            info.error = CheckBuffers(s, info.dtype, info.count, info.count, info.in, info.out);
+            auto lead = [&](const Slot& slot) {
+              std::vector<StreamRank> rs(n);
+              for (int64_t q = 0; q < n; ++q) {
+                const RankInfo& ri = slot.info[q];
+                rs[q] = {ri.device, ri.in, ri.out,
+                         static_cast<StreamId>(reinterpret_cast<intptr_t>(ri.stream))};
+              }
+              return enqueue(k, rs);
+            };
+            int64_t generation = -1;
+            errs[r] = JoinAndLead(RendezvousKey{run_id, 0, 0}, r, n, std::move(info),
+                                  Clock::now() + std::chrono::milliseconds(timeout_ms),
+                                  timeout_ms, lead, &generation);
+          }
+        });
+      }
+      for (std::thread& t : threads) t.join();
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      const bool skipped =
+          std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end();
+      errors.append(skipped ? py::object(py::str("skipped"))
+                  : errs[r].empty() ? py::object(py::none())
+                                    : py::object(py::str(errs[r])));
+    }
   }
   for (const StreamRank& R : ranks) {
     check(em.Touch(R.stream, {}, {{R.in, bytes}, {R.out, bytes}},
@@ -368,6 +429,7 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   stats["exec_records"] = xs.records;
   stats["staged_links"] = xs.staged_links;
   py::dict result;
+  if (handler) result["errors"] = errors;
   result["outputs"] = outputs;
   result["races"] = races;
   result["stats"] = stats;
@@ -433,7 +495,9 @@ PYBIND11_MODULE(_blink_ext, m) {
         py::arg("inputs"), py::kw_only(), py::arg("devices") = py::none(),
         py::arg("peer") = py::none(), py::arg("direct") = true,
         py::arg("alias") = false, py::arg("repeat") = 1, py::arg("seed") = 0,
-        py::arg("omit") = 0,
+        py::arg("omit") = 0, py::arg("handler") = false,
+        py::arg("skip_ranks") = std::vector<int64_t>(), py::arg("bad_count_rank") = -1,
+        py::arg("timeout_ms") = 10000,
         "Test harness: runs the GPU executor's enqueueing (StreamExecutor) "
         "over the host stream emulator with its race checker. inputs: one "
         "C-contiguous array per rank of the schedule's dtype and count. "
@@ -444,6 +508,11 @@ PYBIND11_MODULE(_blink_ext, m) {
         "repeat: Enqueue calls on one executor, the caller rewriting the "
         "input (same data) between them. seed: the emulator's execution "
         "order. omit: StreamOmit bits (OMIT_*) dropping waits, for tests. "
+        "handler=True: the ranks meet as in the CUDA FFI handler (a thread "
+        "each, JoinAndLead; rank 0 enqueues for all); skip_ranks never join, "
+        "bad_count_rank publishes a wrong element count, timeout_ms bounds the "
+        "wait; the result then has 'errors' (None, an error, or 'skipped' per "
+        "rank). "
         "Returns {'outputs': [array], 'races': [str], 'stats': {str: int}}; "
         "raises ValueError for bad arguments, RuntimeError for an executor "
         "or emulator error.");

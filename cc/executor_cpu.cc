@@ -19,6 +19,7 @@
 
 #include "executor.h"
 #include "half.h"
+#include "join.h"
 #include "rendezvous.h"
 #include "schedule.h"
 
@@ -317,10 +318,7 @@ bool DebugEnabled() {
 }
 
 std::string Where(const ExecArgs& a, int64_t generation) {
-  std::ostringstream os;
-  os << "op_id=" << a.op_id << " group=" << a.group
-     << " generation=" << generation;
-  return os.str();
+  return CallSiteText(a.op_id, a.group, generation);
 }
 
 std::string StepText(const RankSteps& rs, int32_t i) {
@@ -329,43 +327,6 @@ std::string StepText(const RankSteps& rs, int32_t i) {
   os << "step " << i << " (" << OpName(st.op) << " chunk " << st.chunk
      << (st.op == Op::kSend ? " to" : " from") << " rank " << st.peer << ")";
   return os.str();
-}
-
-std::string DescribeInfo(const RankInfo& ri) {
-  std::ostringstream os;
-  os << "count=" << ri.count << " dtype="
-     << (ri.dtype >= 0 && ri.dtype < kNumDTypes
-             ? DTypeName(static_cast<DType>(ri.dtype))
-             : "unsupported")
-     << " nranks=" << ri.nranks << " schedule=0x" << std::hex << ri.fingerprint;
-  return os.str();
-}
-
-// Every rank computes the same verdict from the same published data.
-std::string CheckConsistent(const Slot& slot, const ExecArgs& a,
-                            int64_t generation) {
-  const int64_t n = slot.nranks;
-  for (int64_t r = 0; r < n; ++r) {
-    if (!slot.info[r].error.empty()) {
-      return "jax_blink: " + Where(a, generation) + ": rank " +
-             std::to_string(r) + ": " + slot.info[r].error;
-    }
-  }
-  const RankInfo& r0 = slot.info[0];
-  for (int64_t r = 1; r < n; ++r) {
-    const RankInfo& ri = slot.info[r];
-    if (ri.count != r0.count || ri.dtype != r0.dtype ||
-        ri.nranks != r0.nranks || ri.fingerprint != r0.fingerprint) {
-      std::ostringstream os;
-      os << "jax_blink: the ranks of " << Where(a, generation)
-         << " disagree: rank 0 has " << DescribeInfo(r0) << ", rank " << r
-         << " has " << DescribeInfo(ri)
-         << " (every rank must run the same schedule on buffers of the same "
-            "size and dtype)";
-      return os.str();
-    }
-  }
-  return std::string();
 }
 
 // Runs the steps of one rank; the heart of the executor.
@@ -793,27 +754,6 @@ void AdviseHugePages(void* p, size_t bytes, int64_t min_bytes) {
 #endif
 }
 
-std::string LocalCheck(const ExecArgs& a) {
-  const Schedule& s = *a.schedule;
-  std::ostringstream os;
-  if (a.dtype != static_cast<int32_t>(s.dtype)) {
-    os << "the buffers have dtype "
-       << (a.dtype >= 0 && a.dtype < kNumDTypes
-               ? DTypeName(static_cast<DType>(a.dtype))
-               : "(unsupported)")
-       << " but the schedule is for " << DTypeName(s.dtype);
-  } else if (a.in_count != s.count || a.out_count != s.count) {
-    os << "the buffers have " << a.in_count << " (input) and " << a.out_count
-       << " (output) elements but the schedule is for " << s.count;
-  } else if (a.in == nullptr || a.out == nullptr) {
-    os << "null buffer";
-  }
-  return os.str();
-}
-
-}  // namespace
-
-namespace {
 ExecTunables& MutableTunables() {
   static ExecTunables t = [] {
     ExecTunables t;
@@ -861,7 +801,9 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   const auto deadline = t0 + std::chrono::milliseconds(timeout_ms);
 
   RankInfo info;
-  info.error = a.local_error.empty() ? LocalCheck(a) : a.local_error;
+  info.error = a.local_error.empty()
+                   ? CheckBuffers(s, a.dtype, a.in_count, a.out_count, a.in, a.out)
+                   : a.local_error;
   info.in = a.in;
   info.out = a.out;
   info.acc = a.out;
@@ -899,7 +841,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   res.generation = ticket.generation;
   if (res.error.empty()) {
     Slot& slot = *ticket.slot;
-    res.error = CheckConsistent(slot, a, ticket.generation);
+    res.error = CheckConsistent(slot, Where(a, ticket.generation));
     if (res.error.empty()) {
       slot.executing.fetch_add(1, std::memory_order_seq_cst);
       RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline,

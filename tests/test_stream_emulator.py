@@ -337,3 +337,38 @@ def test_bad_arguments_raise():
         ext.emulate_streams(sched, x, repeat=0)
     with pytest.raises(ValueError, match="invalid jax_blink schedule"):
         ext.emulate_streams(sched[:-1], x)
+
+
+# ------------------------------------------- the CUDA handler's host protocol
+@pytest.mark.parametrize("devices", ["one-gpu", "gpu-per-rank"])
+@pytest.mark.parametrize("nranks", [2, 5, 8])
+def test_handler_protocol_rank0_enqueues_for_all(nranks, devices):
+    """The ranks meet on threads through JoinAndLead, as the CUDA FFI handler
+    does; rank 0 enqueues every rank from what they published."""
+    sched = lowered(nranks, 3001, "bfloat16", 4)
+    inputs = make_inputs("bfloat16", nranks, 3001, seed=nranks)
+    dev = [0] * nranks if devices == "one-gpu" else list(range(nranks))
+    res = emulate(sched, inputs, devices=dev, handler=True, repeat=3, seed=nranks)
+    assert res["errors"] == [None] * nranks
+    check_sum("bfloat16", inputs, res["outputs"][0])
+    assert_bit_identical(res["outputs"])
+
+
+def test_handler_protocol_times_out_naming_the_missing_rank():
+    sched = lowered(4, 100, "float32", 1)
+    res = ext.emulate_streams(sched, make_inputs("float32", 4, 100), handler=True,
+                              skip_ranks=[2], timeout_ms=200)
+    assert res["errors"][2] == "skipped"
+    for r in (0, 1, 3):
+        assert "timed out after 200 ms" in res["errors"][r]
+        assert "rank(s) [2] never arrived" in res["errors"][r]
+
+
+def test_handler_protocol_fails_every_rank_on_one_bad_buffer():
+    sched = lowered(3, 100, "float32", 1)
+    res = ext.emulate_streams(sched, make_inputs("float32", 3, 100), handler=True,
+                              bad_count_rank=1)
+    assert len(set(res["errors"])) == 1  # the same verdict everywhere
+    assert "rank 1: the buffers have 101 (input) and 101 (output) elements" in res["errors"][0]
+    assert "the schedule is for 100" in res["errors"][0]
+    assert res["stats"]["exec_kernels"] == 0  # nothing was enqueued
