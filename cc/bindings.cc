@@ -20,6 +20,7 @@
 #include "executor.h"
 #include "ffi.h"
 #include "join.h"
+#include "py_ffi.h"
 #include "rendezvous.h"
 #include "schedule.h"
 #include "stream_emulator.h"
@@ -29,8 +30,6 @@ namespace py = pybind11;
 
 namespace jax_blink {
 namespace {
-
-py::capsule Capsule(void* p) { return py::capsule(p); }
 
 // A C-contiguous int64 vector view of `obj` (a numpy array or a sequence).
 std::vector<int64_t> Int64Words(const py::handle& obj) {
@@ -339,26 +338,15 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
         if (std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end()) continue;
         threads.emplace_back([&, r] {
           for (int64_t k = 0; k < repeat && errs[r].empty(); ++k) {
-            RankInfo info;
-            info.in = ranks[r].in;
-            info.out = ranks[r].out;
-            info.acc = info.out;
-            info.count = r == bad_count_rank ? s.count + 1 : s.count;
-            info.dtype = static_cast<int32_t>(s.dtype);
-            info.nranks = n;
-            info.total_steps = 1;
-            info.fingerprint = s.fingerprint;
-            info.device = ranks[r].device;
-            info.stream = reinterpret_cast<void*>(static_cast<intptr_t>(ranks[r].stream));
-            info.error = CheckBuffers(s, info.dtype, info.count, info.count, info.in, info.out);
+            const StreamRank& R = ranks[r];
+            const int64_t count = r == bad_count_rank ? s.count + 1 : s.count;
+            RankInfo info = StreamRankInfo(
+                s, static_cast<int32_t>(s.dtype), R.in, R.out, count, count, R.device,
+                reinterpret_cast<void*>(static_cast<intptr_t>(R.stream)), std::string());
             auto lead = [&](const Slot& slot) {
-              std::vector<StreamRank> rs(n);
-              for (int64_t q = 0; q < n; ++q) {
-                const RankInfo& ri = slot.info[q];
-                rs[q] = {ri.device, ri.in, ri.out,
-                         static_cast<StreamId>(reinterpret_cast<intptr_t>(ri.stream))};
-              }
-              return enqueue(k, rs);
+              return enqueue(k, StreamRanksOf(slot, [](int, void* st) {
+                               return static_cast<StreamId>(reinterpret_cast<intptr_t>(st));
+                             }));
             };
             int64_t generation = -1;
             errs[r] = JoinAndLead(RendezvousKey{run_id, 0, 0}, r, n, std::move(info),
@@ -445,28 +433,12 @@ PYBIND11_MODULE(_blink_ext, m) {
 
   m.def(
       "registrations",
-      []() {
-        py::dict stages;
-        stages["instantiate"] =
-            Capsule(reinterpret_cast<void*>(CpuInstantiateHandler()));
-        stages["execute"] =
-            Capsule(reinterpret_cast<void*>(CpuExecuteHandler()));
-        py::dict d;
-        d[kTargetName] = stages;
-        return d;
-      },
+      []() { return FfiTargets(CpuInstantiateHandler(), CpuExecuteHandler()); },
       "FFI targets: {name: {stage: PyCapsule}} for jax.ffi.register_ffi_target "
       "(platform cpu).");
   m.def(
       "type_registrations",
-      []() {
-        py::dict reg;
-        reg["type_id"] = Capsule(StateTypeId());
-        reg["type_info"] = Capsule(StateTypeInfo());
-        py::dict d;
-        d[kStateTypeName] = reg;
-        return d;
-      },
+      []() { return FfiTypes(kStateTypeName, StateTypeId(), StateTypeInfo()); },
       "FFI state types: {name: {'type_id', 'type_info'}} for "
       "jax.ffi.register_ffi_type (platform cpu).");
   m.def("validate_schedule", &ValidateSchedule, py::arg("schedule"),

@@ -15,6 +15,7 @@
 
 #include "executor_cuda.h"
 #include "ffi.h"
+#include "py_ffi.h"
 #include "schedule.h"
 #include "stream_exec.h"
 
@@ -235,26 +236,12 @@ PYBIND11_MODULE(_blink_cuda, m) {
   m.def("has_cuda", []() { return true; });
   m.def(
       "registrations",
-      []() {
-        py::dict stages;
-        stages["instantiate"] = py::capsule(reinterpret_cast<void*>(CudaInstantiateHandler()));
-        stages["execute"] = py::capsule(reinterpret_cast<void*>(CudaExecuteHandler()));
-        py::dict d;
-        d[kTargetName] = stages;
-        return d;
-      },
+      []() { return FfiTargets(CudaInstantiateHandler(), CudaExecuteHandler()); },
       "FFI targets: {name: {stage: PyCapsule}} for jax.ffi.register_ffi_target "
       "(platform CUDA).");
   m.def(
       "type_registrations",
-      []() {
-        py::dict reg;
-        reg["type_id"] = py::capsule(CudaStateTypeId());
-        reg["type_info"] = py::capsule(CudaStateTypeInfo());
-        py::dict d;
-        d[kCudaStateTypeName] = reg;
-        return d;
-      },
+      []() { return FfiTypes(kCudaStateTypeName, CudaStateTypeId(), CudaStateTypeInfo()); },
       "FFI state types: {name: {type_id, type_info}} for jax.ffi.register_ffi_type "
       "(platform CUDA).");
   m.def("device_count", &DeviceCount, "CUDA devices visible (0 without a GPU or driver)");

@@ -265,6 +265,22 @@ CudaTransport::~CudaTransport() {
   }
 }
 
+namespace {
+// Stores rec in a freed entry of table if there is one, else appends it;
+// returns its index (the id).
+template <typename Rec>
+int32_t Put(std::vector<Rec>& table, std::vector<int32_t>& freed, const Rec& rec) {
+  if (freed.empty()) {
+    table.push_back(rec);
+    return static_cast<int32_t>(table.size() - 1);
+  }
+  const int32_t id = freed.back();
+  freed.pop_back();
+  table[id] = rec;
+  return id;
+}
+}  // namespace
+
 std::string CudaTransport::Use(int device) {
   int cur = -1;
   cudaError_t e = cudaGetDevice(&cur);
@@ -284,16 +300,7 @@ std::string CudaTransport::UseStream(StreamId s, cudaStream_t* out) {
 StreamId CudaTransport::Adopt(int device, cudaStream_t stream) {
   auto it = adopted_.find(stream);
   if (it != adopted_.end() && streams_[it->second].device == device) return it->second;
-  StreamRec rec{stream, device, false};
-  StreamId id;
-  if (!free_streams_.empty()) {
-    id = free_streams_.back();
-    free_streams_.pop_back();
-    streams_[id] = rec;
-  } else {
-    id = static_cast<StreamId>(streams_.size());
-    streams_.push_back(rec);
-  }
+  const StreamId id = Put(streams_, free_streams_, StreamRec{stream, device, false});
   adopted_[stream] = id;
   return id;
 }
@@ -304,15 +311,7 @@ std::string CudaTransport::CreateStream(int device, StreamId* s) {
   cudaStream_t st = nullptr;
   cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   if (e != cudaSuccess) return CudaErrorText("cudaStreamCreate", e);
-  StreamRec rec{st, device, true};
-  if (!free_streams_.empty()) {
-    *s = free_streams_.back();
-    free_streams_.pop_back();
-    streams_[*s] = rec;
-  } else {
-    *s = static_cast<StreamId>(streams_.size());
-    streams_.push_back(rec);
-  }
+  *s = Put(streams_, free_streams_, StreamRec{st, device, true});
   return std::string();
 }
 
@@ -322,15 +321,7 @@ std::string CudaTransport::CreateEvent(int device, EventId* ev) {
   cudaEvent_t x = nullptr;
   cudaError_t e = cudaEventCreateWithFlags(&x, cudaEventDisableTiming);
   if (e != cudaSuccess) return CudaErrorText("cudaEventCreate", e);
-  EventRec rec{x, device};
-  if (!free_events_.empty()) {
-    *ev = free_events_.back();
-    free_events_.pop_back();
-    events_[*ev] = rec;
-  } else {
-    *ev = static_cast<EventId>(events_.size());
-    events_.push_back(rec);
-  }
+  *ev = Put(events_, free_events_, EventRec{x, device});
   return std::string();
 }
 
@@ -396,62 +387,56 @@ bool CudaTransport::PeerReadable(int reader, int owner) {
   return ok;
 }
 
-std::string CudaTransport::Record(EventId ev, StreamId s) {
+template <typename Fn>
+std::string CudaTransport::OnStream(StreamId s, const char* what, Fn&& launch) {
   cudaStream_t st;
   std::string err = UseStream(s, &st);
   if (!err.empty()) return err;
-  cudaError_t e = cudaEventRecord(events_[ev].event, st);
-  return e == cudaSuccess ? std::string() : CudaErrorText("cudaEventRecord", e);
+  const cudaError_t e = launch(st);
+  return e == cudaSuccess ? std::string() : CudaErrorText(what, e);
+}
+
+std::string CudaTransport::Record(EventId ev, StreamId s) {
+  return OnStream(s, "cudaEventRecord",
+                  [&](cudaStream_t st) { return cudaEventRecord(events_[ev].event, st); });
 }
 
 std::string CudaTransport::Wait(StreamId s, EventId ev) {
-  cudaStream_t st;
-  std::string err = UseStream(s, &st);
-  if (!err.empty()) return err;
-  cudaError_t e = cudaStreamWaitEvent(st, events_[ev].event, 0);
-  return e == cudaSuccess ? std::string() : CudaErrorText("cudaStreamWaitEvent", e);
+  return OnStream(s, "cudaStreamWaitEvent", [&](cudaStream_t st) {
+    return cudaStreamWaitEvent(st, events_[ev].event, 0);
+  });
 }
 
 std::string CudaTransport::Copy(StreamId s, void* dst, int dst_device, const void* src,
                                 int src_device, size_t bytes) {
   if (bytes == 0) return std::string();
-  cudaStream_t st;
-  std::string err = UseStream(s, &st);
-  if (!err.empty()) return err;
   // Across devices without peer access the driver stages the copy through
   // pinned host memory.
-  cudaError_t e = dst_device == src_device
-                      ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)
-                      : cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, st);
-  return e == cudaSuccess ? std::string() : CudaErrorText("copy", e);
+  return OnStream(s, "copy", [&](cudaStream_t st) {
+    return dst_device == src_device
+               ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)
+               : cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, st);
+  });
 }
 
 std::string CudaTransport::Reduce(StreamId s, DType d, void* dst, const void* base,
                                   bool base_is_input, const void* src, bool src_is_input,
                                   int64_t n) {
-  cudaStream_t st;
-  std::string err = UseStream(s, &st);
-  if (!err.empty()) return err;
-  cudaError_t e = LaunchReduce(d, dst, base, base_is_input, src, src_is_input, n, st);
-  return e == cudaSuccess ? std::string() : CudaErrorText("reduction kernel", e);
+  return OnStream(s, "reduction kernel", [&](cudaStream_t st) {
+    return LaunchReduce(d, dst, base, base_is_input, src, src_is_input, n, st);
+  });
 }
 
 std::string CudaTransport::ToAcc(StreamId s, DType d, void* dst, const void* src,
                                  int64_t n) {
-  cudaStream_t st;
-  std::string err = UseStream(s, &st);
-  if (!err.empty()) return err;
-  cudaError_t e = LaunchToAcc(d, dst, src, n, st);
-  return e == cudaSuccess ? std::string() : CudaErrorText("conversion kernel", e);
+  return OnStream(s, "conversion kernel",
+                  [&](cudaStream_t st) { return LaunchToAcc(d, dst, src, n, st); });
 }
 
 std::string CudaTransport::Finalize(StreamId s, DType d, void* out, const void* acc,
                                     int64_t n) {
-  cudaStream_t st;
-  std::string err = UseStream(s, &st);
-  if (!err.empty()) return err;
-  cudaError_t e = LaunchFinalize(d, out, acc, n, st);
-  return e == cudaSuccess ? std::string() : CudaErrorText("rounding kernel", e);
+  return OnStream(s, "rounding kernel",
+                  [&](cudaStream_t st) { return LaunchFinalize(d, out, acc, n, st); });
 }
 
 }  // namespace jax_blink

@@ -71,6 +71,10 @@ class CudaTransport : public StreamTransport {
   // Makes `device` current on this thread; returns "" or an error.
   std::string Use(int device);
   std::string UseStream(StreamId s, cudaStream_t* out);
+  // Calls launch(stream) on stream s's device; "" or the CUDA error as
+  // `what` failed.
+  template <typename Fn>
+  std::string OnStream(StreamId s, const char* what, Fn&& launch);
 
   std::vector<StreamRec> streams_;
   std::vector<StreamId> free_streams_;

@@ -106,15 +106,9 @@ std::string EnqueueAll(const Schedule& s, const Slot& slot) {
   Pooled& p = ExecutorFor(devices);
   std::lock_guard<std::mutex> lk(p.mu);
   CudaDeviceGuard keep_device;  // XLA's thread keeps its current device
-  std::vector<StreamRank> ranks(n);
-  for (int64_t r = 0; r < n; ++r) {
-    const RankInfo& ri = slot.info[r];
-    ranks[r].device = ri.device;
-    ranks[r].in = ri.in;
-    ranks[r].out = ri.out;
-    ranks[r].stream =
-        p.transport.Adopt(ri.device, static_cast<cudaStream_t>(ri.stream));
-  }
+  const std::vector<StreamRank> ranks = StreamRanksOf(slot, [&p](int dev, void* st) {
+    return p.transport.Adopt(dev, static_cast<cudaStream_t>(st));
+  });
   return p.executor.Enqueue(s, ranks, StreamExecOptions());
 }
 
@@ -146,23 +140,10 @@ ffi::Error Execute(cudaStream_t stream, ffi::RunId run_id, int32_t device,
         std::to_string(s.nranks) + " ranks (op_id=" + std::to_string(op_id) + ")");
   }
 
-  RankInfo info;
-  info.in = x.untyped_data();
-  info.out = out->untyped_data();
-  info.acc = info.out;
-  info.count = static_cast<int64_t>(x.element_count());
-  info.dtype = DTypeCode(x.element_type());
-  info.nranks = s.nranks;
-  info.total_steps = 1;  // JoinAndLead's flag
-  info.fingerprint = s.fingerprint;
-  info.device = device;
-  info.stream = stream;
-  info.error = BufferTypeError(x.element_type(), out->element_type());
-  if (info.error.empty()) {
-    info.error = CheckBuffers(s, info.dtype, info.count,
-                              static_cast<int64_t>(out->element_count()), info.in,
-                              info.out);
-  }
+  RankInfo info = StreamRankInfo(
+      s, DTypeCode(x.element_type()), x.untyped_data(), out->untyped_data(),
+      static_cast<int64_t>(x.element_count()), static_cast<int64_t>(out->element_count()),
+      device, stream, BufferTypeError(x.element_type(), out->element_type()));
 
   int64_t generation = -1;
   err = JoinAndLead(RendezvousKey{run_id.run_id, op_id, group}, rank, s.nranks,

@@ -64,6 +64,35 @@ std::string CheckConsistent(const Slot& slot, const std::string& where) {
   return std::string();
 }
 
+RankInfo StreamRankInfo(const Schedule& s, int32_t dtype, const void* in, void* out,
+                        int64_t in_count, int64_t out_count, int device, void* stream,
+                        std::string error) {
+  RankInfo info;
+  info.in = in;
+  info.out = out;
+  info.acc = out;
+  info.count = in_count;
+  info.dtype = dtype;
+  info.nranks = s.nranks;
+  info.total_steps = 1;  // JoinAndLead's flag
+  info.fingerprint = s.fingerprint;
+  info.device = device;
+  info.stream = stream;
+  info.error = error.empty() ? CheckBuffers(s, dtype, in_count, out_count, in, out)
+                             : std::move(error);
+  return info;
+}
+
+std::vector<StreamRank> StreamRanksOf(
+    const Slot& slot, const std::function<StreamId(int device, void* stream)>& stream_id) {
+  std::vector<StreamRank> ranks(slot.nranks);
+  for (int64_t r = 0; r < slot.nranks; ++r) {
+    const RankInfo& ri = slot.info[r];
+    ranks[r] = {ri.device, ri.in, ri.out, stream_id(ri.device, ri.stream)};
+  }
+  return ranks;
+}
+
 std::string JoinAndLead(const RendezvousKey& key, int64_t rank, int64_t nranks,
                         RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
                         const std::function<std::string(const Slot&)>& lead,

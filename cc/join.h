@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "rendezvous.h"
 #include "schedule.h"
+#include "stream_exec.h"
 
 namespace jax_blink {
 
@@ -24,6 +26,18 @@ std::string CheckBuffers(const Schedule& s, int32_t dtype, int64_t in_count,
 // "" when every rank published no error and the same count, dtype and
 // schedule; else the first problem, prefixed with "jax_blink: " and `where`.
 std::string CheckConsistent(const Slot& slot, const std::string& where);
+
+// What a rank of a stream collective publishes for JoinAndLead: its buffers,
+// device and stream (an opaque handle), checked against the schedule unless
+// `error` already says what is wrong with them.
+RankInfo StreamRankInfo(const Schedule& s, int32_t dtype, const void* in, void* out,
+                        int64_t in_count, int64_t out_count, int device, void* stream,
+                        std::string error);
+
+// The StreamExecutor's view of the ranks that met in `slot`; stream_id maps
+// a published (device, stream handle) to the transport's stream.
+std::vector<StreamRank> StreamRanksOf(
+    const Slot& slot, const std::function<StreamId(int device, void* stream)>& stream_id);
 
 // The stream executors' meeting (CUDA handler; emulated in tests): joins the
 // rendezvous as `rank` with `info` (info.total_steps must be 1); once all
