@@ -16,15 +16,21 @@ Reported:
     would take, divided by the measured time.
 
 Needs an NVIDIA GPU and the _blink_cuda module (built when nvcc is found,
-docs/building.md); exits with a message otherwise. No results are recorded
-in the repository yet: the code was written without a GPU.
+docs/building.md); exits with a message otherwise. Also reported per rank:
+the CUDA API calls of one collective, the host time to enqueue them (and how
+much of it went to waiting for peers to enqueue theirs), and the workspace.
+Recorded results: benchmarks/results/cuda_*.json.
 """
 
 import argparse
 import json
 import sys
 
+import subprocess
+
 import numpy as np
+
+from _machine import machine
 
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4,
                "int64": 5, "uint32": 6}
@@ -44,13 +50,30 @@ def load_cuda():
     return _blink_cuda
 
 
+def gpu_name():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30).stdout.strip().splitlines()
+        return out[0] if out else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cuda_info(sched):
+    from jax_blink import _ffi
+
+    return _ffi.load_extension().validate_schedule(sched)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--mbytes", type=float, default=256.0, help="MB (1e6 bytes) per rank")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPE_CODES))
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--chunks", type=int, default=None, help="chunks per tree (planner default)")
+    ap.add_argument("--chunks", type=int, nargs="*", default=None,
+                    help="chunks per tree to sweep (default: the planner's choice)")
     ap.add_argument("--preset", default=None, help="topology preset (default shm:RANKS)")
     ap.add_argument("--staged", action="store_true",
                     help="copy peers' chunks to staging first (cudaMemcpyPeerAsync path)")
@@ -63,7 +86,8 @@ def main(argv=None):
     code = DTYPE_CODES[args.dtype]
     size = int(args.mbytes * 1e6) // ITEMSIZE[args.dtype] * ITEMSIZE[args.dtype]
     count = size // ITEMSIZE[args.dtype]
-    res = {"dtype": args.dtype, "ranks": args.ranks, "bytes_per_rank": size}
+    res = {"machine": machine(gpu=gpu_name()), "dtype": args.dtype, "ranks": args.ranks,
+           "bytes_per_rank": size}
 
     # Kernel vs copy, over the same number of elements.
     t_copy = cuda.time_kernel(code, count, iters=args.iters, copy=True)
@@ -83,22 +107,36 @@ def main(argv=None):
         print(f"reduce from {args.dtype} inputs into float32: {t_in * 1e3:8.3f} ms  "
               f"{rate_in / 1e9:8.1f} GB/s")
 
-    # Allreduce of N simulated ranks on this GPU.
+    # Allreduce of N simulated ranks on this GPU, at the planner's chunk
+    # count and at each --chunks value.
     n = args.ranks
     preset = args.preset or f"shm:{n}"
     plan = jax_blink.plan(jax_blink.Topology.preset(preset))
-    sched = np.asarray(plan.lower(size, args.dtype, chunks=args.chunks).encode())
-    t = cuda.time_schedule(sched, iters=args.iters, direct=not args.staged)
-    algbw = size / t
-    busbw = algbw * 2 * (n - 1) / n
-    ratio = (n * busbw) / copy_rate
-    res.update(preset=preset, allreduce_s=t, algbw_gbps=algbw / 1e9, busbw_gbps=busbw / 1e9,
-               aggregate_busbw_gbps=n * busbw / 1e9, ratio_to_copy_bound=ratio,
-               staged=args.staged)
-    print(f"allreduce {n} ranks x {size / 1e6:.1f} MB ({preset}, "
-          f"{'staged' if args.staged else 'direct'}): {t * 1e3:8.3f} ms  "
-          f"algbw {algbw / 1e9:.1f} GB/s  busbw {busbw / 1e9:.1f} GB/s per rank, "
-          f"{n * busbw / 1e9:.1f} GB/s aggregate = {ratio:.2f} x the D2D copy bound")
+    res.update(preset=preset, staged=args.staged, allreduce=[])
+    for chunks in args.chunks or [None]:
+        sched = np.asarray(plan.lower(size, args.dtype, chunks=chunks).encode())
+        info = cuda_info(sched)
+        st = cuda.time_schedule(sched, iters=args.iters, direct=not args.staged)
+        t = st["seconds"]
+        algbw = size / t
+        busbw = algbw * 2 * (n - 1) / n
+        ratio = (n * busbw) / copy_rate
+        row = dict(chunks=info["nchunks"] // max(info["ntrees"], 1), trees=info["ntrees"],
+                   seconds=t, algbw_gbps=algbw / 1e9, busbw_gbps=busbw / 1e9,
+                   aggregate_busbw_gbps=n * busbw / 1e9, ratio_to_copy_bound=ratio,
+                   api_calls_per_rank=st["api_calls_per_rank"],
+                   enqueue_us_per_rank=st["enqueue_us_per_rank"],
+                   gate_us_per_rank=st["gate_us_per_rank"],
+                   workspace_bytes_per_rank=st["max_workspace_bytes"],
+                   fused_steps=st["fused_steps"])
+        res["allreduce"].append(row)
+        print(f"allreduce {n} ranks x {size / 1e6:.1f} MB ({preset}, "
+              f"{'staged' if args.staged else 'direct'}, {row['trees']} trees x "
+              f"{row['chunks']} chunks): {t * 1e3:8.3f} ms  algbw {algbw / 1e9:.1f} GB/s  "
+              f"busbw {busbw / 1e9:.1f} GB/s per rank, {n * busbw / 1e9:.1f} GB/s aggregate = "
+              f"{ratio:.2f} x the D2D copy bound; per rank: {row['api_calls_per_rank']:.0f} API "
+              f"calls, enqueue {row['enqueue_us_per_rank']:.0f} us (waiting for peers "
+              f"{row['gate_us_per_rank']:.0f} us), workspace {row['workspace_bytes_per_rank'] / 1e6:.1f} MB")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -202,8 +202,8 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
   return result;
 }
 
-// Runs StreamExecutor (the GPU executor's enqueueing) over the host stream
-// emulator: each rank's buffers are host memory labelled in[r] / out[r] on
+// Runs the GPU executor's enqueueing (a StreamRankExecutor per rank, each on
+// its own thread) over the host stream emulator: each rank's buffers are host memory labelled in[r] / out[r] on
 // device devices[r], with a caller stream that writes the input before the
 // collective (and again before each repeat, reading the previous output)
 // and reuses both buffers after it, as XLA does. Returns the outputs, the
@@ -211,7 +211,7 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
 py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
                         const std::optional<std::vector<int>>& devices,
                         const py::object& peer, bool direct, bool alias,
-                        int64_t repeat, uint64_t seed, uint32_t omit, bool handler,
+                        int64_t repeat, uint64_t seed, uint32_t omit,
                         const std::vector<int64_t>& skip_ranks, int64_t bad_count_rank,
                         int64_t timeout_ms) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
@@ -245,6 +245,11 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   for (int d : dev) {
     if (d < 0) throw py::value_error("devices must be >= 0");
     ndev = std::max(ndev, d + 1);
+  }
+  StreamPlan plan;
+  {
+    const std::string err = plan.Build(s, omit);
+    if (!err.empty()) throw std::runtime_error(err);
   }
 
   // Host memory standing in for the ranks' device buffers (declared before
@@ -305,74 +310,74 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
     return em.Touch(R.stream, reads, {{R.in, bytes}}, label,
                     [dst, src, bytes] { std::memcpy(dst, src, bytes); });
   };
-  for (int64_t r = 0; r < n; ++r) check(write_input(r, false, "caller writes in"));
 
-  StreamExecOptions opts;
-  opts.direct = direct;
-  opts.omit = omit;
-  auto ex = std::make_unique<StreamExecutor>(&em);
-  // Call k of all ranks (the caller rewrites the inputs before each later
-  // call).
-  auto enqueue = [&](int64_t k, const std::vector<StreamRank>& rs) -> std::string {
-    for (int64_t r = 0; k > 0 && r < n; ++r) {
-      std::string err = write_input(r, true, "caller reads out, writes next in");
-      if (!err.empty()) return err;
-    }
-    return ex->Enqueue(s, rs, opts);
-  };
-  py::list errors;
-  if (!handler) {
-    for (int64_t k = 0; k < repeat; ++k) check(enqueue(k, ranks));
-  } else {
-    // The CUDA handler's host protocol: one thread per rank joins the
-    // rendezvous (JoinAndLead); rank 0 enqueues for all from what the ranks
-    // published. Only rank 0 touches the emulator, as only rank 0 touches
-    // CUDA in the handler.
-    static std::atomic<int64_t> next_run{int64_t{1} << 48};
-    const int64_t run_id = next_run.fetch_add(1);
-    std::vector<std::string> errs(n);
+  // One thread per rank, as XLA's device threads: each writes its input,
+  // joins the rendezvous and enqueues its own part (JoinAndEnqueue, the CUDA
+  // handler's protocol), `repeat` times; the caller reads the output and
+  // rewrites the input between calls.
+  std::vector<std::unique_ptr<StreamRankExecutor>> ex;
+  for (int64_t r = 0; r < n; ++r) ex.push_back(std::make_unique<StreamRankExecutor>(&em));
+  std::vector<void*> ws(n, nullptr);
+  std::vector<size_t> ws_bytes(n, 0);
+  std::vector<StreamExecStats> xs(n);
+  static std::atomic<int64_t> next_run{int64_t{1} << 48};
+  const int64_t run_id = next_run.fetch_add(1);
+  std::vector<std::string> errs(n);
+  {
+    py::gil_scoped_release nogil;
     std::vector<std::thread> threads;
-    {
-      py::gil_scoped_release nogil;
-      for (int64_t r = 0; r < n; ++r) {
-        if (std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end()) continue;
-        threads.emplace_back([&, r] {
-          for (int64_t k = 0; k < repeat && errs[r].empty(); ++k) {
-            const StreamRank& R = ranks[r];
-            const int64_t count = r == bad_count_rank ? s.count + 1 : s.count;
-            RankInfo info = StreamRankInfo(
-                s, static_cast<int32_t>(s.dtype), R.in, R.out, count, count, R.device,
-                reinterpret_cast<void*>(static_cast<intptr_t>(R.stream)), std::string());
-            auto lead = [&](const Slot& slot) {
-              return enqueue(k, StreamRanksOf(slot, [](int, void* st) {
-                               return static_cast<StreamId>(reinterpret_cast<intptr_t>(st));
-                             }));
-            };
-            int64_t generation = -1;
-            errs[r] = JoinAndLead(RendezvousKey{run_id, 0, 0}, r, n, std::move(info),
-                                  Clock::now() + std::chrono::milliseconds(timeout_ms),
-                                  timeout_ms, lead, &generation);
-          }
-        });
-      }
-      for (std::thread& t : threads) t.join();
-    }
     for (int64_t r = 0; r < n; ++r) {
-      const bool skipped =
-          std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end();
-      errors.append(skipped ? py::object(py::str("skipped"))
-                  : errs[r].empty() ? py::object(py::none())
-                                    : py::object(py::str(errs[r])));
+      if (std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end()) continue;
+      threads.emplace_back([&, r] {
+        const WorkspaceFn workspace = [&, r](size_t b, void** p) -> std::string {
+          if (ws_bytes[r] < b) {
+            if (ws[r] != nullptr) em.Free(dev[r], ws[r]);
+            ws[r] = nullptr;
+            std::string e = em.Alloc(dev[r], b, &ws[r]);
+            if (!e.empty()) return e;
+            ws_bytes[r] = b;
+          }
+          *p = ws[r];
+          return std::string();
+        };
+        for (int64_t k = 0; k < repeat && errs[r].empty(); ++k) {
+          errs[r] = write_input(r, k > 0, k > 0 ? "caller reads out, writes next in"
+                                                : "caller writes in");
+          if (!errs[r].empty()) break;
+          const StreamRank& R = ranks[r];
+          const int64_t count = r == bad_count_rank ? s.count + 1 : s.count;
+          RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), R.in, R.out, count,
+                                         count, R.device, nullptr, std::string());
+          int64_t generation = -1;
+          errs[r] = JoinAndEnqueue(RendezvousKey{run_id, 0, 0}, s, plan, r, std::move(info),
+                                   R.stream, direct, em, *ex[r], workspace,
+                                   Clock::now() + std::chrono::milliseconds(timeout_ms),
+                                   timeout_ms, &generation);
+          xs[r] = ex[r]->stats();
+        }
+      });
     }
+    for (std::thread& t : threads) t.join();
+  }
+  py::list errors;
+  for (int64_t r = 0; r < n; ++r) {
+    const bool skipped =
+        std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end();
+    errors.append(skipped ? py::object(py::str("skipped"))
+                : errs[r].empty() ? py::object(py::none())
+                                  : py::object(py::str(errs[r])));
   }
   for (const StreamRank& R : ranks) {
     check(em.Touch(R.stream, {}, {{R.in, bytes}, {R.out, bytes}},
                    "caller reuses in and out"));
   }
-  const StreamExecStats xs = ex->stats();
-  // Destroying the executor first releases its streams, events and buffers
-  // under queued work (legal, as in CUDA); Run reports any misuse.
-  ex.reset();
+  // Destroying the executors releases their streams and events under queued
+  // work (legal, as in CUDA); the workspaces are freed likewise. Run reports
+  // any misuse.
+  ex.clear();
+  for (int64_t r = 0; r < n; ++r) {
+    if (ws[r] != nullptr) em.Free(dev[r], ws[r]);
+  }
   check(em.Run(seed));
 
   py::module_ np = py::module_::import("numpy");
@@ -394,8 +399,8 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   stats["streams"] = st.streams;
   stats["events"] = st.events;
   stats["allocs"] = st.allocs;
-  // After the executor is destroyed: what it leaked (the callers' streams
-  // stay).
+  // After the executors are destroyed: what they leaked (the callers'
+  // streams stay).
   stats["live_streams"] = st.live_streams;
   stats["live_events"] = st.live_events;
   stats["live_alloc_bytes"] = st.alloc_bytes;
@@ -411,13 +416,26 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   stats["executed"] = st.executed;
   stats["accesses"] = st.accesses;
   stats["races"] = st.races;
-  stats["exec_kernels"] = xs.kernels;
-  stats["exec_copies"] = xs.copies;
-  stats["exec_waits"] = xs.waits;
-  stats["exec_records"] = xs.records;
-  stats["staged_links"] = xs.staged_links;
+  // The executors' counters of the last call, summed over ranks.
+  int64_t kernels = 0, copies = 0, waits = 0, records = 0, staged = 0, wsb = 0, fused = 0;
+  for (const StreamExecStats& x : xs) {
+    kernels += x.kernels;
+    copies += x.copies;
+    waits += x.waits;
+    records += x.records;
+    staged += x.staged_links;
+    wsb = std::max(wsb, x.workspace_bytes);
+  }
+  for (const StreamPlan::Rank& R : plan.ranks) fused += R.fused_steps;
+  stats["exec_kernels"] = kernels;
+  stats["exec_copies"] = copies;
+  stats["exec_waits"] = waits;
+  stats["exec_records"] = records;
+  stats["staged_links"] = staged;
+  stats["max_workspace_bytes"] = wsb;
+  stats["fused_steps"] = fused;
   py::dict result;
-  if (handler) result["errors"] = errors;
+  result["errors"] = errors;
   result["outputs"] = outputs;
   result["races"] = races;
   result["stats"] = stats;
@@ -467,27 +485,24 @@ PYBIND11_MODULE(_blink_ext, m) {
         py::arg("inputs"), py::kw_only(), py::arg("devices") = py::none(),
         py::arg("peer") = py::none(), py::arg("direct") = true,
         py::arg("alias") = false, py::arg("repeat") = 1, py::arg("seed") = 0,
-        py::arg("omit") = 0, py::arg("handler") = false,
-        py::arg("skip_ranks") = std::vector<int64_t>(), py::arg("bad_count_rank") = -1,
-        py::arg("timeout_ms") = 10000,
-        "Test harness: runs the GPU executor's enqueueing (StreamExecutor) "
-        "over the host stream emulator with its race checker. inputs: one "
-        "C-contiguous array per rank of the schedule's dtype and count. "
+        py::arg("omit") = 0, py::arg("skip_ranks") = std::vector<int64_t>(),
+        py::arg("bad_count_rank") = -1, py::arg("timeout_ms") = 10000,
+        "Test harness: runs the GPU executor's enqueueing (StreamRankExecutor, a "
+        "thread per rank meeting through JoinAndEnqueue as in the CUDA FFI "
+        "handler) over the host stream emulator with its race checker. inputs: "
+        "one C-contiguous array per rank of the schedule's dtype and count. "
         "devices: device label per rank (default all 0, one GPU). peer: "
         "optional [D, D] bool matrix, peer[a, b]: device a may read device "
         "b's memory (default all true). direct=False stages every read "
         "through copies. alias: the output buffer is the input buffer. "
-        "repeat: Enqueue calls on one executor, the caller rewriting the "
-        "input (same data) between them. seed: the emulator's execution "
-        "order. omit: StreamOmit bits (OMIT_*) dropping waits, for tests. "
-        "handler=True: the ranks meet as in the CUDA FFI handler (a thread "
-        "each, JoinAndLead; rank 0 enqueues for all); skip_ranks never join, "
-        "bad_count_rank publishes a wrong element count, timeout_ms bounds the "
-        "wait; the result then has 'errors' (None, an error, or 'skipped' per "
-        "rank). "
-        "Returns {'outputs': [array], 'races': [str], 'stats': {str: int}}; "
-        "raises ValueError for bad arguments, RuntimeError for an executor "
-        "or emulator error.");
+        "repeat: calls on the same executors, the caller rewriting the input "
+        "(same data) between them. seed: the emulator's execution order. "
+        "omit: StreamOmit bits (OMIT_*) dropping waits, for tests. skip_ranks "
+        "never join, bad_count_rank publishes a wrong element count, "
+        "timeout_ms bounds the waits. Returns {'outputs': [array], 'errors': "
+        "[None, an error, or 'skipped' per rank], 'races': [str], 'stats': "
+        "{str: int}}; raises ValueError for bad arguments, RuntimeError for "
+        "an emulator error.");
   m.attr("OMIT_ENTRY_WAITS") = static_cast<int>(kOmitEntryWaits);
   m.attr("OMIT_DEP_WAITS") = static_cast<int>(kOmitDepWaits);
   m.attr("OMIT_GUARDS") = static_cast<int>(kOmitGuards);

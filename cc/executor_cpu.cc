@@ -61,7 +61,6 @@ struct Src {
   bool is_input;
 };
 
-constexpr int kMaxFuse = 8;
 constexpr int kMaxPush = 16;
 constexpr int64_t kBlock = 1024;
 
@@ -308,14 +307,6 @@ struct ThreadState {
   AlignedBuffer scratch;
 };
 thread_local ThreadState tls;
-
-bool DebugEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("JAX_BLINK_DEBUG");
-    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
 
 std::string Where(const ExecArgs& a, int64_t generation) {
   return CallSiteText(a.op_id, a.group, generation);

@@ -46,61 +46,74 @@ struct alignas(sizeof(X) * V) Pack {
   X v[V];
 };
 
-// Reads element i of an operand that is either the buffer type T (an input)
-// or the accumulator type A.
-template <class Tr, bool kIsInput>
-__device__ __forceinline__ typename Tr::A LoadAcc(const void* p, int64_t i) {
-  if constexpr (kIsInput) {
-    return Tr::ToAcc(static_cast<const typename Tr::T*>(p)[i]);
-  } else {
-    return static_cast<const typename Tr::A*>(p)[i];
+// The operands of a fused reduction, passed by value to the kernel.
+struct ReduceOperands {
+  const void* p[kMaxFuse + 1];
+  uint32_t input_mask = 0;  // bit j: operand j has the buffer type T
+  int nops = 0;
+};
+
+// Element i of operand j in the accumulator type.
+template <class Tr>
+__device__ __forceinline__ typename Tr::A LoadAcc(const ReduceOperands& ops, int j,
+                                                  int64_t i) {
+  if constexpr (!Tr::kSame) {
+    if ((ops.input_mask >> j) & 1u) {
+      return Tr::ToAcc(static_cast<const typename Tr::T*>(ops.p[j])[i]);
+    }
   }
+  return static_cast<const typename Tr::A*>(ops.p[j])[i];
 }
 
-template <class Tr, bool kIsInput>
-using OperandT =
-    typename std::conditional<kIsInput, typename Tr::T, typename Tr::A>::type;
+// V consecutive elements (pack k after `head`) of operand j, widened.
+template <class Tr, int V>
+__device__ __forceinline__ Pack<typename Tr::A, V> LoadPack(const ReduceOperands& ops,
+                                                            int j, int64_t head,
+                                                            int64_t k) {
+  using A = typename Tr::A;
+  using T = typename Tr::T;
+  if constexpr (!Tr::kSame) {
+    if ((ops.input_mask >> j) & 1u) {
+      const Pack<T, V> t =
+          reinterpret_cast<const Pack<T, V>*>(static_cast<const T*>(ops.p[j]) + head)[k];
+      Pack<A, V> a;
+#pragma unroll
+      for (int e = 0; e < V; ++e) a.v[e] = Tr::ToAcc(t.v[e]);
+      return a;
+    }
+  }
+  return reinterpret_cast<const Pack<A, V>*>(static_cast<const A*>(ops.p[j]) + head)[k];
+}
 
-// dst[i] = base[i] + src[i] (base first: the CPU executor's order).
-// Elements [0, head) and [head + nvec * V, n) are scalar; the middle is
-// vectorised (16-byte accesses of dst), valid only when the caller found
-// every operand aligned at `head` (else nvec == 0).
-template <class Tr, bool kBaseIn, bool kSrcIn>
-__global__ void ReduceKernel(typename Tr::A* __restrict__ dst,
-                             const void* __restrict__ base,
-                             const void* __restrict__ src, int64_t n,
-                             int64_t head, int64_t nvec) {
+// dst[i] = ops[0][i] + ops[1][i] + ... summed left to right (the CPU
+// executor's order). Elements [0, head) and [head + nvec * V, n) are scalar;
+// the middle is vectorised (16-byte accesses of dst), valid only when the
+// caller found every operand aligned at `head` (else nvec == 0). ops[0] may
+// alias dst: every element is read before it is written, by one thread.
+template <class Tr>
+__global__ void ReduceKernel(typename Tr::A* __restrict__ dst, const ReduceOperands ops,
+                             int64_t n, int64_t head, int64_t nvec) {
   using A = typename Tr::A;
   constexpr int V = 16 / sizeof(A);
-  using BT = OperandT<Tr, kBaseIn>;
-  using ST = OperandT<Tr, kSrcIn>;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  // Vector body.
-  const auto* bv = reinterpret_cast<const Pack<BT, V>*>(
-      static_cast<const BT*>(base) + head);
-  const auto* sv = reinterpret_cast<const Pack<ST, V>*>(
-      static_cast<const ST*>(src) + head);
   auto* dv = reinterpret_cast<Pack<A, V>*>(dst + head);
   for (int64_t k = tid; k < nvec; k += stride) {
-    const Pack<BT, V> b = bv[k];
-    const Pack<ST, V> s = sv[k];
-    Pack<A, V> d;
+    Pack<A, V> acc = LoadPack<Tr, V>(ops, 0, head, k);
+    for (int j = 1; j < ops.nops; ++j) {
+      const Pack<A, V> x = LoadPack<Tr, V>(ops, j, head, k);
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      A x, y;
-      if constexpr (kBaseIn) x = Tr::ToAcc(b.v[j]); else x = b.v[j];
-      if constexpr (kSrcIn) y = Tr::ToAcc(s.v[j]); else y = s.v[j];
-      d.v[j] = x + y;
+      for (int e = 0; e < V; ++e) acc.v[e] = acc.v[e] + x.v[e];
     }
-    dv[k] = d;
+    dv[k] = acc;
   }
-  // Scalar head and tail.
   const int64_t tail_begin = head + nvec * V;
   const int64_t nscalar = head + (n - tail_begin);
   for (int64_t k = tid; k < nscalar; k += stride) {
     const int64_t i = k < head ? k : tail_begin + (k - head);
-    dst[i] = LoadAcc<Tr, kBaseIn>(base, i) + LoadAcc<Tr, kSrcIn>(src, i);
+    A acc = LoadAcc<Tr>(ops, 0, i);
+    for (int j = 1; j < ops.nops; ++j) acc = acc + LoadAcc<Tr>(ops, j, i);
+    dst[i] = acc;
   }
 }
 
@@ -150,44 +163,37 @@ bool Aligned(const void* p, size_t a) {
   return (reinterpret_cast<uintptr_t>(p) % a) == 0;
 }
 
-template <class Tr, bool kBaseIn, bool kSrcIn>
-cudaError_t ReduceTyped(void* dst_v, const void* base, const void* src,
-                        int64_t n, cudaStream_t stream) {
+template <class Tr>
+cudaError_t ReduceTyped(void* dst_v, const StreamOperand* in_ops, int nops, int64_t n,
+                        cudaStream_t stream) {
   using A = typename Tr::A;
-  using BT = OperandT<Tr, kBaseIn>;
-  using ST = OperandT<Tr, kSrcIn>;
+  using T = typename Tr::T;
   constexpr int V = 16 / sizeof(A);
   if (n <= 0) return cudaSuccess;
+  if (nops < 2 || nops > kMaxFuse + 1) return cudaErrorInvalidValue;
   A* dst = static_cast<A*>(dst_v);
+  ReduceOperands ops;
+  ops.nops = nops;
+  for (int j = 0; j < nops; ++j) {
+    ops.p[j] = in_ops[j].p;
+    if (!Tr::kSame && in_ops[j].is_input) ops.input_mask |= 1u << j;
+  }
   // Scalar head until dst is 16-byte aligned (element-aligned pointers
   // assumed, as XLA and cudaMalloc give).
   int64_t head = static_cast<int64_t>(
       ((16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16) / sizeof(A));
   if (head > n || reinterpret_cast<uintptr_t>(dst) % sizeof(A) != 0) head = n;
   int64_t nvec = (n - head) / V;
-  if (nvec > 0 &&
-      (!Aligned(static_cast<const BT*>(base) + head, sizeof(BT) * V) ||
-       !Aligned(static_cast<const ST*>(src) + head, sizeof(ST) * V))) {
-    nvec = 0;  // operands misaligned relative to dst: all scalar
+  for (int j = 0; j < nops && nvec > 0; ++j) {
+    const bool in = (ops.input_mask >> j) & 1u;
+    const size_t size = in ? sizeof(T) : sizeof(A);
+    if (!Aligned(static_cast<const char*>(ops.p[j]) + head * size, size * V)) {
+      nvec = 0;  // operands misaligned relative to dst: all scalar
+    }
   }
   const int64_t work = std::max<int64_t>(nvec, n - nvec * V);
-  ReduceKernel<Tr, kBaseIn, kSrcIn><<<GridFor(work), kThreads, 0, stream>>>(
-      dst, base, src, n, head, nvec);
+  ReduceKernel<Tr><<<GridFor(work), kThreads, 0, stream>>>(dst, ops, n, head, nvec);
   return cudaGetLastError();
-}
-
-template <class Tr>
-cudaError_t ReduceDispatch(void* dst, const void* base, bool base_in,
-                           const void* src, bool src_in, int64_t n,
-                           cudaStream_t stream) {
-  if constexpr (Tr::kSame) {
-    return ReduceTyped<Tr, false, false>(dst, base, src, n, stream);
-  } else {
-    if (base_in && src_in) return ReduceTyped<Tr, true, true>(dst, base, src, n, stream);
-    if (base_in) return ReduceTyped<Tr, true, false>(dst, base, src, n, stream);
-    if (src_in) return ReduceTyped<Tr, false, true>(dst, base, src, n, stream);
-    return ReduceTyped<Tr, false, false>(dst, base, src, n, stream);
-  }
 }
 
 template <class Tr>
@@ -222,17 +228,16 @@ cudaError_t LaunchToAcc(DType d, void* dst, const void* src, int64_t n,
   }
 }
 
-cudaError_t LaunchReduce(DType d, void* dst, const void* base, bool base_in,
-                         const void* src, bool src_in, int64_t n,
-                         cudaStream_t s) {
+cudaError_t LaunchReduce(DType d, void* dst, const StreamOperand* ops, int nops,
+                         int64_t n, cudaStream_t s) {
   switch (d) {
-    case DType::kF32: return ReduceDispatch<SameTraits<float>>(dst, base, base_in, src, src_in, n, s);
-    case DType::kF64: return ReduceDispatch<SameTraits<double>>(dst, base, base_in, src, src_in, n, s);
-    case DType::kF16: return ReduceDispatch<F16Traits>(dst, base, base_in, src, src_in, n, s);
-    case DType::kBF16: return ReduceDispatch<BF16Traits>(dst, base, base_in, src, src_in, n, s);
+    case DType::kF32: return ReduceTyped<SameTraits<float>>(dst, ops, nops, n, s);
+    case DType::kF64: return ReduceTyped<SameTraits<double>>(dst, ops, nops, n, s);
+    case DType::kF16: return ReduceTyped<F16Traits>(dst, ops, nops, n, s);
+    case DType::kBF16: return ReduceTyped<BF16Traits>(dst, ops, nops, n, s);
     case DType::kI32:
-    case DType::kU32: return ReduceDispatch<SameTraits<uint32_t>>(dst, base, base_in, src, src_in, n, s);
-    case DType::kI64: return ReduceDispatch<SameTraits<uint64_t>>(dst, base, base_in, src, src_in, n, s);
+    case DType::kU32: return ReduceTyped<SameTraits<uint32_t>>(dst, ops, nops, n, s);
+    case DType::kI64: return ReduceTyped<SameTraits<uint64_t>>(dst, ops, nops, n, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -251,35 +256,21 @@ cudaError_t LaunchFinalize(DType d, void* out, const void* acc, int64_t n,
 // ---- The transport ---------------------------------------------------------
 
 CudaTransport::~CudaTransport() {
-  for (const StreamRec& r : streams_) {
-    if (r.owned && r.stream) {
-      cudaSetDevice(r.device);
-      cudaStreamDestroy(r.stream);
+  for (int32_t id = 0; id < streams_.size(); ++id) {
+    const StreamRec* r = streams_.Get(id);
+    if (r != nullptr && r->owned && r->stream) {
+      cudaSetDevice(r->device);
+      cudaStreamDestroy(r->stream);
     }
   }
-  for (const EventRec& r : events_) {
-    if (r.event) {
-      cudaSetDevice(r.device);
-      cudaEventDestroy(r.event);
+  for (int32_t id = 0; id < events_.size(); ++id) {
+    const EventRec* r = events_.Get(id);
+    if (r != nullptr && r->event) {
+      cudaSetDevice(r->device);
+      cudaEventDestroy(r->event);
     }
   }
 }
-
-namespace {
-// Stores rec in a freed entry of table if there is one, else appends it;
-// returns its index (the id).
-template <typename Rec>
-int32_t Put(std::vector<Rec>& table, std::vector<int32_t>& freed, const Rec& rec) {
-  if (freed.empty()) {
-    table.push_back(rec);
-    return static_cast<int32_t>(table.size() - 1);
-  }
-  const int32_t id = freed.back();
-  freed.pop_back();
-  table[id] = rec;
-  return id;
-}
-}  // namespace
 
 std::string CudaTransport::Use(int device) {
   int cur = -1;
@@ -289,19 +280,15 @@ std::string CudaTransport::Use(int device) {
   return e == cudaSuccess ? std::string() : CudaErrorText("cudaSetDevice", e);
 }
 
-std::string CudaTransport::UseStream(StreamId s, cudaStream_t* out) {
-  if (s < 0 || static_cast<size_t>(s) >= streams_.size() || !streams_[s].stream) {
-    return "jax_blink CUDA executor: unknown stream id " + std::to_string(s);
-  }
-  *out = streams_[s].stream;
-  return Use(streams_[s].device);
-}
-
 StreamId CudaTransport::Adopt(int device, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lk(mu_);
   auto it = adopted_.find(stream);
-  if (it != adopted_.end() && streams_[it->second].device == device) return it->second;
-  const StreamId id = Put(streams_, free_streams_, StreamRec{stream, device, false});
-  adopted_[stream] = id;
+  if (it != adopted_.end()) {
+    const StreamRec* r = streams_.Get(it->second);
+    if (r != nullptr && r->device == device) return it->second;
+  }
+  const StreamId id = streams_.Put(StreamRec{stream, device, false});
+  if (id >= 0) adopted_[stream] = id;
   return id;
 }
 
@@ -311,7 +298,11 @@ std::string CudaTransport::CreateStream(int device, StreamId* s) {
   cudaStream_t st = nullptr;
   cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   if (e != cudaSuccess) return CudaErrorText("cudaStreamCreate", e);
-  *s = Put(streams_, free_streams_, StreamRec{st, device, true});
+  *s = streams_.Put(StreamRec{st, device, true});
+  if (*s < 0) {
+    cudaStreamDestroy(st);
+    return "jax_blink CUDA executor: too many streams";
+  }
   return std::string();
 }
 
@@ -321,52 +312,38 @@ std::string CudaTransport::CreateEvent(int device, EventId* ev) {
   cudaEvent_t x = nullptr;
   cudaError_t e = cudaEventCreateWithFlags(&x, cudaEventDisableTiming);
   if (e != cudaSuccess) return CudaErrorText("cudaEventCreate", e);
-  *ev = Put(events_, free_events_, EventRec{x, device});
+  *ev = events_.Put(EventRec{x, device});
+  if (*ev < 0) {
+    cudaEventDestroy(x);
+    return "jax_blink CUDA executor: too many events";
+  }
   return std::string();
 }
 
 void CudaTransport::DestroyStream(StreamId s) {
-  if (s < 0 || static_cast<size_t>(s) >= streams_.size()) return;
-  StreamRec& r = streams_[s];
-  if (!r.stream) return;
-  if (r.owned) {
-    cudaSetDevice(r.device);
-    cudaStreamDestroy(r.stream);
+  const StreamRec* r = streams_.Get(s);
+  if (r == nullptr || !r->stream) return;
+  if (r->owned) {
+    cudaSetDevice(r->device);
+    cudaStreamDestroy(r->stream);  // queued work still runs
   } else {
-    adopted_.erase(r.stream);
+    std::lock_guard<std::mutex> lk(mu_);
+    adopted_.erase(r->stream);
   }
-  r = StreamRec();
-  free_streams_.push_back(s);
+  streams_.Erase(s);
 }
 
 void CudaTransport::DestroyEvent(EventId e) {
-  if (e < 0 || static_cast<size_t>(e) >= events_.size() || !events_[e].event) return;
-  cudaSetDevice(events_[e].device);
-  cudaEventDestroy(events_[e].event);
-  events_[e] = EventRec();
-  free_events_.push_back(e);
-}
-
-std::string CudaTransport::Alloc(int device, size_t bytes, void** p) {
-  std::string err = Use(device);
-  if (!err.empty()) return err;
-  cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
-  if (e != cudaSuccess) {
-    *p = nullptr;
-    return CudaErrorText("cudaMalloc", e) + " (" + std::to_string(bytes) +
-           " bytes of executor scratch on device " + std::to_string(device) + ")";
-  }
-  return std::string();
-}
-
-void CudaTransport::Free(int device, void* p) {
-  if (!p) return;
-  cudaSetDevice(device);
-  cudaFree(p);
+  const EventRec* r = events_.Get(e);
+  if (r == nullptr || !r->event) return;
+  cudaSetDevice(r->device);
+  cudaEventDestroy(r->event);
+  events_.Erase(e);
 }
 
 bool CudaTransport::PeerReadable(int reader, int owner) {
   if (reader == owner) return true;
+  std::lock_guard<std::mutex> lk(mu_);
   auto key = std::make_pair(reader, owner);
   auto it = peer_.find(key);
   if (it != peer_.end()) return it->second;
@@ -389,22 +366,32 @@ bool CudaTransport::PeerReadable(int reader, int owner) {
 
 template <typename Fn>
 std::string CudaTransport::OnStream(StreamId s, const char* what, Fn&& launch) {
-  cudaStream_t st;
-  std::string err = UseStream(s, &st);
+  const StreamRec* r = streams_.Get(s);
+  if (r == nullptr || !r->stream) {
+    return "jax_blink CUDA executor: unknown stream id " + std::to_string(s);
+  }
+  std::string err = Use(r->device);
   if (!err.empty()) return err;
-  const cudaError_t e = launch(st);
+  const cudaError_t e = launch(r->stream);
   return e == cudaSuccess ? std::string() : CudaErrorText(what, e);
 }
 
 std::string CudaTransport::Record(EventId ev, StreamId s) {
+  const EventRec* r = events_.Get(ev);
+  if (r == nullptr || !r->event) {
+    return "jax_blink CUDA executor: unknown event id " + std::to_string(ev);
+  }
   return OnStream(s, "cudaEventRecord",
-                  [&](cudaStream_t st) { return cudaEventRecord(events_[ev].event, st); });
+                  [&](cudaStream_t st) { return cudaEventRecord(r->event, st); });
 }
 
 std::string CudaTransport::Wait(StreamId s, EventId ev) {
-  return OnStream(s, "cudaStreamWaitEvent", [&](cudaStream_t st) {
-    return cudaStreamWaitEvent(st, events_[ev].event, 0);
-  });
+  const EventRec* r = events_.Get(ev);
+  if (r == nullptr || !r->event) {
+    return "jax_blink CUDA executor: unknown event id " + std::to_string(ev);
+  }
+  return OnStream(s, "cudaStreamWaitEvent",
+                  [&](cudaStream_t st) { return cudaStreamWaitEvent(st, r->event, 0); });
 }
 
 std::string CudaTransport::Copy(StreamId s, void* dst, int dst_device, const void* src,
@@ -419,11 +406,10 @@ std::string CudaTransport::Copy(StreamId s, void* dst, int dst_device, const voi
   });
 }
 
-std::string CudaTransport::Reduce(StreamId s, DType d, void* dst, const void* base,
-                                  bool base_is_input, const void* src, bool src_is_input,
-                                  int64_t n) {
+std::string CudaTransport::Reduce(StreamId s, DType d, void* dst, const StreamOperand* ops,
+                                  int nops, int64_t n) {
   return OnStream(s, "reduction kernel", [&](cudaStream_t st) {
-    return LaunchReduce(d, dst, base, base_is_input, src, src_is_input, n, st);
+    return LaunchReduce(d, dst, ops, nops, n, st);
   });
 }
 

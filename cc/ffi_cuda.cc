@@ -2,28 +2,29 @@
 // CUDA platform: one process driving several local GPUs (jax.pmap,
 // jax.shard_map).
 //
-// STATUS: compile-checked only; no GPU was available while writing it. The
-// event ordering it enqueues is verified by the host stream emulator.
-//
 // Each device's invocation runs on that device's XLA thread with its own
 // stream (PlatformStream). The invocations meet in the same in-process
 // rendezvous as on CPU, keyed by (RunId, op_id, group) plus a per-rank
-// generation, and publish their device, stream and buffers. Rank 0 then
-// enqueues the whole collective for every rank (StreamExecutor over
-// CudaTransport: peer copies and reduction kernels on one stream per link
-// direction, ordered across devices by CUDA events), while the other ranks
-// wait only for that host-side enqueueing to finish, never for the GPU: once
-// they return, XLA enqueues their next work behind the collective's final
-// cross-device waits. No host synchronisation happens in the steady state.
-// The handler is not command-buffer compatible (it does not declare the
-// trait): it meets its peers on the host at every execution.
+// generation, and publish their device, stream, buffers and executor view.
+// Each then enqueues its own part of the collective on its own streams
+// (StreamRankExecutor over CudaTransport: peer copies and reduction kernels
+// on one stream per link, ordered across devices by CUDA events, in the order
+// of the StreamPlan built at instantiation), and returns without waiting for
+// the GPU: XLA's later work on its stream comes after the collective's final
+// waits. The executor's workspace (float32 accumulator for f16/bf16, staging
+// where peers cannot read each other) comes from XLA's scratch allocator. The
+// handler is not command-buffer compatible (it does not declare the trait):
+// it meets its peers on the host at every execution.
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cinttypes>
+#include <cstdio>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,28 +43,49 @@ namespace ffi = xla::ffi;
 namespace jax_blink {
 namespace {
 
-// The decoded schedule and, per device, the rank and group that the device
-// plays in it. Those arrive as device scalars (computed from axis_index);
-// they are fixed for an executable on a device, so they are read from the
-// device once (one stream synchronisation) and cached.
+// One process-wide transport: executors of every call site and device share
+// its stream, event and peer-access tables. Never destroyed (states may be
+// destroyed during process exit in any order).
+CudaTransport& Transport() {
+  static auto* t = new CudaTransport();
+  return *t;
+}
+
+// What one device plays in an executable: its rank and group (read from the
+// device once) and its executor (streams and events, released with the
+// state).
+struct DeviceRank {
+  int32_t rank = -1;
+  int32_t group = -1;
+  std::mutex mu;  // serialises executions on the device
+  StreamRankExecutor executor{&Transport()};
+};
+
+// The decoded schedule and its enqueue plan (built once, at instantiation),
+// and the devices that ran it.
 struct CudaState {
   static ffi::TypeId id;
   Schedule schedule;
-  std::mutex mu;
-  std::map<int, std::pair<int32_t, int32_t>> rank_group;  // device -> (rank, group)
+  StreamPlan plan;
+  std::mutex mu;  // guards `devices` (not the DeviceRanks)
+  std::map<int, std::unique_ptr<DeviceRank>> devices;
 };
 ffi::TypeId CudaState::id = {};
 const XLA_FFI_TypeInfo kCudaStateInfo = ffi::MakeTypeInfo<CudaState>();
 
-std::string RankAndGroup(CudaState* st, int device, cudaStream_t stream,
+// The device's rank and group arrive as device scalars (computed from
+// axis_index); they are fixed for an executable on a device, so they are read
+// once (one stream synchronisation, outside any lock) and cached.
+std::string DeviceRankOf(CudaState* st, int device, cudaStream_t stream,
                          const int32_t* rank_dev, const int32_t* group_dev,
-                         int32_t* rank, int32_t* group) {
-  std::lock_guard<std::mutex> lk(st->mu);
-  auto it = st->rank_group.find(device);
-  if (it != st->rank_group.end()) {
-    *rank = it->second.first;
-    *group = it->second.second;
-    return std::string();
+                         DeviceRank** out) {
+  {
+    std::lock_guard<std::mutex> lk(st->mu);
+    auto it = st->devices.find(device);
+    if (it != st->devices.end()) {
+      *out = it->second.get();
+      return std::string();
+    }
   }
   int32_t host[2] = {-1, -1};
   cudaError_t e = cudaMemcpyAsync(&host[0], rank_dev, sizeof(int32_t),
@@ -74,42 +96,15 @@ std::string RankAndGroup(CudaState* st, int device, cudaStream_t stream,
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) return CudaErrorText("reading the rank and group", e);
-  st->rank_group[device] = {host[0], host[1]};
-  *rank = host[0];
-  *group = host[1];
+  std::lock_guard<std::mutex> lk(st->mu);
+  auto& slot = st->devices[device];
+  if (!slot) {
+    slot = std::make_unique<DeviceRank>();
+    slot->rank = host[0];
+    slot->group = host[1];
+  }
+  *out = slot.get();
   return std::string();
-}
-
-// One StreamExecutor (with its transport: streams, events, scratch and the
-// peer-access table) per ordered list of devices, shared by every call site
-// over those devices; Enqueue calls on it are serialised by its mutex.
-struct Pooled {
-  std::mutex mu;
-  CudaTransport transport;
-  StreamExecutor executor{&transport};
-};
-
-Pooled& ExecutorFor(const std::vector<int>& devices) {
-  static std::mutex mu;
-  static auto* pool = new std::map<std::vector<int>, std::unique_ptr<Pooled>>();
-  std::lock_guard<std::mutex> lk(mu);
-  auto& slot = (*pool)[devices];
-  if (!slot) slot = std::make_unique<Pooled>();
-  return *slot;
-}
-
-// Rank 0's part: enqueue every rank's steps on their streams.
-std::string EnqueueAll(const Schedule& s, const Slot& slot) {
-  const int64_t n = s.nranks;
-  std::vector<int> devices(n);
-  for (int64_t r = 0; r < n; ++r) devices[r] = slot.info[r].device;
-  Pooled& p = ExecutorFor(devices);
-  std::lock_guard<std::mutex> lk(p.mu);
-  CudaDeviceGuard keep_device;  // XLA's thread keeps its current device
-  const std::vector<StreamRank> ranks = StreamRanksOf(slot, [&p](int dev, void* st) {
-    return p.transport.Adopt(dev, static_cast<cudaStream_t>(st));
-  });
-  return p.executor.Enqueue(s, ranks, StreamExecOptions());
 }
 
 ffi::ErrorOr<std::unique_ptr<CudaState>> Instantiate(int64_t op_id,
@@ -118,37 +113,69 @@ ffi::ErrorOr<std::unique_ptr<CudaState>> Instantiate(int64_t op_id,
   auto state = std::make_unique<CudaState>();
   ffi::Error err = DecodeAttributes(op_id, schedule, timeout_ms, &state->schedule);
   if (err.failure()) return ffi::Unexpected(std::move(err));
+  std::string e = state->plan.Build(state->schedule);
+  if (!e.empty()) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "jax_blink (op_id=" + std::to_string(op_id) + "): " + e));
+  }
   return state;
 }
 
 ffi::Error Execute(cudaStream_t stream, ffi::RunId run_id, int32_t device,
-                   CudaState* state, ffi::AnyBuffer x, ffi::BufferR0<ffi::S32> rank_buf,
-                   ffi::BufferR0<ffi::S32> group_buf, ffi::Result<ffi::AnyBuffer> out,
-                   int64_t op_id, ffi::Span<const int64_t> /*schedule*/,
-                   int64_t timeout_ms) {
+                   CudaState* state, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
+                   ffi::BufferR0<ffi::S32> rank_buf, ffi::BufferR0<ffi::S32> group_buf,
+                   ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                   ffi::Span<const int64_t> /*schedule*/, int64_t timeout_ms) {
   if (state == nullptr) return ffi::Error::Internal("jax_blink: missing schedule state");
   const Schedule& s = state->schedule;
   const auto t0 = Clock::now();
   const auto deadline = t0 + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 1));
-  int32_t rank = -1, group = -1;
-  std::string err = RankAndGroup(state, device, stream, rank_buf.typed_data(),
-                                 group_buf.typed_data(), &rank, &group);
+  DeviceRank* dr = nullptr;
+  std::string err = DeviceRankOf(state, device, stream, rank_buf.typed_data(),
+                                 group_buf.typed_data(), &dr);
   if (!err.empty()) return ffi::Error::Internal(err);
+  const int32_t rank = dr->rank, group = dr->group;
   if (rank < 0 || rank >= s.nranks) {
     return ffi::Error::InvalidArgument(
         "jax_blink: rank " + std::to_string(rank) + " is outside the schedule's " +
         std::to_string(s.nranks) + " ranks (op_id=" + std::to_string(op_id) + ")");
   }
-
   RankInfo info = StreamRankInfo(
       s, DTypeCode(x.element_type()), x.untyped_data(), out->untyped_data(),
       static_cast<int64_t>(x.element_count()), static_cast<int64_t>(out->element_count()),
       device, stream, BufferTypeError(x.element_type(), out->element_type()));
-
+  CudaTransport& tp = Transport();
+  std::lock_guard<std::mutex> lk(dr->mu);
+  CudaDeviceGuard keep_device;  // XLA's thread keeps its current device
   int64_t generation = -1;
-  err = JoinAndLead(RendezvousKey{run_id.run_id, op_id, group}, rank, s.nranks,
-                    std::move(info), deadline, timeout_ms,
-                    [&s](const Slot& slot) { return EnqueueAll(s, slot); }, &generation);
+  const WorkspaceFn workspace = [&scratch](size_t bytes, void** p) -> std::string {
+    std::optional<void*> mem = scratch.Allocate(bytes, 256);
+    if (!mem.has_value()) {
+      return "XLA's scratch allocator could not provide " + std::to_string(bytes) +
+             " bytes for the executor's workspace";
+    }
+    *p = *mem;
+    return std::string();
+  };
+  err = JoinAndEnqueue(RendezvousKey{run_id.run_id, op_id, group}, s, state->plan, rank,
+                       std::move(info), tp.Adopt(device, stream), /*direct=*/true, tp,
+                       dr->executor, workspace, deadline, timeout_ms, &generation);
+  if (DebugEnabled()) {
+    const StreamExecStats& st = dr->executor.stats();
+    const int64_t us =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+    std::fprintf(stderr,
+                 "jax_blink cuda: op=%" PRId64 " group=%d rank=%d gen=%" PRId64
+                 " run=%" PRId64 " device=%d bytes=%" PRId64 " us=%" PRId64
+                 " enqueue_us=%" PRId64 " gate_us=%" PRId64 " kernels=%" PRId64
+                 " copies=%" PRId64 " waits=%" PRId64 " records=%" PRId64
+                 " workspace=%" PRId64 " staged_links=%" PRId64 " %s%s\n",
+                 op_id, group, rank, generation, static_cast<int64_t>(run_id.run_id), device,
+                 static_cast<int64_t>(x.size_bytes()), us, st.enqueue_ns / 1000,
+                 st.gate_ns / 1000, st.kernels, st.copies, st.waits, st.records,
+                 st.workspace_bytes, st.staged_links, err.empty() ? "ok" : "error: ",
+                 err.c_str());
+  }
   if (!err.empty()) return ffi::Error::Internal(err);
   return ffi::Error::Success();
 }
@@ -168,7 +195,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream of this device
         .Ctx<ffi::RunId>()                         // same on all devices of a run
         .Ctx<ffi::DeviceOrdinal>()                 // local CUDA device
-        .Ctx<ffi::State<CudaState>>()              // decoded once
+        .Ctx<ffi::State<CudaState>>()              // decoded and planned once
+        .Ctx<ffi::ScratchAllocator>()              // the executor's workspace
         .Arg<ffi::AnyBuffer>()                     // x: 1-D, count
         .Arg<ffi::BufferR0<ffi::S32>>()            // rank (device scalar)
         .Arg<ffi::BufferR0<ffi::S32>>()            // group (device scalar)

@@ -1,5 +1,7 @@
 #include "join.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 namespace jax_blink {
@@ -74,7 +76,7 @@ RankInfo StreamRankInfo(const Schedule& s, int32_t dtype, const void* in, void* 
   info.count = in_count;
   info.dtype = dtype;
   info.nranks = s.nranks;
-  info.total_steps = 1;  // JoinAndLead's flag
+  info.total_steps = 1;  // the slot needs no per-step flags
   info.fingerprint = s.fingerprint;
   info.device = device;
   info.stream = stream;
@@ -83,59 +85,58 @@ RankInfo StreamRankInfo(const Schedule& s, int32_t dtype, const void* in, void* 
   return info;
 }
 
-std::vector<StreamRank> StreamRanksOf(
-    const Slot& slot, const std::function<StreamId(int device, void* stream)>& stream_id) {
-  std::vector<StreamRank> ranks(slot.nranks);
-  for (int64_t r = 0; r < slot.nranks; ++r) {
-    const RankInfo& ri = slot.info[r];
-    ranks[r] = {ri.device, ri.in, ri.out, stream_id(ri.device, ri.stream)};
-  }
-  return ranks;
-}
-
-std::string JoinAndLead(const RendezvousKey& key, int64_t rank, int64_t nranks,
-                        RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
-                        const std::function<std::string(const Slot&)>& lead,
-                        int64_t* generation) {
+std::string JoinAndEnqueue(const RendezvousKey& key, const Schedule& s,
+                           const StreamPlan& plan, int64_t rank, RankInfo info,
+                           StreamId stream, bool direct, StreamTransport& tp,
+                           StreamRankExecutor& ex, const WorkspaceFn& workspace,
+                           Clock::time_point deadline, int64_t timeout_ms,
+                           int64_t* generation) {
+  const StreamRank me{info.device, info.in, info.out, stream};
+  info.stream_view = &ex.view();
+  info.stream_base = ex.next_base();
   Rendezvous& rv = Rendezvous::Global();
   Ticket ticket;
-  std::string err = rv.Join(key, rank, nranks, std::move(info), deadline, timeout_ms,
+  std::string err = rv.Join(key, rank, s.nranks, std::move(info), deadline, timeout_ms,
                             &ticket);
   *generation = ticket.generation;
   if (err.empty()) {
     Slot& slot = *ticket.slot;
     const std::string where = CallSiteText(key.op_id, key.group, ticket.generation);
     err = CheckConsistent(slot, where);  // the same verdict on every rank
-    std::atomic<uint32_t>& led = slot.flags()[0];
-    const uint32_t done = 2 * ticket.epoch + 1;
-    if (err.empty() && rank == 0) {
-      err = lead(slot);
+    if (err.empty()) {
+      const int64_t n = s.nranks;
+      std::vector<StreamPeer> peers(n);
+      std::vector<uint8_t> staged(n, 0);
+      for (int64_t q = 0; q < n; ++q) {
+        const RankInfo& ri = slot.info[q];
+        peers[q] = {static_cast<const StreamPeerView*>(ri.stream_view), ri.stream_base};
+        staged[q] = q != rank && (!direct || !tp.PeerReadable(me.device, ri.device));
+      }
+      const size_t bytes = StreamRankExecutor::WorkspaceBytes(
+          s, plan, rank, staged, s.count > 0 && me.in == me.out);
+      void* ws = nullptr;
+      if (bytes > 0) err = workspace(bytes, &ws);
+      if (err.empty()) {
+        err = ex.Enqueue(s, plan, rank, me, ws, peers, staged, deadline, &slot.failed);
+      }
       if (!err.empty()) {
-        err = "jax_blink: " + where + ": " + err;
-        slot.Fail(0, err);
-      }
-      led.store(done, std::memory_order_seq_cst);
-      FutexWakeAll(&led);
-    } else if (err.empty()) {
-      uint32_t cur;
-      while ((cur = led.load(std::memory_order_seq_cst)) != done) {
-        const auto now = Clock::now();
-        if (now >= deadline) {
-          err = "jax_blink: " + where + ": timed out after " + std::to_string(timeout_ms) +
-                " ms waiting for rank 0 to enqueue the collective";
-          break;
+        if (slot.failed.load(std::memory_order_seq_cst) == 0) {
+          slot.Fail(rank, "jax_blink: " + where + ": " + err);
         }
-        FutexWait(&led, cur,
-                  std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
-                      .count());
-      }
-      if (err.empty() && slot.failed.load(std::memory_order_seq_cst) != 0) {
         err = slot.FailMessage();
       }
     }
   }
   if (ticket.slot != nullptr) rv.Leave(&ticket);
   return err;
+}
+
+bool DebugEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("JAX_BLINK_DEBUG");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
 }
 
 }  // namespace jax_blink

@@ -27,31 +27,36 @@ std::string CheckBuffers(const Schedule& s, int32_t dtype, int64_t in_count,
 // schedule; else the first problem, prefixed with "jax_blink: " and `where`.
 std::string CheckConsistent(const Slot& slot, const std::string& where);
 
-// What a rank of a stream collective publishes for JoinAndLead: its buffers,
-// device and stream (an opaque handle), checked against the schedule unless
-// `error` already says what is wrong with them.
+// What a rank of a stream collective publishes for JoinAndEnqueue: its
+// buffers, device and stream (an opaque handle), checked against the schedule
+// unless `error` already says what is wrong with them.
 RankInfo StreamRankInfo(const Schedule& s, int32_t dtype, const void* in, void* out,
                         int64_t in_count, int64_t out_count, int device, void* stream,
                         std::string error);
 
-// The StreamExecutor's view of the ranks that met in `slot`; stream_id maps
-// a published (device, stream handle) to the transport's stream.
-std::vector<StreamRank> StreamRanksOf(
-    const Slot& slot, const std::function<StreamId(int device, void* stream)>& stream_id);
+// Allocates `bytes` of device memory for one call (*p; null for 0 bytes)
+// or returns an error.
+using WorkspaceFn = std::function<std::string(size_t bytes, void** p)>;
 
-// The stream executors' meeting (CUDA handler; emulated in tests): joins the
-// rendezvous as `rank` with `info` (info.total_steps must be 1); once all
-// ranks arrived and agree, rank 0 calls lead(slot) to enqueue the whole
-// collective for every rank, and the others wait until it has returned (on
-// the host only), so that nothing their caller enqueues afterwards can come
-// before the collective's work on their streams. Returns "" or the error,
-// the same on every rank where possible (lead's error is shared); a rank
-// that never arrives makes the others time out naming it. *generation gets
-// the call's rendezvous generation.
-std::string JoinAndLead(const RendezvousKey& key, int64_t rank, int64_t nranks,
-                        RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
-                        const std::function<std::string(const Slot&)>& lead,
-                        int64_t* generation);
+// The stream executors' meeting (CUDA handler; the GPU harness and the
+// emulator in tests): joins the rendezvous as `rank` with `info` (its
+// buffers, device and stream; the executor's view and progress base are
+// added here), and once all ranks arrived and agree, enqueues this rank's
+// part with `ex` on its own streams (stream_exec.h): reads from a peer are
+// staged unless `direct` and tp.PeerReadable allow reading it in place. The
+// workspace comes from `workspace`. Returns "" or the error, the same on
+// every rank where possible (a rank's failure is shared); a rank that never
+// arrives makes the others time out naming it. *generation gets the call's
+// rendezvous generation.
+std::string JoinAndEnqueue(const RendezvousKey& key, const Schedule& s,
+                           const StreamPlan& plan, int64_t rank, RankInfo info,
+                           StreamId stream, bool direct, StreamTransport& tp,
+                           StreamRankExecutor& ex, const WorkspaceFn& workspace,
+                           Clock::time_point deadline, int64_t timeout_ms,
+                           int64_t* generation);
+
+// Whether JAX_BLINK_DEBUG asks for a log line per collective (read once).
+bool DebugEnabled();
 
 }  // namespace jax_blink
 

@@ -93,8 +93,12 @@ struct RankInfo {
   int64_t total_steps = 0;   // from its schedule
   uint64_t fingerprint = 0;  // of its schedule
   std::string error;         // a local error found before joining, or ""
-  int device = -1;           // CUDA: the rank's device
-  void* stream = nullptr;    // CUDA: the caller's stream (cudaStream_t)
+  int device = -1;           // stream executors: the rank's device
+  void* stream = nullptr;    // stream executors: the caller's stream (opaque)
+  // Stream executors: the rank's StreamPeerView and its progress at the
+  // start of this call (stream_exec.h).
+  const void* stream_view = nullptr;
+  uint64_t stream_base = 0;
 };
 
 class Slot {

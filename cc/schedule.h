@@ -45,6 +45,10 @@ const char* DTypeName(DType d);
 const char* OpName(Op op);
 const char* CollectiveName(Collective c);
 
+// RECV_REDUCEs that executors fuse into one reduction at most (following
+// Step::fuse_next), so a fused reduction has at most kMaxFuse + 1 operands.
+inline constexpr int kMaxFuse = 8;
+
 struct Step {
   Op op;
   // SEND: the value sent is still the rank's input (no earlier step of this

@@ -8,6 +8,7 @@
 #include <deque>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -61,43 +62,42 @@ void StoreAt(void* p, int64_t i, X x) {
   std::memcpy(static_cast<char*>(p) + i * sizeof(X), &x, sizeof(X));
 }
 
-// dst = base + src in A (integers are unsigned: wrapping).
+// dst = ops[0] + ops[1] + ... left to right in A (integers are unsigned:
+// wrapping).
 template <typename A>
-void ReduceSame(void* dst, const void* base, const void* src, int64_t n) {
+void ReduceSame(void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    StoreAt<A>(dst, i, static_cast<A>(LoadAt<A>(base, i) + LoadAt<A>(src, i)));
+    A acc = LoadAt<A>(ops[0].p, i);
+    for (size_t j = 1; j < ops.size(); ++j) acc = static_cast<A>(acc + LoadAt<A>(ops[j].p, i));
+    StoreAt<A>(dst, i, acc);
   }
 }
 
 // An f16/bf16 operand: the buffer type (is_input) or the float accumulator.
 template <float (*Widen)(uint16_t)>
-float LoadWide(const void* p, bool is_input, int64_t i) {
-  return is_input ? Widen(LoadAt<uint16_t>(p, i)) : LoadAt<float>(p, i);
+float LoadWide(const StreamOperand& op, int64_t i) {
+  return op.is_input ? Widen(LoadAt<uint16_t>(op.p, i)) : LoadAt<float>(op.p, i);
 }
 
-// dst = base + src in float32, base first (the CUDA kernel's order).
+// The same in float32 (the CUDA kernel's order).
 template <float (*Widen)(uint16_t)>
-void ReduceHalf(void* dst, const void* base, bool base_in, const void* src,
-                bool src_in, int64_t n) {
+void ReduceHalf(void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const float x = LoadWide<Widen>(base, base_in, i);
-    const float y = LoadWide<Widen>(src, src_in, i);
-    StoreAt<float>(dst, i, x + y);
+    float acc = LoadWide<Widen>(ops[0], i);
+    for (size_t j = 1; j < ops.size(); ++j) acc += LoadWide<Widen>(ops[j], i);
+    StoreAt<float>(dst, i, acc);
   }
 }
 
-void HostReduce(DType d, void* dst, const void* base, bool base_in,
-                const void* src, bool src_in, int64_t n) {
+void HostReduce(DType d, void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
   switch (d) {
-    case DType::kF32: return ReduceSame<float>(dst, base, src, n);
-    case DType::kF64: return ReduceSame<double>(dst, base, src, n);
-    case DType::kF16:
-      return ReduceHalf<HalfToFloat>(dst, base, base_in, src, src_in, n);
-    case DType::kBF16:
-      return ReduceHalf<BF16ToFloat>(dst, base, base_in, src, src_in, n);
+    case DType::kF32: return ReduceSame<float>(dst, ops, n);
+    case DType::kF64: return ReduceSame<double>(dst, ops, n);
+    case DType::kF16: return ReduceHalf<HalfToFloat>(dst, ops, n);
+    case DType::kBF16: return ReduceHalf<BF16ToFloat>(dst, ops, n);
     case DType::kI32:
-    case DType::kU32: return ReduceSame<uint32_t>(dst, base, src, n);
-    case DType::kI64: return ReduceSame<uint64_t>(dst, base, src, n);
+    case DType::kU32: return ReduceSame<uint32_t>(dst, ops, n);
+    case DType::kI64: return ReduceSame<uint64_t>(dst, ops, n);
   }
 }
 
@@ -153,9 +153,8 @@ struct OpRec {
   // Work.
   DType dtype = DType::kF32;
   void* dst = nullptr;
-  const void* a = nullptr;  // Reduce: base; Copy/ToAcc: src; Finalize: acc
-  const void* b = nullptr;  // Reduce: src
-  bool a_input = false, b_input = false;
+  const void* a = nullptr;  // Copy/ToAcc: src; Finalize: acc
+  std::vector<StreamOperand> operands;  // Reduce
   int64_t n = 0;     // elements
   size_t bytes = 0;  // Copy
   std::string label;
@@ -187,6 +186,7 @@ struct Want {
 }  // namespace
 
 struct StreamEmulator::Impl {
+  std::mutex mu;  // every public method holds it
   std::vector<Stream> streams;
   std::vector<Event> events;
   std::vector<Region> regions;
@@ -391,7 +391,7 @@ struct StreamEmulator::Impl {
         std::memmove(op.dst, op.a, op.bytes);
         break;
       case Kind::kReduce:
-        HostReduce(op.dtype, op.dst, op.a, op.a_input, op.b, op.b_input, op.n);
+        HostReduce(op.dtype, op.dst, op.operands, op.n);
         break;
       case Kind::kToAcc:
         HostToAcc(op.dtype, op.dst, op.a, op.n);
@@ -490,6 +490,7 @@ StreamEmulator::StreamEmulator() : impl_(new Impl) {}
 StreamEmulator::~StreamEmulator() = default;
 
 std::string StreamEmulator::CreateStream(int device, StreamId* s) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   if (device < 0) {
     return "stream emulator: CreateStream: invalid device " +
            std::to_string(device);
@@ -504,6 +505,7 @@ std::string StreamEmulator::CreateStream(int device, StreamId* s) {
 }
 
 std::string StreamEmulator::CreateEvent(int device, EventId* e) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   if (device < 0) {
     return "stream emulator: CreateEvent: invalid device " +
            std::to_string(device);
@@ -520,6 +522,7 @@ std::string StreamEmulator::CreateEvent(int device, EventId* e) {
 // Work queued on a destroyed stream still runs (as with cudaStreamDestroy),
 // and waits already bound to a destroyed event's record keep it.
 void StreamEmulator::DestroyStream(StreamId s) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "DestroyStream");
   if (!err.empty()) {
     impl_->misuse.push_back(err);
@@ -530,6 +533,7 @@ void StreamEmulator::DestroyStream(StreamId s) {
 }
 
 void StreamEmulator::DestroyEvent(EventId e) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckEvent(e, "DestroyEvent");
   if (!err.empty()) {
     impl_->misuse.push_back(err);
@@ -540,6 +544,7 @@ void StreamEmulator::DestroyEvent(EventId e) {
 }
 
 std::string StreamEmulator::Alloc(int device, size_t bytes, void** p) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   *p = nullptr;
   if (device < 0) {
     return "stream emulator: Alloc: invalid device " + std::to_string(device);
@@ -577,6 +582,7 @@ std::string StreamEmulator::Alloc(int device, size_t bytes, void** p) {
 }
 
 void StreamEmulator::Free(int device, void* p) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   if (p == nullptr) return;
   auto it = impl_->live.find(reinterpret_cast<uintptr_t>(p));
   if (it == impl_->live.end() ||
@@ -600,6 +606,7 @@ void StreamEmulator::Free(int device, void* p) {
 }
 
 bool StreamEmulator::PeerReadable(int reader, int owner) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   ++impl_->stats.peer_queries;
   if (reader == owner) return true;
   auto it = impl_->peer.find({reader, owner});
@@ -609,6 +616,7 @@ bool StreamEmulator::PeerReadable(int reader, int owner) {
 }
 
 std::string StreamEmulator::Record(EventId e, StreamId s) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckEvent(e, "Record");
   if (err.empty()) err = impl_->CheckStream(s, "Record");
   if (!err.empty()) return err;
@@ -628,6 +636,7 @@ std::string StreamEmulator::Record(EventId e, StreamId s) {
 }
 
 std::string StreamEmulator::Wait(StreamId s, EventId e) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "Wait");
   if (err.empty()) err = impl_->CheckEvent(e, "Wait");
   if (!err.empty()) return err;
@@ -641,6 +650,7 @@ std::string StreamEmulator::Wait(StreamId s, EventId e) {
 std::string StreamEmulator::Copy(StreamId s, void* dst, int dst_device,
                                  const void* src, int src_device,
                                  size_t bytes) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "Copy");
   if (!err.empty()) return err;
   const int sd = impl_->DeviceOf(src, bytes);
@@ -663,36 +673,32 @@ std::string StreamEmulator::Copy(StreamId s, void* dst, int dst_device,
 }
 
 std::string StreamEmulator::Reduce(StreamId s, DType d, void* dst,
-                                   const void* base, bool base_is_input,
-                                   const void* src, bool src_is_input,
-                                   int64_t n) {
+                                   const StreamOperand* ops, int nops, int64_t n) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "Reduce");
   if (!err.empty()) return err;
-  if (!ValidDType(d) || n < 0) {
-    return "stream emulator: Reduce: invalid dtype or count";
+  if (!ValidDType(d) || n < 0 || nops < 2 || nops > kMaxFuse + 1) {
+    return "stream emulator: Reduce: invalid dtype, count or operand count";
   }
   const size_t un = static_cast<size_t>(n);
-  const size_t bsize = base_is_input ? DTypeSize(d) : AccSize(d);
-  const size_t ssize = src_is_input ? DTypeSize(d) : AccSize(d);
   OpRec op;
   op.kind = Kind::kReduce;
   op.stream = s;
   op.dtype = d;
   op.dst = dst;
-  op.a = base;
-  op.a_input = base_is_input;
-  op.b = src;
-  op.b_input = src_is_input;
+  op.operands.assign(ops, ops + nops);
   op.n = n;
-  return impl_->Issue(std::move(op),
-                      {{base, un * bsize, false},
-                       {src, un * ssize, false},
-                       {dst, un * AccSize(d), true}},
-                      true);
+  std::vector<Want> wants;
+  for (int j = 0; j < nops; ++j) {
+    wants.push_back({ops[j].p, un * (ops[j].is_input ? DTypeSize(d) : AccSize(d)), false});
+  }
+  wants.push_back({dst, un * AccSize(d), true});
+  return impl_->Issue(std::move(op), wants, true);
 }
 
 std::string StreamEmulator::ToAcc(StreamId s, DType d, void* dst,
                                   const void* src, int64_t n) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "ToAcc");
   if (!err.empty()) return err;
   if (!HasScratchAcc(d) || n < 0) {
@@ -714,6 +720,7 @@ std::string StreamEmulator::ToAcc(StreamId s, DType d, void* dst,
 
 std::string StreamEmulator::Finalize(StreamId s, DType d, void* out,
                                      const void* acc, int64_t n) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "Finalize");
   if (!err.empty()) return err;
   if (!ValidDType(d) || n < 0) {
@@ -738,11 +745,13 @@ std::string StreamEmulator::Finalize(StreamId s, DType d, void* out,
 }
 
 void StreamEmulator::SetPeerAccess(int reader, int owner, bool ok) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->peer[{reader, owner}] = ok;
 }
 
 std::string StreamEmulator::Label(const void* p, size_t bytes,
                                   std::string name, int device) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   if (bytes == 0) return std::string();
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   auto it = impl_->live.lower_bound(a + bytes);
@@ -769,6 +778,7 @@ std::string StreamEmulator::Label(const void* p, size_t bytes,
 }
 
 void StreamEmulator::NameStream(StreamId s, std::string name) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   if (s >= 0 && s < static_cast<StreamId>(impl_->streams.size())) {
     impl_->streams[s].name = std::move(name);
   }
@@ -777,6 +787,7 @@ void StreamEmulator::NameStream(StreamId s, std::string name) {
 std::string StreamEmulator::Touch(StreamId s, std::vector<Range> reads,
                                   std::vector<Range> writes, std::string label,
                                   std::function<void()> fn) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "Touch");
   if (!err.empty()) return err;
   std::vector<Want> wants;
@@ -791,6 +802,7 @@ std::string StreamEmulator::Touch(StreamId s, std::vector<Range> reads,
 }
 
 std::string StreamEmulator::Run(uint64_t seed) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   Impl& m = *impl_;
   std::mt19937_64 rng(seed);
   std::string error;
@@ -843,6 +855,7 @@ std::string StreamEmulator::Run(uint64_t seed) {
 }
 
 std::string StreamEmulator::Reset() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
   Impl& m = *impl_;
   for (const Stream& st : m.streams) {
     if (!st.queue.empty()) {

@@ -1,5 +1,6 @@
 // A host emulator of StreamTransport (stream_exec.h) with a race checker:
-// CI verifies the event ordering of StreamExecutor with it, without a GPU.
+// CI verifies the event ordering of the stream executor with it, without a
+// GPU.
 //
 // Streams, events and allocations are host objects; devices are integer
 // labels. Nothing runs at call time: every call appends an op to its
@@ -18,6 +19,10 @@
 // ops of different streams race when their byte ranges overlap, one of them
 // writes, and neither happens before the other. Accesses are checked across
 // Run() calls (an executor is reused across collectives) until Reset().
+//
+// Every method may be called from several threads at once (one per rank, as
+// the executors enqueue); a call's effect is atomic, and "at call time" means
+// in the order the calls take the emulator's lock.
 //
 // Beyond CUDA's ordering rules the emulator checks what a GPU would reject
 // or fault on, and returns it as the error of the offending call: a kernel
@@ -84,13 +89,6 @@ class StreamEmulator : public StreamTransport {
   std::string CreateEvent(int device, EventId* e) override;
   void DestroyStream(StreamId s) override;
   void DestroyEvent(EventId e) override;
-  // 64-byte aligned host memory filled with 0xff bytes (NaN / -1), so a
-  // read of never-written scratch shows in the results.
-  std::string Alloc(int device, size_t bytes, void** p) override;
-  // Retires the allocation now (later calls may not touch it) and releases
-  // the memory after the queued ops have run (cudaFree waits for the
-  // device, so freeing under queued work is legal).
-  void Free(int device, void* p) override;
   // true for reader == owner, else the peer-access matrix (SetPeerAccess;
   // default: all pairs may). A true answer enables the pair for kernels.
   bool PeerReadable(int reader, int owner) override;
@@ -98,15 +96,22 @@ class StreamEmulator : public StreamTransport {
   std::string Wait(StreamId s, EventId e) override;
   std::string Copy(StreamId s, void* dst, int dst_device, const void* src,
                    int src_device, size_t bytes) override;
-  std::string Reduce(StreamId s, DType d, void* dst, const void* base,
-                     bool base_is_input, const void* src, bool src_is_input,
-                     int64_t n) override;
+  std::string Reduce(StreamId s, DType d, void* dst, const StreamOperand* ops,
+                     int nops, int64_t n) override;
   std::string ToAcc(StreamId s, DType d, void* dst, const void* src,
                     int64_t n) override;
   std::string Finalize(StreamId s, DType d, void* out, const void* acc,
                        int64_t n) override;
 
   // ---- Emulator only.
+  // Device memory for the harness (the executor's workspace): 64-byte
+  // aligned host memory filled with 0xff bytes (NaN / -1), so a read of
+  // never-written scratch shows in the results.
+  std::string Alloc(int device, size_t bytes, void** p);
+  // Retires the allocation now (later calls may not touch it) and releases
+  // the memory after the queued ops have run (cudaFree waits for the
+  // device, so freeing under queued work is legal).
+  void Free(int device, void* p);
   // Whether work on device `reader` may read device `owner`'s memory.
   void SetPeerAccess(int reader, int owner, bool ok);
   // Names caller memory [p, p + bytes) of `device` (-1: host memory any

@@ -11,19 +11,35 @@
 // Model (the CPU executor's semantics, executor.h, over another transport):
 // a SEND does no work; the matching RECV runs on the receiver's stream for
 // that link (one stream per link direction, so links run concurrently) and
-// reads the sender's memory: directly when the receiver may read it
-// (same device, or peer access), else it first copies the chunk into a
-// per-link staging buffer next to the receiver. A RECV's stream waits on the
-// events of the steps its value depends on at the sender, on its own local
-// dependencies, and on the receivers of the earlier SENDs of the chunk it
-// overwrites (the guards). The host enqueues the steps of all ranks in a
-// dependency order found with the shared StepTracker and never waits on the
-// device. At the end each rank's caller stream waits on its own link streams
-// and on every peer's link stream that read its memory, so the caller may
-// reuse the input and output as soon as its stream reaches that point.
+// reads the sender's memory: directly when the receiver may read it (same
+// device, or peer access), else through a staging copy next to the receiver.
+// Consecutive RECV_REDUCEs of one chunk whose intermediate sums nothing else
+// reads are fused into one kernel (dst = base + src1 + ... in step order, the
+// CPU executor's summation order).
+//
+// Each rank enqueues its own work, on its own thread (in XLA: the device's
+// handler), in the order of a StreamPlan computed once per schedule. A wait on
+// a peer's event must be issued after the peer recorded it (CUDA binds a wait
+// to the latest record at call time), so every rank publishes a progress
+// counter, and a rank spins on the host until the peers it waits for have
+// enqueued far enough (the plan's gates). The plan's order is a linear
+// extension of the schedule's dependencies, so these gates cannot deadlock;
+// the rendezvous at the start of each call keeps a call from recording events
+// that a peer has not yet waited on in the previous one. Waits that stream
+// order already implies are dropped when the plan is built, and an event is
+// recorded only where some stream waits on it.
+//
+// At entry each rank's caller stream (XLA's) records `start`: a link stream
+// waits on its rank's start and on the start of every peer whose memory it
+// reads. At exit the caller stream waits for the last work of every stream
+// that touches the rank's memory (its own link streams, and the peers' link
+// streams that read it), so the caller may reuse the input and output as soon
+// as its stream gets there. No call here synchronises with the device.
 #ifndef JAX_BLINK_CC_STREAM_EXEC_H_
 #define JAX_BLINK_CC_STREAM_EXEC_H_
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,11 +53,19 @@ namespace jax_blink {
 using StreamId = int32_t;
 using EventId = int32_t;
 
+// One operand of a reduction: the buffer type T of the dtype (an input) or
+// the accumulator type A (float32 for f16/bf16).
+struct StreamOperand {
+  const void* p = nullptr;
+  bool is_input = false;
+};
+
 // The operations the executor needs from a stream-and-event runtime. Work
 // calls are asynchronous and run in stream order. Wait(s, e) orders the later
 // work of s after the work that preceded the most recent Record(e, .) issued
 // before the Wait call (CUDA's rule; a never-recorded event is complete).
-// Every call returns "" or an error message; none aborts.
+// Every call returns "" or an error message; none aborts. Implementations
+// must allow concurrent calls from several threads (one per rank).
 class StreamTransport {
  public:
   virtual ~StreamTransport() = default;
@@ -51,8 +75,6 @@ class StreamTransport {
   virtual std::string CreateEvent(int device, EventId* e) = 0;
   virtual void DestroyStream(StreamId s) = 0;
   virtual void DestroyEvent(EventId e) = 0;
-  virtual std::string Alloc(int device, size_t bytes, void** p) = 0;
-  virtual void Free(int device, void* p) = 0;
   // Whether work on device `reader` may read memory of device `owner`
   // directly (same device, or peer access, which this enables on first use).
   virtual bool PeerReadable(int reader, int owner) = 0;
@@ -65,13 +87,12 @@ class StreamTransport {
   // Copies `bytes` from src (on src_device) to dst (on dst_device).
   virtual std::string Copy(StreamId s, void* dst, int dst_device,
                            const void* src, int src_device, size_t bytes) = 0;
-  // dst[i] = base[i] + src[i] in the accumulator type of d (float32 for
-  // f16/bf16; wrapping for integers). An operand flagged *_is_input has the
-  // buffer type T of d, else the accumulator type A; dst has type A. base
-  // may equal dst.
-  virtual std::string Reduce(StreamId s, DType d, void* dst, const void* base,
-                             bool base_is_input, const void* src,
-                             bool src_is_input, int64_t n) = 0;
+  // dst[i] = ops[0][i] + ops[1][i] + ... + ops[nops-1][i], summed left to
+  // right in the accumulator type of d (float32 for f16/bf16; wrapping for
+  // integers); 2 <= nops <= kMaxFuse + 1. dst has type A; ops[0] may equal
+  // dst (in place).
+  virtual std::string Reduce(StreamId s, DType d, void* dst,
+                             const StreamOperand* ops, int nops, int64_t n) = 0;
   // dst[i] = float32(src[i]) (d is f16 or bf16).
   virtual std::string ToAcc(StreamId s, DType d, void* dst, const void* src,
                             int64_t n) = 0;
@@ -79,6 +100,83 @@ class StreamTransport {
   // (nothing when out == acc).
   virtual std::string Finalize(StreamId s, DType d, void* out, const void* acc,
                                int64_t n) = 0;
+};
+
+// Fault injection for the race checker's own tests: each bit drops one
+// class of waits from the plan, which must make the emulator report races.
+// Never set outside tests.
+enum StreamOmit : uint32_t {
+  kOmitNone = 0,
+  kOmitEntryWaits = 1u << 0,  // link streams waiting for the callers' inputs
+  kOmitDepWaits = 1u << 1,    // a RECV waiting for the value it reads
+  kOmitGuards = 1u << 2,      // a RECV waiting for earlier readers of a chunk
+  kOmitExitWaits = 1u << 3,   // caller streams waiting for the link streams
+};
+
+// The order in which each rank enqueues its work, with the waits, events
+// and host gates of every item. Built once per schedule (pure host code, no
+// runtime calls); read-only afterwards, shared by all ranks.
+struct StreamPlan {
+  // A kernel operand or copy source at peer `peer`: its input (the schedule
+  // said the value is still the input) or its accumulator.
+  struct Src {
+    int32_t peer = -1;
+    bool input = false;
+  };
+  // Wait for event `event` of rank `owner` (an index into its events).
+  struct WaitRef {
+    int32_t owner = -1;
+    int32_t event = -1;
+  };
+  // Before enqueueing, rank `owner` must have enqueued this much of the
+  // call (progress counts: 1 once its start is recorded, k + 2 once its item
+  // k is enqueued).
+  struct Gate {
+    int32_t owner = -1;
+    int32_t progress = 0;
+  };
+  // One unit of work: a RECV_COPY, or one or more fused RECV_REDUCEs of a
+  // chunk.
+  struct Item {
+    Op op = Op::kRecvCopy;
+    int32_t link = -1;   // the peer whose link stream runs it
+    int32_t chunk = -1;
+    int32_t step = -1;   // the (first) RECV step
+    bool base_input = false;  // reduce: the base is the rank's input
+    int32_t src_begin = 0, src_end = 0;    // into srcs, in summation order
+    int32_t wait_begin = 0, wait_end = 0;  // into waits
+    int32_t gate_begin = 0, gate_end = 0;  // into gates
+    int32_t event = -1;  // recorded after it on its stream (-1: nobody waits)
+  };
+  // Elements [offset, offset + length) of the buffers.
+  struct Span {
+    int64_t offset = 0;
+    int64_t length = 0;
+  };
+  static constexpr int32_t kStartEvent = 0;  // on the caller stream, at entry
+  static constexpr int32_t kDoneEvent = 1;   // on the caller stream, at exit
+  struct Rank {
+    std::vector<Item> items;
+    std::vector<Src> srcs;
+    std::vector<WaitRef> waits;
+    std::vector<Gate> gates;
+    std::vector<int32_t> links;  // peers whose link streams have items
+    // Exit: the caller stream's waits and their gates.
+    std::vector<WaitRef> exit_waits;
+    std::vector<Gate> exit_gates;
+    // Chunks some RECV writes here (merged runs; the output is the
+    // accumulator rounded, or the accumulator itself) and the others (the
+    // output is the input).
+    std::vector<Span> written, unwritten;
+    int32_t nevents = 2;  // start, done, then the items' events
+    int64_t fused_steps = 0;  // RECV_REDUCEs that joined an earlier one
+  };
+  std::vector<Rank> ranks;
+  uint32_t omit = kOmitNone;
+
+  // Builds the plan of `s` (omit: StreamOmit bits, tests only). Returns ""
+  // or an error (a schedule whose steps cannot be ordered).
+  std::string Build(const Schedule& s, uint32_t omit = kOmitNone);
 };
 
 // One rank of a collective, as the caller hands it in.
@@ -89,56 +187,83 @@ struct StreamRank {
   StreamId stream = -1;       // the caller's stream (e.g. XLA's)
 };
 
-// Fault injection for the race checker's own tests: each bit drops one
-// class of waits, which must make the emulator report races. Never set
-// outside tests.
-enum StreamOmit : uint32_t {
-  kOmitNone = 0,
-  kOmitEntryWaits = 1u << 0,  // link streams waiting for the callers' inputs
-  kOmitDepWaits = 1u << 1,    // a RECV waiting for the value it reads
-  kOmitGuards = 1u << 2,      // a RECV waiting for earlier readers of a chunk
-  kOmitExitWaits = 1u << 3,   // caller streams waiting for the link streams
+// What a rank publishes to its peers for the duration of a call. Its address
+// is stable (it lives in the rank's executor); the fields are written before
+// `progress` reaches the call's base + 1, and read by peers only after they
+// saw that (release/acquire).
+struct StreamPeerView {
+  std::atomic<uint64_t> progress{0};
+  int device = -1;
+  const void* in = nullptr;  // the input as peers read it (a snapshot when aliased)
+  void* acc = nullptr;       // the accumulator (the output, or scratch)
+  std::vector<EventId> events;  // StreamPlan::Rank::nevents events
 };
 
-struct StreamExecOptions {
-  // Kernels read peers' memory when the transport says they may; false:
-  // always stage through copies, as between devices without peer access.
-  bool direct = true;
-  uint32_t omit = kOmitNone;  // StreamOmit bits (tests only)
+// A peer as one call sees it: its view and its progress at the call's start
+// (from the rendezvous).
+struct StreamPeer {
+  const StreamPeerView* view = nullptr;
+  uint64_t base = 0;
 };
 
-// Counters of the last Enqueue (for tests and benchmarks).
+// Counters of a rank's last Enqueue (debug log, tests and benchmarks).
 struct StreamExecStats {
   int64_t kernels = 0;  // Reduce/ToAcc/Finalize calls
   int64_t copies = 0;   // Copy calls
   int64_t waits = 0;    // Wait calls
   int64_t records = 0;  // Record calls
-  int64_t staged_links = 0;  // receiver-sender pairs that stage their reads
+  int64_t staged_links = 0;   // peers whose reads go through staging
+  int64_t workspace_bytes = 0;
+  int64_t enqueue_ns = 0;  // host time of Enqueue
+  int64_t gate_ns = 0;     // of which waiting for peers to enqueue
 };
 
-// Holds the streams, events and scratch buffers of one set of devices and
-// reuses them across calls (they only grow). Not thread-safe: callers
-// serialise Enqueue calls on one instance. Consecutive Enqueue calls on one
-// instance are ordered on the device as well: each call's link streams wait
-// for the end of the previous call on every rank, so scratch and staging
-// buffers are never overwritten while still being read.
-class StreamExecutor {
+// Executes one rank's part of a collective, call after call: holds the
+// rank's link streams and events (created on first use, destroyed with the
+// executor) and its view. One executor per (call site, device); Enqueue
+// calls on one executor must not overlap.
+class StreamRankExecutor {
  public:
-  explicit StreamExecutor(StreamTransport* transport);
-  ~StreamExecutor();
-  StreamExecutor(const StreamExecutor&) = delete;
-  StreamExecutor& operator=(const StreamExecutor&) = delete;
+  explicit StreamRankExecutor(StreamTransport* transport);
+  ~StreamRankExecutor();
+  StreamRankExecutor(const StreamRankExecutor&) = delete;
+  StreamRankExecutor& operator=(const StreamRankExecutor&) = delete;
 
-  // Enqueues the whole collective for all ranks of `s` (ranks[r] is rank r)
-  // on their streams. Returns "" or an error; never synchronises.
-  std::string Enqueue(const Schedule& s, const std::vector<StreamRank>& ranks,
-                      const StreamExecOptions& opts);
+  const StreamPeerView& view() const { return view_; }
+  // The progress base of the next call (publish it at the rendezvous).
+  uint64_t next_base() const { return view_.progress.load(std::memory_order_relaxed); }
+
+  // Device memory the rank needs for one call: the float32 accumulator
+  // (f16/bf16), a snapshot of the input when the output aliases it, and
+  // staging for reads from peers with staged[p] set.
+  static size_t WorkspaceBytes(const Schedule& s, const StreamPlan& plan, int64_t rank,
+                               const std::vector<uint8_t>& staged, bool alias);
+
+  // Enqueues rank `rank` of `s` on its streams (see the file comment).
+  // peers[q] for every rank q (peers[rank] is this executor). staged[p]:
+  // reads from peer p go through staging. workspace: WorkspaceBytes() bytes
+  // on me.device (null when 0). Waits at most until `deadline` for peers to
+  // enqueue, and stops early when *failed becomes non-zero. Returns "" or
+  // an error; never synchronises with the device.
+  std::string Enqueue(const Schedule& s, const StreamPlan& plan, int64_t rank,
+                      const StreamRank& me, void* workspace,
+                      const std::vector<StreamPeer>& peers,
+                      const std::vector<uint8_t>& staged,
+                      std::chrono::steady_clock::time_point deadline,
+                      const std::atomic<uint32_t>* failed);
 
   const StreamExecStats& stats() const { return stats_; }
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  void Release();
+  std::string Prepare(const StreamPlan& plan, int64_t rank, int device);
+
+  StreamTransport* tp_;
+  StreamPeerView view_;
+  const StreamPlan* plan_ = nullptr;  // what the streams and events are for
+  int64_t rank_ = -1;
+  std::vector<StreamId> link_;  // [peer]
+  StreamId last_caller_ = -1;
   StreamExecStats stats_;
 };
 

@@ -46,6 +46,7 @@ def info(sched):
 
 def emulate(sched, inputs, **kw):
     res = ext.emulate_streams(sched, inputs, **kw)
+    assert res["errors"] == [None] * len(inputs)
     assert res["races"] == [], "\n".join(res["races"][:5])
     st = res["stats"]
     assert st["races"] == 0
@@ -348,7 +349,7 @@ def test_handler_protocol_rank0_enqueues_for_all(nranks, devices):
     sched = lowered(nranks, 3001, "bfloat16", 4)
     inputs = make_inputs("bfloat16", nranks, 3001, seed=nranks)
     dev = [0] * nranks if devices == "one-gpu" else list(range(nranks))
-    res = emulate(sched, inputs, devices=dev, handler=True, repeat=3, seed=nranks)
+    res = emulate(sched, inputs, devices=dev, repeat=3, seed=nranks)
     assert res["errors"] == [None] * nranks
     check_sum("bfloat16", inputs, res["outputs"][0])
     assert_bit_identical(res["outputs"])
@@ -356,8 +357,8 @@ def test_handler_protocol_rank0_enqueues_for_all(nranks, devices):
 
 def test_handler_protocol_times_out_naming_the_missing_rank():
     sched = lowered(4, 100, "float32", 1)
-    res = ext.emulate_streams(sched, make_inputs("float32", 4, 100), handler=True,
-                              skip_ranks=[2], timeout_ms=200)
+    res = ext.emulate_streams(sched, make_inputs("float32", 4, 100), skip_ranks=[2],
+                              timeout_ms=200)
     assert res["errors"][2] == "skipped"
     for r in (0, 1, 3):
         assert "timed out after 200 ms" in res["errors"][r]
@@ -366,8 +367,7 @@ def test_handler_protocol_times_out_naming_the_missing_rank():
 
 def test_handler_protocol_fails_every_rank_on_one_bad_buffer():
     sched = lowered(3, 100, "float32", 1)
-    res = ext.emulate_streams(sched, make_inputs("float32", 3, 100), handler=True,
-                              bad_count_rank=1)
+    res = ext.emulate_streams(sched, make_inputs("float32", 3, 100), bad_count_rank=1)
     assert len(set(res["errors"])) == 1  # the same verdict everywhere
     assert "rank 1: the buffers have 101 (input) and 101 (output) elements" in res["errors"][0]
     assert "the schedule is for 100" in res["errors"][0]
