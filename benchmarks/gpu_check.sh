@@ -28,5 +28,12 @@ python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_suppo
 JAX_PLATFORMS=cuda,cpu timeout 420 python3 -m pytest -q --maxfail=15 --timeout 120 -p no:cacheprovider \
   tests/test_cuda.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
 
-JAX_PLATFORMS=cuda,cpu timeout 200 python3 benchmarks/bench_cuda.py --out "$out/bench_cuda.json" \
-  2>&1 | tee "$out/bench_cuda.log"
+bench() {  # name, then bench_cuda.py arguments
+  local name="$1"; shift
+  JAX_PLATFORMS=cuda,cpu timeout 300 python3 benchmarks/bench_cuda.py --out "$out/$name.json" "$@" 2>&1
+}
+bench bench_cuda_f32 --chunks 1 2 4 8 16 32
+bench bench_cuda_f32_planner
+bench bench_cuda_bf16 --dtype bfloat16
+bench bench_cuda_f32_staged --staged
+bench bench_cuda_1mb --mbytes 1 --chunks 1 2 4
