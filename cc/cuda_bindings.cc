@@ -312,6 +312,13 @@ double TimeKernel(int dtype, int64_t count, int64_t iters, bool from_input, bool
   return ms / 1e3 / static_cast<double>(iters);
 }
 
+// The PCI bus id ("dddd:bb:dd.f") of CUDA device `ordinal`.
+std::string PciBusId(int ordinal) {
+  char buf[64] = {0};
+  Check(cudaDeviceGetPCIBusId(buf, sizeof(buf), ordinal), "cudaDeviceGetPCIBusId");
+  return std::string(buf);
+}
+
 int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -339,6 +346,8 @@ PYBIND11_MODULE(_blink_cuda, m) {
       "FFI state types: {name: {type_id, type_info}} for jax.ffi.register_ffi_type "
       "(platform CUDA).");
   m.def("device_count", &DeviceCount, "CUDA devices visible (0 without a GPU or driver)");
+  m.def("pci_bus_id", &PciBusId, py::arg("ordinal"),
+        "The PCI bus id of a CUDA device ordinal, as the CUDA runtime reports it.");
   m.def("run_schedule", &RunSchedule, py::arg("schedule"), py::arg("inputs"),
         py::arg("direct") = true, py::arg("repeat") = 1, py::arg("device") = 0,
         "Runs every rank of `schedule` on one GPU (N simulated ranks, each with its own "

@@ -149,7 +149,7 @@ ffi::Error Execute(cudaStream_t stream, ffi::RunId run_id, int32_t device,
   CudaDeviceGuard keep_device;  // XLA's thread keeps its current device
   int64_t generation = -1;
   const WorkspaceFn workspace = [&scratch](size_t bytes, void** p) -> std::string {
-    std::optional<void*> mem = scratch.Allocate(bytes, 256);
+    std::optional<void*> mem = scratch.Allocate(bytes, 16);
     if (!mem.has_value()) {
       return "XLA's scratch allocator could not provide " + std::to_string(bytes) +
              " bytes for the executor's workspace";

@@ -76,10 +76,9 @@ def has_cuda_support():
 
     The module holds the CUDA FFI handlers and a single-GPU harness
     (tests/test_cuda.py); whether a GPU is visible is
-    ``jax_blink._blink_cuda.device_count() > 0``. The handlers have been
-    compile-checked but not yet run on a GPU, so ``psum`` uses them only with
-    ``JAX_BLINK_CUDA=1`` (see :func:`cuda_opted_in`). Returns False (never
-    raises) when the module is not built.
+    ``jax_blink._blink_cuda.device_count() > 0``. ``psum`` uses the handlers
+    on NVIDIA GPUs unless ``JAX_BLINK_CUDA=0`` (see :func:`cuda_enabled`).
+    Returns False (never raises) when the module is not built.
     """
     try:
         from jax_blink import _blink_cuda
@@ -88,11 +87,26 @@ def has_cuda_support():
     return bool(_blink_cuda.has_cuda())
 
 
-def cuda_opted_in():
-    """Whether ``JAX_BLINK_CUDA`` asks psum to use the (experimental) CUDA executor."""
+def cuda_enabled():
+    """Whether psum may use the CUDA executor: ``JAX_BLINK_CUDA`` unset or 1
+    (the default), not 0."""
     value = os.environ.get("JAX_BLINK_CUDA", "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
+    if value in ("", "1", "true", "yes", "on"):
         return True
-    raise ValueError(f"JAX_BLINK_CUDA={value!r}: use 1 to enable the CUDA executor, 0 to disable it")
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"JAX_BLINK_CUDA={value!r}: use 0 to keep psum off the CUDA executor "
+                     "(lax.psum on GPUs), 1 (the default) to use it")
+
+
+def cuda_pci_bus_ids(ordinals):
+    """The PCI bus id of each CUDA device ordinal, from the CUDA runtime, or
+    None without the CUDA module."""
+    if not has_cuda_support():
+        return None
+    from jax_blink import _blink_cuda
+
+    try:
+        return [_blink_cuda.pci_bus_id(int(o)) for o in ordinals]
+    except RuntimeError:
+        return None

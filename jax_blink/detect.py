@@ -1,22 +1,43 @@
 """Topology of the live machine: the only module of jax_blink that touches hardware.
 
-It runs ``nvidia-smi topo -m`` when the tool exists and parses the matrix with
-:meth:`jax_blink.topology.Topology.from_nvidia_smi`. Pure Python: never
-imports jax.
+It runs ``nvidia-smi`` when the tool exists: ``nvidia-smi topo -m`` for the
+link matrix (parsed by :meth:`jax_blink.topology.Topology.from_nvidia_smi`)
+and ``nvidia-smi --query-gpu=index,pci.bus_id,uuid`` to find which of the
+machine's GPUs a job was given. ``nvidia-smi`` lists every GPU of the
+machine whatever ``CUDA_VISIBLE_DEVICES`` says, so a partial allocation (the
+case Blink exists for) is mapped back to it: by PCI bus id when the CUDA
+runtime reported one per device, else through ``CUDA_VISIBLE_DEVICES``.
+Pure Python: never imports jax.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from typing import Optional, Sequence
 
-from jax_blink.topology import Topology
+from jax_blink.topology import Topology, TopologyError
 
-__all__ = ["detect"]
+__all__ = ["detect", "detect_allocation", "gpu_table", "parse_gpu_table", "normalize_bus_id",
+           "smi_indices"]
 
 
-def detect(timeout_s: float = 10.0, **bandwidths) -> Topology | None:
-    """The GPU topology of this machine, or None where ``nvidia-smi`` is absent or fails.
+def _nvidia_smi(args, timeout_s):
+    """``nvidia-smi args`` output, or None where the tool is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        result = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def detect(timeout_s: float = 10.0, **bandwidths) -> Optional[Topology]:
+    """The GPU topology of this machine (every GPU ``nvidia-smi`` lists), or None
+    where ``nvidia-smi`` is absent or fails.
 
     Parameters
     ----------
@@ -32,13 +53,140 @@ def detect(timeout_s: float = 10.0, **bandwidths) -> Topology | None:
     jax_blink.topology.TopologyError
         If ``nvidia-smi`` ran but printed a matrix that cannot be parsed.
     """
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
+    text = _nvidia_smi(["topo", "-m"], timeout_s)
+    if text is None:
         return None
-    try:
-        result = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
+    return Topology.from_nvidia_smi(text, name="detected", **bandwidths)
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """A PCI bus id as ``dddd:bb:dd.f`` in lower-case hex.
+
+    ``nvidia-smi`` prints an 8-digit domain (``00000000:07:00.0``), the CUDA
+    runtime a 4-digit one (``0000:07:00.0``).
+
+    >>> normalize_bus_id("00000000:0A:00.0")
+    '0000:0a:00.0'
+    """
+    m = re.fullmatch(r"\s*(?:([0-9a-fA-F]+):)?([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)\s*",
+                     str(bus_id))
+    if m is None:
+        raise TopologyError(f"{bus_id!r} is not a PCI bus id (domain:bus:device.function)")
+    domain, bus, dev, fn = (int(g, 16) if g else 0 for g in m.groups())
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def parse_gpu_table(text: str) -> list:
+    """``(index, bus_id, uuid)`` per GPU from ``nvidia-smi
+    --query-gpu=index,pci.bus_id,uuid --format=csv,noheader``.
+
+    >>> parse_gpu_table("0, 00000000:07:00.0, GPU-aa\\n1, 00000000:0A:00.0, GPU-bb\\n")
+    [(0, '0000:07:00.0', 'GPU-aa'), (1, '0000:0a:00.0', 'GPU-bb')]
+    """
+    rows = []
+    for line in str(text).splitlines():
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 3 or not fields[0].isdigit():
+            raise TopologyError(f"unexpected nvidia-smi --query-gpu line {line!r}: expected "
+                                "'index, pci.bus_id, uuid'")
+        rows.append((int(fields[0]), normalize_bus_id(fields[1]), fields[2]))
+    return rows
+
+
+def gpu_table(timeout_s: float = 10.0) -> Optional[list]:
+    """:func:`parse_gpu_table` of this machine, or None without ``nvidia-smi``."""
+    text = _nvidia_smi(["--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"], timeout_s)
+    return None if text is None else parse_gpu_table(text)
+
+
+def smi_indices(ordinals: Sequence[int], table: Sequence[tuple], *,
+                bus_ids: Optional[Sequence[str]] = None,
+                visible: Optional[str] = None) -> list:
+    """The ``nvidia-smi`` index of each CUDA device ordinal.
+
+    Parameters
+    ----------
+    ordinals : sequence of int
+        CUDA device ordinals (``jax.Device.local_hardware_id``), one per rank.
+    table : sequence of (index, bus_id, uuid)
+        :func:`parse_gpu_table` of the machine.
+    bus_ids : sequence of str, optional
+        The PCI bus id of each ordinal as the CUDA runtime reports it: the
+        reliable mapping, used when given.
+    visible : str, optional
+        ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, comma-separated): ordinal
+        ``i`` is its ``i``-th entry. Without either, ordinal ``i`` is GPU ``i``.
+
+    Raises
+    ------
+    jax_blink.topology.TopologyError
+        If a device cannot be found among the machine's GPUs.
+
+    Examples
+    --------
+    >>> table = [(0, "0000:07:00.0", "GPU-a"), (1, "0000:0a:00.0", "GPU-b"),
+    ...          (2, "0000:47:00.0", "GPU-c")]
+    >>> smi_indices([0, 1], table, bus_ids=["0000:47:00.0", "0000:07:00.0"])
+    [2, 0]
+    >>> smi_indices([0, 1], table, visible="2,1")
+    [2, 1]
+    >>> smi_indices([0], table, visible="GPU-b")
+    [1]
+    """
+    by_bus = {bus: index for index, bus, _ in table}
+    if bus_ids is not None:
+        out = []
+        for ordinal, bus in zip(ordinals, bus_ids):
+            key = normalize_bus_id(bus)
+            if key not in by_bus:
+                raise TopologyError(f"CUDA device {ordinal} (PCI {key}) is not among the GPUs "
+                                    f"nvidia-smi lists ({sorted(by_bus)})")
+            out.append(by_bus[key])
+        return out
+    entries = [e.strip() for e in visible.split(",")] if visible and visible.strip() else None
+    out = []
+    for ordinal in ordinals:
+        if entries is None:
+            out.append(int(ordinal))
+            continue
+        if ordinal >= len(entries):
+            raise TopologyError(f"CUDA device {ordinal} has no entry in CUDA_VISIBLE_DEVICES="
+                                f"{visible!r}")
+        entry = entries[ordinal]
+        if entry.isdigit():
+            out.append(int(entry))
+            continue
+        matches = [index for index, _, uuid in table if uuid.startswith(entry)]
+        if len(matches) != 1:
+            raise TopologyError(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches "
+                                f"{len(matches)} GPUs of nvidia-smi (expected one UUID)")
+        out.append(matches[0])
+    return out
+
+
+def detect_allocation(ordinals: Sequence[int], *, bus_ids: Optional[Sequence[str]] = None,
+                      visible: Optional[str] = None, timeout_s: float = 10.0,
+                      **bandwidths) -> Optional[Topology]:
+    """The topology of the GPUs a job was given, rank ``i`` being CUDA device
+    ``ordinals[i]``: the machine's topology (:func:`detect`) restricted to
+    those GPUs (:meth:`Topology.subset`). None without ``nvidia-smi``.
+
+    See :func:`smi_indices` for ``bus_ids`` and ``visible``.
+
+    Raises
+    ------
+    jax_blink.topology.TopologyError
+        If ``nvidia-smi``'s output cannot be parsed or a device is not found.
+    """
+    machine = detect(timeout_s, **bandwidths)
+    table = gpu_table(timeout_s)
+    if machine is None or table is None:
         return None
-    if result.returncode != 0:
-        return None
-    return Topology.from_nvidia_smi(result.stdout, name="detected", **bandwidths)
+    if len(table) != machine.n:
+        raise TopologyError(f"nvidia-smi lists {len(table)} GPUs but its topology matrix has "
+                            f"{machine.n}")
+    indices = smi_indices(ordinals, table, bus_ids=bus_ids, visible=visible)
+    name = f"detected[{','.join(map(str, indices))}]"
+    return machine.subset(indices, name=name)

@@ -28,9 +28,9 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
-from jax_blink.planner import plan
+from jax_blink.planner import CUDA_LAUNCH_SECONDS, plan
 from jax_blink.schedule import DTYPES, lower_trees
-from jax_blink.topology import Topology
+from jax_blink.topology import Topology, TopologyError
 
 __all__ = ["psum", "pmean", "explain"]
 
@@ -78,10 +78,26 @@ def _timeout_ms(value):
     return int(math.ceil(value * 1000))
 
 
-@functools.lru_cache(maxsize=1)
-def _detected_gpus():
-    from jax_blink.detect import detect  # runs nvidia-smi once
-    return detect()
+@functools.lru_cache(maxsize=8)
+def _detected_allocation(nranks):
+    """``(topology, None)`` of this process's GPUs in ``jax.local_devices()``
+    order (rank i = local GPU i, as in a mesh over ``jax.devices()``), or
+    ``(None, why not)``."""
+    from jax_blink.detect import detect_allocation  # runs nvidia-smi once
+
+    gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+    if len(gpus) != nranks:
+        return None, (f"the reduced axes have {nranks} devices but this process has "
+                      f"{len(gpus)} GPUs, so which GPU is which rank is unknown")
+    ordinals = [d.local_hardware_id for d in gpus]
+    try:
+        topo = detect_allocation(ordinals, bus_ids=_ffi.cuda_pci_bus_ids(ordinals),
+                                 visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except TopologyError as e:
+        return None, f"the GPU topology could not be detected: {e}"
+    if topo is None:
+        return None, "nvidia-smi is not available"
+    return topo, None
 
 
 def _topology(value, nranks):
@@ -89,10 +105,12 @@ def _topology(value, nranks):
         path = os.environ.get("JAX_BLINK_TOPOLOGY")
         if path:
             value = Topology.from_json(path)
-        elif jax.default_backend() == "gpu" and getattr(_detected_gpus(), "n", 0) == nranks:
-            # nvidia-smi's GPU i taken as rank i: right for meshes over
-            # jax.devices() in order; another order costs speed, not results.
-            value = _detected_gpus()
+        elif jax.default_backend() == "gpu":
+            value, why = _detected_allocation(nranks)
+            if value is None:
+                value = Topology.preset(f"shm:{nranks}")
+                _record(f"topology: shm:{nranks} ({why}; pass topology= or set "
+                        "JAX_BLINK_TOPOLOGY)")
         else:
             value = Topology.preset(f"shm:{nranks}")
     elif isinstance(value, str):
@@ -120,8 +138,14 @@ def _chunks(value):
     return int(value)
 
 
+def _launch_s(platform):
+    """Host cost per pipeline step of the platform's executor (the chunk model's
+    launch term): CUDA API calls on GPUs; nothing extra on CPU."""
+    return CUDA_LAUNCH_SECONDS if platform in ("cuda", "gpu") else 0.0
+
+
 @functools.lru_cache(maxsize=256)
-def _plan_and_schedule(topology_key, count, dtype, chunks):
+def _plan_and_schedule(topology_key, count, dtype, chunks, launch_s=0.0):
     """The plan and the encoded schedule for ``count`` elements (cached).
 
     One rank needs no plan (None): its schedule has no steps and the custom
@@ -135,7 +159,7 @@ def _plan_and_schedule(topology_key, count, dtype, chunks):
                                dtype=dtype)
         return None, schedule, schedule.encode()
     p = plan(topology, "allreduce")
-    schedule = p.lower(count * DTYPES[dtype][1], dtype, chunks=chunks)
+    schedule = p.lower(count * DTYPES[dtype][1], dtype, chunks=chunks, launch_s=launch_s)
     return p, schedule, schedule.encode()
 
 
@@ -192,7 +216,7 @@ def _lowering(ctx, x, rank, group, *, platform, axes, topology, chunks, timeout_
     _ffi.ensure_registered(platform)
     aval = ctx.avals_in[0]
     _, _, encoded = _plan_and_schedule(topology, int(np.prod(aval.shape)),
-                                       np.dtype(aval.dtype).name, chunks)
+                                       np.dtype(aval.dtype).name, chunks, _launch_s(platform))
     # one id per call site in the module; a call site inside a loop is told
     # apart by the executor's per-rank generation counter
     return _ffi_rule(ctx, x, rank, group, schedule=encoded, op_id=np.int64(next(_op_ids)),
@@ -233,9 +257,8 @@ def _fallback_reason(axes):
         if not _ffi.has_cuda_support():
             return ("this build of jax_blink has no CUDA executor (nvcc was not found when it "
                     "was built; docs/building.md)")
-        if not _ffi.cuda_opted_in():
-            return ("the CUDA executor has not yet been verified on a GPU; set JAX_BLINK_CUDA=1 "
-                    "to use it (experimental)")
+        if not _ffi.cuda_enabled():
+            return "JAX_BLINK_CUDA=0 keeps psum off the CUDA executor"
         return None
     return f"no jax_blink executor for backend {backend!r}"
 
@@ -331,7 +354,8 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
             for i, r in zip(idx, lax.psum([arrays[i] for i in idx], axes)):
                 out[i] = r
             continue
-        p, schedule, _ = _plan_and_schedule(topo_key, count, np.dtype(dtype).name, chunks)
+        p, schedule, _ = _plan_and_schedule(topo_key, count, np.dtype(dtype).name, chunks,
+                                            _launch_s(jax.default_backend()))
         _record(f"psum over {axes}: {dtype} x {count} ({nbytes} B per device): "
                 f"{_describe(p, schedule)}")
         flat = (arrays[idx[0]].reshape(-1) if len(idx) == 1
@@ -392,5 +416,5 @@ def explain(x=None, axis_size=None, *, topology=None, min_bytes=None, chunks=Non
     if count == 0 or nbytes < threshold:
         return f"lax.psum ({nbytes} B per device < min_bytes {threshold}, or empty)"
     p, schedule, _ = _plan_and_schedule(_topology(topology, axis_size), count, dtype.name,
-                                        _chunks(chunks))
+                                        _chunks(chunks), _launch_s(jax.default_backend()))
     return _describe(p, schedule)

@@ -50,7 +50,8 @@ from . import bounds
 from ._jsonio import read_document
 from .topology import LinkGraph, Topology, TopologyError
 
-__all__ = ["plan", "Plan", "Tree", "PlanError", "ALPHA_SECONDS", "MAX_CHUNKS_PER_TREE",
+__all__ = ["plan", "Plan", "Tree", "PlanError", "ALPHA_SECONDS", "CUDA_LAUNCH_SECONDS",
+           "MAX_CHUNKS_PER_TREE",
            "cache_dir", "clear_memory_cache"]
 
 COLLECTIVES = ("allreduce", "broadcast", "reduce")
@@ -64,6 +65,11 @@ CACHE_VERSION = 1
 #: (``benchmarks/bench_psum_cpu.py --chunks 1,4,12``), so the model picks one
 #: chunk per tree up to ~4 MB per device and few above.
 ALPHA_SECONDS = {"nvlink": 3e-6, "pcie": 5e-6, "net": 10e-6, "shm": 2e-3}
+#: Host cost (seconds) of one pipeline step on the CUDA executor, added to the
+#: link latency: a step is about two CUDA API calls (a kernel or copy, and an
+#: event record or wait) at ~3.3 us each, measured with 8 ranks enqueueing
+#: concurrently on one H100 (``benchmarks/bench_cuda.py --mbytes 1``).
+CUDA_LAUNCH_SECONDS = 7e-6
 #: Upper clamp on the pipeline chunks the model chooses per tree.
 MAX_CHUNKS_PER_TREE = 32
 _RATE_RTOL = 1e-6  # rate ties, certificate checks
@@ -274,15 +280,17 @@ class Plan:
         return result.check()
 
     # -------------------------------------------------------------- lowering
-    def chunks_for(self, size_bytes: int) -> list:
+    def chunks_for(self, size_bytes: int, launch_s: float = 0.0) -> list:
         """Pipeline chunks per tree from the alpha-beta model.
 
         A tree of depth ``D`` (both phases counted for allreduce) moving
         ``S`` bytes at ``R`` bytes/s in ``k`` chunks takes about
         ``(D + k - 1)(alpha + S / (k R))``, minimal at
         ``k = sqrt((D - 1) S / (alpha R))``; ``alpha`` is the largest
-        :data:`ALPHA_SECONDS` of the link kinds the tree uses. The result is
-        rounded and clamped to ``[1, MAX_CHUNKS_PER_TREE]``.
+        :data:`ALPHA_SECONDS` of the link kinds the tree uses plus
+        ``launch_s``, the executor's host cost per step
+        (:data:`CUDA_LAUNCH_SECONDS` on GPUs). The result is rounded and
+        clamped to ``[1, MAX_CHUNKS_PER_TREE]``.
         """
         total = sum(t.weight for t in self.trees)
         graph = self.topology.link_graph(self.link_kinds)
@@ -290,13 +298,14 @@ class Plan:
         for tree in self.trees:
             depth = tree.depth * (2 if self.collective == "allreduce" else 1)
             kinds = {graph.arc_kind[graph.index[x, y]] for path in tree.paths for x, y in zip(path, path[1:])}
-            alpha = max(ALPHA_SECONDS[k] for k in kinds) if kinds else min(ALPHA_SECONDS.values())
+            alpha = launch_s + (max(ALPHA_SECONDS[k] for k in kinds) if kinds
+                                else min(ALPHA_SECONDS.values()))
             share_bytes = size_bytes * tree.weight / total
             k = math.sqrt(max(depth - 1, 0) * share_bytes / (alpha * tree.weight * 1e9))
             out.append(int(min(max(round(k), 1), MAX_CHUNKS_PER_TREE)))
         return out
 
-    def lower(self, size_bytes: int, dtype, chunks=None):
+    def lower(self, size_bytes: int, dtype, chunks=None, launch_s: float = 0.0):
         """The :class:`~jax_blink.schedule.Schedule` moving ``size_bytes`` of ``dtype``.
 
         Parameters
@@ -306,7 +315,9 @@ class Plan:
         dtype : str or numpy dtype
         chunks : int or sequence of int, optional
             Pipeline chunks per tree (one int for all, or one per tree);
-            default: :meth:`chunks_for`.
+            default: :meth:`chunks_for` (with ``launch_s``).
+        launch_s : float
+            The executor's host cost per pipeline step, for :meth:`chunks_for`.
         """
         from .schedule import DTYPES, dtype_name, lower_trees
 
@@ -316,7 +327,7 @@ class Plan:
             raise PlanError(f"size_bytes must be a positive multiple of the {itemsize}-byte item size, "
                             f"got {size_bytes!r}")
         if chunks is None:
-            chunks = self.chunks_for(int(size_bytes))
+            chunks = self.chunks_for(int(size_bytes), launch_s)
         return lower_trees(self.trees, nranks=self.topology.n, collective=self.collective,
                            root=-1 if self.root is None else self.root, count=int(size_bytes) // itemsize,
                            dtype=dtype, chunks=chunks)

@@ -150,7 +150,8 @@ def test_docstring_examples_run():
 
     import importlib
 
-    names = ("schedule", "topology", "planner", "bounds", "simulate", "baselines", "bench_cli")
+    names = ("schedule", "topology", "planner", "bounds", "simulate", "baselines", "bench_cli",
+             "detect")
     for module in (importlib.import_module(f"jax_blink.{n}") for n in names):
         result = doctest.testmod(module)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"

@@ -171,3 +171,70 @@ def test_to_json_is_plain_data():
     data = json.loads(Topology.preset("shm:2").to_json())
     assert data == {"format": "jax_blink.topology", "version": 1, "name": "shm:2", "nranks": 2,
                     "switches": ["host memory"], "links": [[0, 2, 10.0, "shm"], [1, 2, 10.0, "shm"]]}
+
+
+# ---------------------------------------------- the allocation of a job
+DGX1_GPU_TABLE = """\
+0, 00000000:06:00.0, GPU-0b1c
+1, 00000000:07:00.0, GPU-1d2e
+2, 00000000:0A:00.0, GPU-2f30
+3, 00000000:0B:00.0, GPU-3a41
+4, 00000000:85:00.0, GPU-4b52
+5, 00000000:86:00.0, GPU-5c63
+6, 00000000:89:00.0, GPU-6d74
+7, 00000000:8A:00.0, GPU-7e85
+"""
+
+
+@pytest.fixture
+def fake_smi(monkeypatch):
+    """nvidia-smi answering with the recorded DGX-1 outputs."""
+    def run(args, timeout_s):
+        return DGX1V_SMI if args[0] == "topo" else DGX1_GPU_TABLE
+    monkeypatch.setattr(detect, "_nvidia_smi", run)
+
+
+def test_gpu_table_parses_and_normalizes_bus_ids():
+    rows = detect.parse_gpu_table(DGX1_GPU_TABLE)
+    assert rows[2] == (2, "0000:0a:00.0", "GPU-2f30")
+    assert detect.normalize_bus_id("0000:8A:00.0") == detect.normalize_bus_id("00000000:8a:00.0")
+    with pytest.raises(TopologyError, match="not a PCI bus id"):
+        detect.normalize_bus_id("GPU-1")
+    with pytest.raises(TopologyError, match="unexpected nvidia-smi"):
+        detect.parse_gpu_table("index, pci.bus_id, uuid\n")
+
+
+@pytest.mark.parametrize("how", ["bus_ids", "visible_indices", "visible_uuids"])
+def test_partial_allocation_is_the_subset_of_the_machine(fake_smi, how):
+    """CUDA_VISIBLE_DEVICES=5,0,1 (or the same GPUs by bus id or UUID): rank i
+    is CUDA device i, which is machine GPU 5, 0, 1; nvidia-smi still lists
+    all 8 GPUs."""
+    kw = {"bus_ids": dict(bus_ids=["0000:86:00.0", "0000:06:00.0", "0000:07:00.0"]),
+          "visible_indices": dict(visible="5,0,1"),
+          "visible_uuids": dict(visible="GPU-5c63,GPU-0b1c,GPU-1d2e")}[how]
+    t = detect.detect_allocation([0, 1, 2], **kw)
+    want = Topology.from_nvidia_smi(DGX1V_SMI).subset([5, 0, 1])
+    assert t.n == 3 and t.name == "detected[5,0,1]"
+    # GPU 5-1 is one NVLink, 0-1 two, 5-0 none (they meet through PCIe and QPI)
+    assert nvlink_pairs(t) == nvlink_pairs(want) == {(0, 2): 25.0, (1, 2): 50.0}
+    assert t.links == want.links
+
+
+def test_bus_ids_win_over_visible_devices(fake_smi):
+    t = detect.detect_allocation([0, 1], bus_ids=["0000:0b:00.0", "0000:8a:00.0"], visible="0,1")
+    assert t.name == "detected[3,7]"
+
+
+def test_unknown_devices_are_named(fake_smi):
+    with pytest.raises(TopologyError, match="PCI 0000:99:00.0"):
+        detect.detect_allocation([0], bus_ids=["0000:99:00.0"])
+    with pytest.raises(TopologyError, match="no entry in CUDA_VISIBLE_DEVICES"):
+        detect.detect_allocation([0, 1], visible="3")
+    with pytest.raises(TopologyError, match="matches 0 GPUs"):
+        detect.detect_allocation([0], visible="GPU-ffff")
+
+
+def test_no_nvidia_smi_detects_nothing(monkeypatch):
+    monkeypatch.setattr(detect, "_nvidia_smi", lambda args, timeout_s: None)
+    assert detect.detect() is None
+    assert detect.detect_allocation([0, 1]) is None
