@@ -175,3 +175,38 @@ def test_psum_equals_lax_psum_on_several_gpus(jax_gpus, monkeypatch, dtype):
     check_sum(dtype, np.split(x, n), ours)
     if dtype == "int32":
         np.testing.assert_array_equal(ours, run(lax.psum))
+
+
+def test_detected_allocation_covers_the_visible_gpus(cuda):
+    """The real machine: each visible CUDA device, found by its PCI bus id
+    among the GPUs nvidia-smi lists (tests/test_topology.py covers partial
+    allocations of a recorded DGX-1)."""
+    from jax_blink import detect
+
+    n = cuda.device_count()
+    bus_ids = [cuda.pci_bus_id(i) for i in range(n)]
+    table = detect.gpu_table()
+    if table is None:
+        pytest.skip("nvidia-smi is not available")
+    indices = detect.smi_indices(list(range(n)), table, bus_ids=bus_ids)
+    assert sorted(indices) == sorted(set(indices)) and len(indices) == n
+    topo = detect.detect_allocation(list(range(n)), bus_ids=bus_ids)
+    assert topo.n == n
+
+
+def test_debug_log_names_each_cuda_call(jax_gpus):
+    """JAX_BLINK_DEBUG=1: one line per executed collective on the CUDA path
+    (a fresh process: the setting is read once)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, jax; from reference import one_device_collective; "
+            "one_device_collective(np.ones(1000, np.float32), jax.devices('gpu')[0])")
+    env = dict(os.environ, JAX_BLINK_DEBUG="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=os.path.dirname(__file__))
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("jax_blink cuda: op=")]
+    assert lines, res.stderr[-2000:]
+    assert " rank=0 " in lines[0] and " bytes=4000 " in lines[0] and lines[0].endswith(" ok")
