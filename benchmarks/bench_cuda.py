@@ -82,6 +82,7 @@ def main(argv=None):
     cuda = load_cuda()
 
     import jax_blink
+    from jax_blink.planner import CUDA_LAUNCH_SECONDS
 
     code = DTYPE_CODES[args.dtype]
     size = int(args.mbytes * 1e6) // ITEMSIZE[args.dtype] * ITEMSIZE[args.dtype]
@@ -114,7 +115,8 @@ def main(argv=None):
     plan = jax_blink.plan(jax_blink.Topology.preset(preset))
     res.update(preset=preset, staged=args.staged, allreduce=[])
     for chunks in args.chunks or [None]:
-        sched = np.asarray(plan.lower(size, args.dtype, chunks=chunks).encode())
+        sched = np.asarray(plan.lower(size, args.dtype, chunks=chunks,
+                                      launch_s=CUDA_LAUNCH_SECONDS).encode())
         info = cuda_info(sched)
         st = cuda.time_schedule(sched, iters=args.iters, direct=not args.staged)
         t = st["seconds"]

@@ -37,3 +37,4 @@ bench bench_cuda_f32_planner
 bench bench_cuda_bf16 --dtype bfloat16
 bench bench_cuda_f32_staged --staged
 bench bench_cuda_1mb --mbytes 1 --chunks 1 2 4
+bench bench_cuda_hgx --preset hgx-h100

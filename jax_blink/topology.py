@@ -188,7 +188,10 @@ class Topology:
         TopologyError
             If the text holds no GPU matrix or a cell is not understood.
         """
-        lines = [ln.rstrip() for ln in str(text).splitlines()]
+        # nvidia-smi underlines the header with ANSI escapes when it thinks it
+        # writes to a terminal (seen on an H100 machine): drop them.
+        text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(text))
+        lines = [ln.rstrip() for ln in text.splitlines()]
         header_at = next((i for i, ln in enumerate(lines) if re.match(r"^\s+GPU0\b", ln)), None)
         if header_at is None:
             raise TopologyError("no GPU matrix in the nvidia-smi text: expected a header line starting with 'GPU0'")

@@ -162,6 +162,16 @@ def test_malformed_nvidia_smi_is_named(text, message):
         Topology.from_nvidia_smi(text)
 
 
+# Recorded on a one-GPU H100 machine: the header is underlined with ANSI escapes.
+H100_ONE_GPU_SMI = ("\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+                    "GPU0\t X \t0-15\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n")
+
+
+def test_nvidia_smi_with_ansi_escapes_and_one_gpu():
+    t = Topology.from_nvidia_smi(H100_ONE_GPU_SMI)
+    assert t.n == 1 and t.links == ()
+
+
 def test_detect_without_nvidia_smi_returns_none(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert detect.detect() is None
