@@ -20,10 +20,10 @@ export PYTHONUNBUFFERED=1 PJRT_NPROC=64
 } 2>&1 | tee "$out/machine.txt"
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  python3 -m pip install --no-build-isolation --no-deps -e . 2>&1 | tail -25 | tee "$out/build.log" || exit 1
+  python3 -m pip install --no-build-isolation --no-deps -e . 2>&1 | tail -25 || exit 1
 fi
 python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_support())" \
-  2>&1 | tee -a "$out/build.log"
+  2>&1
 
 JAX_PLATFORMS=cuda,cpu timeout 420 python3 -m pytest -q --maxfail=15 --timeout 120 -p no:cacheprovider \
   tests/test_cuda.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
