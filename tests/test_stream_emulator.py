@@ -1,6 +1,8 @@
-"""The GPU executor's enqueueing (cc/stream_exec.cc, StreamExecutor) over the
-host stream emulator (cc/stream_emulator.cc), through
-``_blink_ext.emulate_streams``: no GPU needed.
+"""The GPU executor's enqueueing (cc/stream_exec.cc: StreamPlan and one
+StreamRankExecutor per rank, each on its own thread, meeting through
+JoinAndEnqueue as in the CUDA FFI handler) over the host stream emulator
+(cc/stream_emulator.cc), through ``_blink_ext.emulate_streams``: no GPU
+needed.
 
 The emulator queues every transport call on its stream, binds each event
 wait to the event's latest record at call time (CUDA's rule), executes the
@@ -211,7 +213,7 @@ def test_output_aliasing_input(devices, dtype):
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "staged"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int32"])
 def test_repeated_enqueues_reuse_the_executor(alias, direct, dtype):
-    """repeat=3: three Enqueue calls on one executor, the caller reading the
+    """repeat=3: three calls on the same executors, the caller reading the
     output and rewriting the input between them; races are checked across
     the calls (scratch, staging and events are reused)."""
     sched = lowered(7, 1500, dtype, chunks=5)
@@ -343,9 +345,9 @@ def test_bad_arguments_raise():
 # ------------------------------------------- the CUDA handler's host protocol
 @pytest.mark.parametrize("devices", ["one-gpu", "gpu-per-rank"])
 @pytest.mark.parametrize("nranks", [2, 5, 8])
-def test_handler_protocol_rank0_enqueues_for_all(nranks, devices):
-    """The ranks meet on threads through JoinAndLead, as the CUDA FFI handler
-    does; rank 0 enqueues every rank from what they published."""
+def test_each_rank_enqueues_its_own_part_call_after_call(nranks, devices):
+    """The ranks meet on threads through JoinAndEnqueue, as the CUDA FFI
+    handler does, and each enqueues its own part, three calls in a row."""
     sched = lowered(nranks, 3001, "bfloat16", 4)
     inputs = make_inputs("bfloat16", nranks, 3001, seed=nranks)
     dev = [0] * nranks if devices == "one-gpu" else list(range(nranks))
@@ -372,3 +374,39 @@ def test_handler_protocol_fails_every_rank_on_one_bad_buffer():
     assert "rank 1: the buffers have 101 (input) and 101 (output) elements" in res["errors"][0]
     assert "the schedule is for 100" in res["errors"][0]
     assert res["stats"]["exec_kernels"] == 0  # nothing was enqueued
+
+
+# ----------------------------------------------- fewer calls, no allocation
+def test_reduce_scatter_at_each_root_is_one_fused_kernel():
+    """shm:8 plans reduce each rank's slice at its root from the 7 others: the
+    7 RECV_REDUCEs fuse into one 8-operand kernel (6 join the first), per
+    root and chunk."""
+    topo = topology("shm:8")
+    for chunks in (1, 3):
+        sched = encode(planned("shm:8", None, "allreduce").lower(8000 * 4, "float32",
+                                                                 chunks=chunks))
+        res = check(sched, make_inputs("float32", 8, 8000))
+        ntrees = info(sched)["ntrees"]
+        assert res["stats"]["fused_steps"] == ntrees * chunks * (topo.n - 2)
+        assert res["stats"]["exec_kernels"] == ntrees * chunks  # one reduction per root chunk
+
+
+@pytest.mark.parametrize("dtype,direct,alias", [("float32", True, False), ("bfloat16", True, False),
+                                                ("float32", False, False), ("int32", True, True)])
+def test_workspace_is_what_the_dtype_staging_and_aliasing_need(dtype, direct, alias):
+    """The executor allocates nothing; its workspace per rank: a float32
+    accumulator for f16/bf16, a snapshot of an aliased input, and staging for
+    the chunks each staged reduction reads (a plain copy needs none)."""
+    n, count = 4, 1000
+    sched = lowered(n, count, dtype, chunks=2)
+    res = check(sched, make_inputs(dtype, n, count), direct=direct, alias=alias,
+                devices=list(range(n)))
+    itemsize = np.dtype(NP_DTYPES[dtype]).itemsize
+    align = lambda b: -(-b // 256) * 256  # noqa: E731
+    want = (align(count * 4) if dtype == "bfloat16" else 0) + (align(count * itemsize) if alias else 0)
+    if direct:
+        assert res["stats"]["max_workspace_bytes"] == want
+        assert res["stats"]["staged_links"] == 0
+    else:
+        assert res["stats"]["max_workspace_bytes"] > want
+        assert res["stats"]["staged_links"] == n * (n - 1)
