@@ -9,7 +9,6 @@ platform, on the first call of :func:`ensure_registered` (the ops module calls
 it before lowering).
 """
 
-import os
 import threading
 
 TARGET = "jax_blink_collective"
@@ -77,7 +76,7 @@ def has_cuda_support():
     The module holds the CUDA FFI handlers and a single-GPU harness
     (tests/test_cuda.py); whether a GPU is visible is
     ``jax_blink._blink_cuda.device_count() > 0``. ``psum`` uses the handlers
-    on NVIDIA GPUs unless ``JAX_BLINK_CUDA=0`` (see :func:`cuda_enabled`).
+    on NVIDIA GPUs unless ``JAX_BLINK_CUDA=0`` (:func:`jax_blink.settings.cuda_enabled`).
     Returns False (never raises) when the module is not built.
     """
     try:
@@ -85,18 +84,6 @@ def has_cuda_support():
     except ImportError:
         return False
     return bool(_blink_cuda.has_cuda())
-
-
-def cuda_enabled():
-    """Whether psum may use the CUDA executor: ``JAX_BLINK_CUDA`` unset or 1
-    (the default), not 0."""
-    value = os.environ.get("JAX_BLINK_CUDA", "").strip().lower()
-    if value in ("", "1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"JAX_BLINK_CUDA={value!r}: use 0 to keep psum off the CUDA executor "
-                     "(lax.psum on GPUs), 1 (the default) to use it")
 
 
 def cuda_pci_bus_ids(ordinals):

@@ -97,14 +97,16 @@ def one_device_collective(x, device):
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    from jax_blink import ops
+    from jax_blink import Topology
+    from jax_blink.ops.decide import PlanRequest
+    from jax_blink.ops.primitive import bind_collective
 
     mesh = jax.sharding.Mesh(np.asarray([device]), ("x",))
-    key = ops._topology("shm:1", 1)
+    request = PlanRequest(Topology.preset("shm:1"))
 
     def body(v):
-        flat = ops.blink_psum_p.bind(v.reshape(-1), jnp.int32(0), jnp.int32(0), axes=("x",),
-                                     topology=key, chunks=None, timeout_ms=10_000, varying=True)
+        flat = bind_collective(v.reshape(-1), jnp.int32(0), jnp.int32(0), axes=("x",),
+                               request=request, timeout_ms=10_000, varying=True)
         return flat.reshape(v.shape)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))

@@ -291,11 +291,11 @@ def test_one_rank_schedule_through_the_cpu_custom_call():
 
 
 def test_jax_blink_cuda_setting_is_parsed_strictly(monkeypatch):
-    from jax_blink import _ffi
+    from jax_blink import settings
 
     for value, expected in (("", True), ("0", False), ("off", False), ("1", True), ("yes", True)):
         monkeypatch.setenv("JAX_BLINK_CUDA", value)
-        assert _ffi.cuda_enabled() is expected
+        assert settings.cuda_enabled() is expected
     monkeypatch.setenv("JAX_BLINK_CUDA", "maybe")
     with pytest.raises(ValueError, match="JAX_BLINK_CUDA='maybe'"):
-        _ffi.cuda_enabled()
+        settings.cuda_enabled()
