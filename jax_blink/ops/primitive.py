@@ -31,12 +31,26 @@ __all__ = ["blink_psum_p", "bind_collective"]
 blink_psum_p = Primitive("blink_psum")
 
 
+_sites = itertools.count()
+
+
 def bind_collective(flat, rank, group, *, axes, request, timeout_ms, varying, schedule=None):
-    """Binds the primitive on a 1-D value (planning it when ``schedule`` is None)."""
+    """Binds the primitive on a 1-D value (planning it when ``schedule`` is None).
+
+    Each bind is its own call site (``site``): jax would otherwise lower two
+    identical binds once and call the result twice, giving two collectives
+    one op id.
+    """
     if schedule is None:
         _, _, schedule = schedule_for(request, int(flat.size), np.dtype(flat.dtype).name)
     return blink_psum_p.bind(flat, rank, group, axes=axes, request=request, schedule=schedule,
-                             timeout_ms=timeout_ms, varying=varying)
+                             timeout_ms=timeout_ms, varying=varying, site=next(_sites))
+
+
+def _rebind(x, rank, group, **params):
+    """Binds again (jvp, transpose) as a new call site."""
+    params["site"] = next(_sites)
+    return blink_psum_p.bind(x, rank, group, **params)
 
 
 def _abstract_eval(x, rank, group, *, axes, varying, **params):
@@ -53,11 +67,11 @@ def _impl(*args, **params):
 
 def _jvp(primals, tangents, **params):
     x, rank, group = primals
-    out = blink_psum_p.bind(x, rank, group, **params)
+    out = _rebind(x, rank, group, **params)
     tx = tangents[0]
     if type(tx) is ad.Zero:
         return out, ad.Zero.from_primal_value(out)
-    return out, blink_psum_p.bind(tx, rank, group, **params)
+    return out, _rebind(tx, rank, group, **params)
 
 
 def _transpose(ct, x, rank, group, *, axes, varying, **params):
@@ -68,10 +82,10 @@ def _transpose(ct, x, rank, group, *, axes, varying, **params):
         # cotangent of each rank's input is the (invariant) cotangent itself.
         return [lax.pcast(ct, axes, to="varying"), None, None]
     # check_vma=False and pmap: psum's transpose is psum, as for lax.psum.
-    return [blink_psum_p.bind(ct, rank, group, axes=axes, varying=varying, **params), None, None]
+    return [_rebind(ct, rank, group, axes=axes, varying=varying, **params), None, None]
 
 
-def _batch(args, dims, *, schedule, request, **params):
+def _batch(args, dims, *, schedule, request, site, **params):
     x, rank, group = args
     bx, brank, bgroup = dims
     if brank is not None or bgroup is not None:  # None: not mapped
@@ -81,11 +95,14 @@ def _batch(args, dims, *, schedule, request, **params):
     return out.reshape(x.shape), 0
 
 
-_ffi_rule = jax.ffi.ffi_lowering(_ffi.TARGET)
+# Side-effecting: XLA neither merges two collectives with equal operands nor
+# drops an unused one (every device must run the same collectives), and keeps
+# their order.
+_ffi_rule = jax.ffi.ffi_lowering(_ffi.TARGET, has_side_effect=True)
 _op_ids = weakref.WeakKeyDictionary()  # lowered module -> its op id counter
 
 
-def _lowering(ctx, x, rank, group, *, platform, schedule, timeout_ms, **params):
+def _lowering(ctx, x, rank, group, *, platform, schedule, timeout_ms, site, **params):
     _ffi.ensure_registered(platform)
     module = ctx.module_context.module
     if module not in _op_ids:

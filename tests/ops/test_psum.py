@@ -299,3 +299,45 @@ def test_jax_blink_cuda_setting_is_parsed_strictly(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_CUDA", "maybe")
     with pytest.raises(ValueError, match="JAX_BLINK_CUDA='maybe'"):
         settings.cuda_enabled()
+
+
+def test_op_ids_are_numbered_per_program_and_repeat_across_traces():
+    """Two psums in one program get ids 1 and 2; tracing the same program again
+    (as another process would) gives the same ids, whatever was lowered in
+    between."""
+    import re
+
+    mesh = mesh1d()
+    x = random_input("float32", (N, 64))
+
+    def lowered_ids():
+        f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "x") * jax_blink.psum(2 * v, "x"),
+                                  mesh=mesh, in_specs=P("x"), out_specs=P()))
+        return re.findall(r"op_id = (\d+)", f.lower(x).as_text())
+
+    first = lowered_ids()
+    per_device(lambda v: jax_blink.psum(v + 1, "x"), x, mesh)  # another program in between
+    assert first == ["1", "2"] and lowered_ids() == first
+
+
+def test_explain_gives_the_decision_psum_records():
+    mesh = mesh1d()
+    for size, min_bytes in ((100, 0), (100, 1 << 20), (0, 0)):
+        x = random_input("float32", (N, size))
+        per_device(lambda v: jax_blink.psum(v, "x", min_bytes=min_bytes), x, mesh)
+        recorded = jax_blink.explain().splitlines()[-1]
+        assert recorded == "psum over ('x',): " + jax_blink.explain(
+            jax.ShapeDtypeStruct((size,), jnp.float32), N, min_bytes=min_bytes)
+
+
+def test_every_collective_of_a_jvp_program_has_its_own_op_id():
+    import re
+
+    mesh = mesh1d()
+    x = random_input("float32", (N, 64))
+    f = jax.jit(jax.shard_map(lambda v: jax.jvp(lambda u: jax_blink.psum(u, "x"), (v,), (v,)),
+                              mesh=mesh, in_specs=P("x"), out_specs=(P(), P())))
+    ids = re.findall(r"op_id = (\d+)", f.lower(x).as_text())
+    assert len(ids) == 2 and len(set(ids)) == 2
+    primal, tangent = f(x)
+    np.testing.assert_allclose(primal, tangent, rtol=1e-6)
