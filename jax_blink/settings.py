@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "ExecutorSettings", "min_bytes", "timeout_ms",
+__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "MAX_CHUNKS", "ExecutorSettings", "min_bytes", "timeout_ms",
            "chunks", "topology_source", "cuda_enabled", "debug", "cache_dir", "executor"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
@@ -26,6 +27,12 @@ __all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "ExecutorSettings", "min_by
 #: into one all-reduce.
 DEFAULT_MIN_BYTES = 0
 DEFAULT_TIMEOUT_S = 60.0
+#: The longest timeout accepted (a week): the executors count milliseconds
+#: from now, and a larger number would overflow their deadlines.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+#: The most pipeline chunks per tree accepted from ``chunks=`` (lowering
+#: time and schedule size grow with it; the model itself picks at most 32).
+MAX_CHUNKS = 1024
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -57,10 +64,20 @@ def _flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={text!r}: use 1 or 0")
 
 
+def _is_integer(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def _is_real(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
+
 def min_bytes(value=None) -> int:
     """``min_bytes=``, else ``JAX_BLINK_MIN_BYTES``, else :data:`DEFAULT_MIN_BYTES`."""
     if value is not None:
-        if int(value) < 0:
+        if not _is_integer(value):
+            raise TypeError(f"min_bytes must be a whole number of bytes, got {value!r}")
+        if value < 0:
             raise ValueError(f"min_bytes must not be negative, got {value}")
         return int(value)
     text = _env("JAX_BLINK_MIN_BYTES")
@@ -79,8 +96,10 @@ def timeout_ms(value=None) -> int:
             where = "JAX_BLINK_TIMEOUT_S"
         value = DEFAULT_TIMEOUT_S if text is None else \
             _number("JAX_BLINK_TIMEOUT_S", text, "a number of seconds")
-    if not value > 0:
-        raise ValueError(f"{where} must be > 0 seconds, got {value}")
+    if not _is_real(value):
+        raise TypeError(f"{where} must be a number of seconds, got {value!r}")
+    if not 0 < value <= MAX_TIMEOUT_S:  # also refuses nan and inf
+        raise ValueError(f"{where} must be > 0 and at most {MAX_TIMEOUT_S:g} seconds, got {value}")
     return int(math.ceil(value * 1000))
 
 
@@ -96,8 +115,10 @@ def chunks(value=None) -> Optional[int]:
             value = int(text)
         except ValueError:
             raise ValueError(f"JAX_BLINK_CHUNKS={text!r} is not a whole number of chunks") from None
-    if int(value) < 1:
-        raise ValueError(f"{where} must be >= 1 per tree, got {value}")
+    if not _is_integer(value):
+        raise TypeError(f"{where} must be a whole number of chunks per tree, got {value!r}")
+    if not 1 <= value <= MAX_CHUNKS:
+        raise ValueError(f"{where} must be between 1 and {MAX_CHUNKS} per tree, got {value}")
     return int(value)
 
 

@@ -45,7 +45,7 @@ def test_executor_settings_from_the_environment(monkeypatch):
     ("JAX_BLINK_TIMEOUT_S", "soon", settings.timeout_ms, "is not a number of seconds"),
     ("JAX_BLINK_TIMEOUT_S", "0", settings.timeout_ms, "must be > 0"),
     ("JAX_BLINK_CHUNKS", "2.5", settings.chunks, "is not a whole number of chunks"),
-    ("JAX_BLINK_CHUNKS", "0", settings.chunks, "must be >= 1"),
+    ("JAX_BLINK_CHUNKS", "0", settings.chunks, "must be between 1 and 1024"),
     ("JAX_BLINK_CUDA", "maybe", settings.cuda_enabled, "use 0 to keep psum off"),
     ("JAX_BLINK_DEBUG", "verbose", settings.debug, "use 1 or 0"),
     ("JAX_BLINK_SPIN", "fast", settings.executor, "is not a number of iterations"),
@@ -65,3 +65,18 @@ def test_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_BLINK_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert settings.cache_dir() == tmp_path / "jax_blink"
+
+
+@pytest.mark.parametrize("call,value,error,message", [
+    (settings.timeout_ms, 1e10, ValueError, "at most"),
+    (settings.timeout_ms, float("inf"), ValueError, "at most"),
+    (settings.timeout_ms, float("nan"), ValueError, "must be > 0"),
+    (settings.timeout_ms, "5", TypeError, "a number of seconds, got '5'"),
+    (settings.timeout_ms, True, TypeError, "a number of seconds"),
+    (settings.chunks, 1.7, TypeError, "whole number of chunks"),
+    (settings.chunks, 10**6, ValueError, "between 1 and 1024"),
+    (settings.min_bytes, 10.5, TypeError, "whole number of bytes"),
+])
+def test_keyword_values_are_checked_not_coerced(call, value, error, message):
+    with pytest.raises(error, match=message):
+        call(value)
