@@ -43,7 +43,6 @@ struct Status {
 
   bool ok() const { return kind == ErrorKind::kOk; }
 
-  static Status Ok() { return Status(); }
   static Status InvalidArgument(std::string m) {
     return {ErrorKind::kInvalidArgument, std::move(m)};
   }

@@ -30,7 +30,8 @@ inline constexpr uint64_t CpuExecutorApiAbi() {
          uint64_t{sizeof(Step)} << 8 ^ uint64_t{sizeof(RankSteps)};
 }
 
-// The capsule's name: the module attribute that holds it.
+// The capsule's name (PyCapsule_GetPointer checks it): _blink_ext's attribute
+// `_cpu_executor`.
 inline constexpr const char* kCpuExecutorApiCapsule = "jax_blink._blink_ext._cpu_executor";
 
 }  // namespace jax_blink

@@ -39,8 +39,9 @@ namespace {
 const CpuExecutorApi* cpu_executor = nullptr;
 
 const CpuExecutorApi* ImportCpuExecutor() {
-  const auto* api =
-      static_cast<const CpuExecutorApi*>(PyCapsule_Import(kCpuExecutorApiCapsule, 0));
+  const py::object capsule = py::module_::import("jax_blink._blink_ext").attr("_cpu_executor");
+  const auto* api = static_cast<const CpuExecutorApi*>(
+      PyCapsule_GetPointer(capsule.ptr(), kCpuExecutorApiCapsule));
   if (api == nullptr) throw py::error_already_set();
   if (api->abi != CpuExecutorApiAbi()) {
     throw py::import_error(
