@@ -430,15 +430,15 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
     }
     return Status();
   };
-  // A transport call's error is Internal.
-#define JB_TRY(call)                                                \
-  do {                                                              \
-    if (!(err = (call)).empty()) return Status::Internal(err);      \
+  // A transport call's error is Internal; a gate's is its own.
+#define JB_TRY(call)                                           \
+  do {                                                         \
+    if (!(err = (call)).empty()) return Status::Internal(err); \
   } while (0)
-#define JB_AWAIT(...)                             \
-  do {                                            \
-    Status waited = await(__VA_ARGS__);           \
-    if (!waited.ok()) return waited;              \
+#define JB_AWAIT(...)                       \
+  do {                                      \
+    Status waited = await(__VA_ARGS__);     \
+    if (!waited.ok()) return waited;        \
   } while (0)
 
   // Entry, on the caller stream: order after the previous call if it used

@@ -98,7 +98,7 @@ struct RankInfo {
   int device = -1;           // stream executors: the rank's device
   void* stream = nullptr;    // stream executors: the caller's stream (opaque)
   // Stream executors: the rank's StreamPeerView and its progress at the
-  // start of this call (stream_exec.h).
+  // start of this call (stream/stream_exec.h).
   const void* stream_view = nullptr;
   uint64_t stream_base = 0;
 };
