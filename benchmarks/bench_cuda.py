@@ -1,6 +1,6 @@
 """CUDA executor on one GPU: reduction kernel bandwidth against a device-to-
 device copy, and an allreduce of N simulated ranks (default 8) at 256 MB per
-rank, all on one GPU through ``jax_blink._blink_cuda``.
+rank, all on one GPU through ``jax_blink._blink_cuda_testing``.
 
     python benchmarks/bench_cuda.py [--ranks 8] [--mbytes 256] [--dtype float32]
         [--iters 10] [--staged] [--preset shm:8] [--out results.json]
@@ -15,7 +15,7 @@ Reported:
     a single D2D copy of every byte the ranks receive (2(N-1)/N * S each)
     would take, divided by the measured time.
 
-Needs an NVIDIA GPU and the _blink_cuda module (built when nvcc is found,
+Needs an NVIDIA GPU and the _blink_cuda_testing module (built when nvcc is found,
 docs/building.md); exits with a message otherwise. Also reported per rank:
 the CUDA API calls of one collective, the host time to enqueue them (and how
 much of it went to waiting for peers to enqueue theirs), and the workspace.
@@ -40,14 +40,18 @@ ACCSIZE = dict(ITEMSIZE, float16=4, bfloat16=4)
 
 
 def load_cuda():
+    """The single-GPU harness (jax_blink._blink_cuda_testing), or exit."""
+    from jax_blink import _ffi
+
     try:
         from jax_blink import _blink_cuda
+        harness = _ffi.load_cuda_testing()
     except ImportError as e:
-        sys.exit(f"bench_cuda: no NVIDIA GPU support: jax_blink._blink_cuda is not built ({e}); "
+        sys.exit(f"bench_cuda: no NVIDIA GPU support ({e}); "
                  "rebuild with a CUDA compiler present (docs/building.md)")
     if _blink_cuda.device_count() < 1:
         sys.exit("bench_cuda: no NVIDIA GPU: _blink_cuda sees no CUDA device")
-    return _blink_cuda
+    return harness
 
 
 def gpu_name():

@@ -1,7 +1,7 @@
 """The C++ CPU executor alone (no jax dispatch), against a plain numpy copy.
 
 Runs the shm:N allreduce schedule that jax_blink.psum uses on N CPU devices
-through ``_blink_ext.run_ranks`` (one thread per rank, ``repeat`` calls on
+through ``_blink_testing.run_ranks`` (one thread per rank, ``repeat`` calls on
 the same threads, as a call site inside ``lax.scan``), and reports per call:
 time, algbw (S/t, nccl-tests), the memory traffic the executor must move at
 least (every rank reads its input and writes its output: 2·N·S bytes) as
@@ -50,7 +50,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    ext = _ffi.load_extension()
+    harness = _ffi.load_testing()
     n = args.ranks
     p = plan(shm(n), "allreduce")
     itemsize = np.dtype(args.dtype).itemsize
@@ -66,12 +66,12 @@ def main(argv=None):
         ins = [rng.standard_normal(count).astype(args.dtype) for _ in range(n)]
         outs = [np.empty_like(x) for x in ins]
         reps = max(3, int(3e8 // (count * itemsize * n)))
-        assert ext.run_ranks(enc, ins, outs, 60000, repeat=2) == [None] * n
+        assert harness.run_ranks(enc, ins, outs, 60000, repeat=2) == [None] * n
         walls, users, syss = [], [], []
         for _ in range(args.rounds):
             r0 = resource.getrusage(resource.RUSAGE_SELF)
             t = time.perf_counter()
-            errors = ext.run_ranks(enc, ins, outs, 60000, repeat=reps)
+            errors = harness.run_ranks(enc, ins, outs, 60000, repeat=reps)
             walls.append((time.perf_counter() - t) / reps)
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             users.append((r1.ru_utime - r0.ru_utime) / reps)

@@ -26,7 +26,7 @@ python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_suppo
   2>&1
 
 JAX_PLATFORMS=cuda,cpu timeout 420 python3 -m pytest -q --maxfail=15 --timeout 120 -p no:cacheprovider \
-  tests/test_cuda.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
+  tests/executor/test_cuda.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
 
 bench() {  # name, then bench_cuda.py arguments
   local name="$1"; shift

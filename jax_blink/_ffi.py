@@ -1,12 +1,15 @@
-"""Loads the C++ extension and registers its XLA FFI targets with jax.
+"""Loads the C++ extension modules and registers their XLA FFI targets with jax.
 
-The extension ``jax_blink._blink_ext`` holds the typed FFI handlers of the
+``jax_blink._blink_ext`` holds the typed FFI handlers of the
 ``jax_blink_collective`` custom call (instantiate + execute stages), the FFI
-state type of its decoded schedule, the C++ schedule validator and a test
-harness (``run_ranks``); ``jax_blink._blink_cuda`` (built where nvcc is found)
-holds the same custom call for CUDA. Registration happens once per process and
-platform, on the first call of :func:`ensure_registered` (the ops module calls
-it before lowering).
+state type of its decoded schedule, the C++ schedule validator and the CPU
+executor's settings (``configure``); ``jax_blink._blink_cuda`` (built where
+nvcc is found) holds the same custom call for CUDA. Registration happens once
+per process and platform, on the first call of :func:`ensure_registered` (the
+ops module calls it before lowering). The test-only modules
+``jax_blink._blink_testing`` (CPU executor harness, stream emulator) and
+``jax_blink._blink_cuda_testing`` (single-GPU harness) come from
+:func:`load_testing` and :func:`load_cuda_testing`.
 """
 
 import threading
@@ -42,6 +45,36 @@ def _load_cuda_extension():
     return _blink_cuda
 
 
+def load_testing():
+    """Returns the test-only module ``jax_blink._blink_testing`` (``run_ranks``,
+    ``emulate_streams``, ``rendezvous_stats``), or raises ImportError with build
+    advice. Its ``run_ranks`` runs ``_blink_ext``'s CPU executor, so both must
+    come from the same build."""
+    try:
+        from jax_blink import _blink_testing
+    except ImportError as e:
+        raise ImportError(
+            "jax_blink's test harness module (jax_blink._blink_testing) is not built or "
+            "cannot be loaded: `pip install -e .` builds it with jax_blink._blink_ext "
+            f"(unless -DJAX_BLINK_TESTING=OFF); see docs/building.md ({e})") from e
+    return _blink_testing
+
+
+def load_cuda_testing():
+    """Returns the test-only module ``jax_blink._blink_cuda_testing``
+    (``run_schedule``, ``time_schedule``, ``time_kernel``), or raises ImportError
+    with build advice."""
+    try:
+        from jax_blink import _blink_cuda_testing
+    except ImportError as e:
+        raise ImportError(
+            "jax_blink's CUDA test harness module (jax_blink._blink_cuda_testing) is not "
+            "built: it is compiled with jax_blink._blink_cuda when a CUDA compiler is "
+            "found at build time (unless -DJAX_BLINK_TESTING=OFF); see docs/building.md "
+            f"({e})") from e
+    return _blink_cuda_testing
+
+
 def ensure_registered(platform="cpu"):
     """Registers the FFI state type and targets for ``platform`` ("cpu" or "cuda"), once."""
     if platform in _registered:
@@ -73,8 +106,9 @@ def has_cuda_support():
     """Whether the extension was built with CUDA: ``jax_blink._blink_cuda``
     (built when a CUDA compiler was found, docs/building.md) is importable.
 
-    The module holds the CUDA FFI handlers and a single-GPU harness
-    (tests/test_cuda.py); whether a GPU is visible is
+    The module holds the CUDA FFI handlers (its single-GPU harness,
+    tests/executor/test_cuda.py, is ``jax_blink._blink_cuda_testing``); whether
+    a GPU is visible is
     ``jax_blink._blink_cuda.device_count() > 0``. ``psum`` uses the handlers
     on NVIDIA GPUs unless ``JAX_BLINK_CUDA=0`` (:func:`jax_blink.settings.cuda_enabled`).
     Returns False (never raises) when the module is not built.

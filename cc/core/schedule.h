@@ -1,0 +1,112 @@
+// Decoding and validation of the flat int64 schedule (docs/schedule_format.md).
+//
+// The schedule is the contract between the Python planner and the executors.
+// DecodeSchedule() re-validates everything the executors rely on, in the
+// phases of the Python validator (core/validate.h), and returns an error
+// message instead of aborting; on success it also precomputes, per step,
+// what an executor needs at run time (matching step at the peer, where
+// a sent value lives, which sends must be read before a chunk is overwritten,
+// which RECV_REDUCEs can be fused, successor lists).
+#ifndef JAX_BLINK_CC_CORE_SCHEDULE_H_
+#define JAX_BLINK_CC_CORE_SCHEDULE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace jax_blink {
+
+inline constexpr int64_t kScheduleMagic = 0x4B4E494C42;  // "BLINK"
+inline constexpr int64_t kScheduleVersion = 1;
+inline constexpr int64_t kHeaderWords = 9;
+
+enum class Op : uint8_t { kSend = 0, kRecvReduce = 1, kRecvCopy = 2 };
+enum class Collective : uint8_t { kAllReduce = 0, kBroadcast = 1, kReduce = 2 };
+const char* OpName(Op op);
+const char* CollectiveName(Collective c);
+
+// RECV_REDUCEs that executors fuse into one reduction at most (following
+// Step::fuse_next), so a fused reduction has at most kMaxFuse + 1 operands.
+inline constexpr int kMaxFuse = 8;
+
+struct Step {
+  Op op;
+  // SEND: the value sent is still the rank's input (no earlier step of this
+  // rank wrote the chunk). RECV: the same flag of the matched SEND, i.e.
+  // whether to read the peer's input or the peer's accumulator.
+  bool src_input;
+  // RECV: no earlier step of this rank wrote the chunk, so the base of a
+  // RECV_REDUCE is the rank's input, not its accumulator.
+  bool first_write;
+  // RECV: no later step of this rank writes the chunk.
+  bool last_write;
+  // RECV: a later SEND of this rank sends the value this step writes (so a
+  // peer will read it from the accumulator).
+  bool sent_after;
+  // RECV: number of SENDs of the chunk after this write and before the
+  // chunk's next write at this rank.
+  int32_t nsends_after;
+  // RECV_COPY with no successor at its rank: completing it (possibly by the
+  // sender, see the CPU executor's push) enables nothing else there.
+  bool sink;
+  // SEND of the input with no dependencies: complete from the start (as a
+  // dependency of another step it constrains nothing).
+  bool trivially_done;
+  int32_t chunk;
+  int32_t peer;
+  int32_t tree;
+  // SEND: index of the matching RECV in the peer's list.
+  // RECV: index of the matching SEND in the peer's list.
+  int32_t match;
+  // Ranges into RankSteps::deps / succs / guards.
+  int32_t deps_begin, deps_end;
+  int32_t succ_begin, succ_end;
+  // RECV: the SENDs of this chunk by this rank since its previous write of
+  // the chunk; their receivers must have read the value before this step
+  // overwrites the chunk (value semantics).
+  int32_t guards_begin, guards_end;
+  // RECV_REDUCE: the next RECV_REDUCE of the same chunk when no other step
+  // of this rank touches the chunk in between (fusable), else -1.
+  int32_t fuse_next;
+};
+
+struct RankSteps {
+  std::vector<Step> steps;
+  std::vector<int32_t> deps;    // flattened dependency lists
+  std::vector<int32_t> succs;   // flattened successor lists (inverse of deps)
+  std::vector<int32_t> guards;  // flattened guard lists (own SEND indices)
+  std::vector<int32_t> sends;   // indices of this rank's SEND steps
+  std::vector<uint8_t> chunk_written;  // per chunk: some RECV writes it here
+};
+
+struct Schedule {
+  int64_t nranks = 0;
+  int64_t count = 0;
+  Collective collective = Collective::kAllReduce;
+  int64_t root = -1;
+  DType dtype = DType::kF32;
+  int64_t nchunks = 0;
+  int64_t ntrees = 0;
+  std::vector<int64_t> chunk_offset;
+  std::vector<int64_t> chunk_length;
+  std::vector<RankSteps> ranks;
+  // Index of rank r's first step in a flat array of all steps.
+  std::vector<int64_t> step_base;
+  int64_t total_steps = 0;
+  // Hash of the encoded words; ranks compare it at the rendezvous.
+  uint64_t fingerprint = 0;
+};
+
+// Decodes and validates `n` words. Returns "" on success, else a message
+// ("invalid jax_blink schedule: ..."); `out` is only meaningful on success.
+std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out);
+
+// 64-bit FNV-1a over the words (the schedule fingerprint).
+uint64_t FingerprintWords(const int64_t* words, size_t n);
+
+}  // namespace jax_blink
+
+#endif  // JAX_BLINK_CC_CORE_SCHEDULE_H_

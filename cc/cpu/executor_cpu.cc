@@ -1,0 +1,861 @@
+// CPU executor: runs one rank's steps over shared memory (pull model).
+// See executor_cpu.h for the protocol and docs/schedule_format.md for the
+// semantics it implements.
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "cpu/executor_cpu.h"
+
+#include "core/debug.h"
+#include "core/half.h"
+#include "core/schedule.h"
+#include "core/step_tracker.h"
+#include "sync/join.h"
+#include "sync/rendezvous.h"
+
+namespace jax_blink {
+
+namespace {
+
+// ---- Per-dtype traits
+// -------------------------------------------------------- T: element type of
+// the buffers; A: accumulator type. Signed integers use unsigned arithmetic
+// (wrapping, bit-identical to two's complement).
+
+template <typename E>
+struct SameTraits {
+  using T = E;
+  using A = E;
+  static constexpr bool kSame = true;
+  static A ToAcc(T x) { return x; }
+  static T FromAcc(A x) { return x; }
+};
+struct F16Traits {
+  using T = uint16_t;
+  using A = float;
+  static constexpr bool kSame = false;
+  static A ToAcc(T x) { return HalfToFloat(x); }
+  static T FromAcc(A x) { return FloatToHalf(x); }
+};
+struct BF16Traits {
+  using T = uint16_t;
+  using A = float;
+  static constexpr bool kSame = false;
+  static A ToAcc(T x) { return BF16ToFloat(x); }
+  static T FromAcc(A x) { return FloatToBF16(x); }
+};
+
+// A value of one chunk: in the owner's input (type T) or accumulator (A).
+struct Src {
+  const void* p;
+  bool is_input;
+};
+
+constexpr int kMaxPush = 16;
+constexpr int64_t kBlock = 1024;
+
+// The element loops are kept out of line: GCC drops `__restrict__` when it
+// inlines them and then falls back to scalar code behind alias checks.
+#define JAX_BLINK_KERNEL __attribute__((noinline))
+
+template <class Tr>
+struct Kernels {
+  using T = typename Tr::T;
+  using A = typename Tr::A;
+
+  JAX_BLINK_KERNEL static void LoadBlock(A* __restrict__ tmp, Src s,
+                                         int64_t off, int64_t m) {
+    if (Tr::kSame || !s.is_input) {
+      std::memcpy(tmp, static_cast<const A*>(s.p) + off, m * sizeof(A));
+    } else {
+      const T* __restrict__ p = static_cast<const T*>(s.p) + off;
+      for (int64_t i = 0; i < m; ++i) tmp[i] = Tr::ToAcc(p[i]);
+    }
+  }
+  JAX_BLINK_KERNEL static void AddBlock(A* __restrict__ tmp, Src s, int64_t off,
+                                        int64_t m) {
+    if (Tr::kSame || !s.is_input) {
+      const A* __restrict__ p = static_cast<const A*>(s.p) + off;
+      for (int64_t i = 0; i < m; ++i) tmp[i] += p[i];
+    } else {
+      const T* __restrict__ p = static_cast<const T*>(s.p) + off;
+      for (int64_t i = 0; i < m; ++i) tmp[i] += Tr::ToAcc(p[i]);
+    }
+  }
+
+  // dst = base + s0 + s1 + ..., added left to right (deterministic).
+  static void Reduce(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
+    A* dst = static_cast<A*>(dst_v);
+    if constexpr (Tr::kSame) {
+      const A* b = static_cast<const A*>(base.p);
+      if (k == 1) {
+        if (b == dst) {
+          AddInPlace(dst, static_cast<const A*>(srcs[0].p), n);
+        } else {
+          Add2(dst, b, static_cast<const A*>(srcs[0].p), n);
+        }
+        return;
+      }
+      if (k == 2) {
+        if (b == dst) {
+          AddInPlace2(dst, static_cast<const A*>(srcs[0].p),
+                      static_cast<const A*>(srcs[1].p), n);
+        } else {
+          Add3(dst, b, static_cast<const A*>(srcs[0].p),
+               static_cast<const A*>(srcs[1].p), n);
+        }
+        return;
+      }
+    }
+    alignas(64) A tmp[kBlock];
+    for (int64_t off = 0; off < n; off += kBlock) {
+      const int64_t m = std::min(kBlock, n - off);
+      LoadBlock(tmp, base, off, m);
+      for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
+      std::memcpy(dst + off, tmp, m * sizeof(A));
+    }
+  }
+
+  JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d,
+                                          const A* __restrict__ s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  }
+  JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d,
+                                           const A* __restrict__ s0,
+                                           const A* __restrict__ s1,
+                                           int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = (d[i] + s0[i]) + s1[i];
+  }
+  JAX_BLINK_KERNEL static void Add2(A* __restrict__ d, const A* __restrict__ b,
+                                    const A* __restrict__ s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = b[i] + s[i];
+  }
+  JAX_BLINK_KERNEL static void Add3(A* __restrict__ d, const A* __restrict__ b,
+                                    const A* __restrict__ s0,
+                                    const A* __restrict__ s1, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) d[i] = (b[i] + s0[i]) + s1[i];
+  }
+
+  // dst = src
+  static void Copy(void* dst_v, Src s, int64_t n) {
+    A* __restrict__ dst = static_cast<A*>(dst_v);
+    if (Tr::kSame || !s.is_input) {
+      std::memcpy(dst, s.p, n * sizeof(A));
+    } else {
+      const T* __restrict__ p = static_cast<const T*>(s.p);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Tr::ToAcc(p[i]);
+    }
+  }
+
+  // out = round(acc)
+  static void Finalize(void* out_v, const void* acc_v, int64_t n) {
+    T* __restrict__ out = static_cast<T*>(out_v);
+    const A* __restrict__ acc = static_cast<const A*>(acc_v);
+    if constexpr (Tr::kSame) {
+      std::memcpy(out, acc, n * sizeof(T));
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = Tr::FromAcc(acc[i]);
+    }
+  }
+};
+
+inline void StoreFence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// Non-temporal store of a block; the caller fences once at the end.
+JAX_BLINK_KERNEL void StreamStoreNoFence(void* dst_v, const void* src_v,
+                                         size_t bytes) {
+#if defined(__x86_64__)
+  char* dst = static_cast<char*>(dst_v);
+  const char* src = static_cast<const char*>(src_v);
+  const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+  if (bytes < head + 64) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst_v, src_v, bytes);
+#endif
+}
+
+// memcpy with non-temporal stores (no read-for-ownership, no cache
+// pollution) for destinations nobody reads soon. Ends with a store fence so
+// that the completion flag published afterwards orders after the data.
+JAX_BLINK_KERNEL void StreamCopy(void* dst, const void* src, size_t bytes) {
+  StreamStoreNoFence(dst, src, bytes);
+  StoreFence();
+}
+
+// A peer's accumulator chunk that a rank writes on the peer's behalf.
+struct PushDst {
+  void* p;
+  bool nt;  // non-temporal stores (nobody reads it soon)
+};
+
+template <class Tr>
+struct MultiKernels {
+  using A = typename Tr::A;
+  // dst = base + s0 + ... (k >= 0 sources; k = 0 copies base) and the same
+  // value into every extra destination, in one pass over the sources.
+  static void Produce(void* dst_v, bool dst_nt, Src base, const Src* srcs,
+                      int k, int64_t n, const PushDst* extra, int nextra) {
+    A* dst = static_cast<A*>(dst_v);
+    alignas(64) A tmp[kBlock];
+    bool any_nt = dst_nt;
+    for (int e = 0; e < nextra; ++e) any_nt |= extra[e].nt;
+    for (int64_t off = 0; off < n; off += kBlock) {
+      const int64_t m = std::min(kBlock, n - off);
+      Kernels<Tr>::LoadBlock(tmp, base, off, m);
+      for (int j = 0; j < k; ++j) Kernels<Tr>::AddBlock(tmp, srcs[j], off, m);
+      if (dst_nt) {
+        StreamStoreNoFence(dst + off, tmp, m * sizeof(A));
+      } else {
+        std::memcpy(dst + off, tmp, m * sizeof(A));
+      }
+      for (int e = 0; e < nextra; ++e) {
+        A* d = static_cast<A*>(extra[e].p) + off;
+        if (extra[e].nt) {
+          StreamStoreNoFence(d, tmp, m * sizeof(A));
+        } else {
+          std::memcpy(d, tmp, m * sizeof(A));
+        }
+      }
+    }
+    if (any_nt) StoreFence();
+  }
+};
+
+struct KernelTable {
+  void (*produce)(void*, bool, Src, const Src*, int, int64_t, const PushDst*,
+                  int);
+  void (*reduce)(void*, Src, const Src*, int, int64_t);
+  void (*copy)(void*, Src, int64_t);
+  void (*finalize)(void*, const void*, int64_t);
+};
+
+template <class Tr>
+constexpr KernelTable MakeTable() {
+  return {&MultiKernels<Tr>::Produce, &Kernels<Tr>::Reduce, &Kernels<Tr>::Copy,
+          &Kernels<Tr>::Finalize};
+}
+
+const KernelTable& TableFor(DType d) {
+  static const KernelTable kTables[kNumDTypes] = {
+      MakeTable<SameTraits<float>>(),     // F32
+      MakeTable<SameTraits<double>>(),    // F64
+      MakeTable<F16Traits>(),             // F16
+      MakeTable<BF16Traits>(),            // BF16
+      MakeTable<SameTraits<uint32_t>>(),  // I32 (wrapping)
+      MakeTable<SameTraits<uint64_t>>(),  // I64 (wrapping)
+      MakeTable<SameTraits<uint32_t>>(),  // U32
+  };
+  return kTables[static_cast<int>(d)];
+}
+
+// ---- Per-thread reusable state
+// -------------------------------------------------
+
+class AlignedBuffer {
+ public:
+  ~AlignedBuffer() { std::free(p_); }
+  void* Get(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(p_);
+      cap_ = (bytes + 63) / 64 * 64;
+      p_ = std::aligned_alloc(64, cap_);
+      if (p_ == nullptr) cap_ = 0;
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
+};
+
+struct ThreadState {
+  StepTracker tracker;
+  AlignedBuffer scratch;
+};
+thread_local ThreadState tls;
+
+std::string Where(const ExecArgs& a, int64_t generation) {
+  return CallSiteText(a.op_id, a.group, generation);
+}
+
+std::string StepText(const RankSteps& rs, int32_t i) {
+  const Step& st = rs.steps[i];
+  std::ostringstream os;
+  os << "step " << i << " (" << OpName(st.op) << " chunk " << st.chunk
+     << (st.op == Op::kSend ? " to" : " from") << " rank " << st.peer << ")";
+  return os.str();
+}
+
+// Runs the steps of one rank; the heart of the executor.
+class RankRunner {
+ public:
+  RankRunner(const ExecArgs& a, Slot& slot, uint32_t epoch, int64_t generation,
+             Clock::time_point deadline, void* acc)
+      : a_(a),
+        s_(*a.schedule),
+        rs_(s_.ranks[a.rank]),
+        slot_(slot),
+        done_(2 * epoch + 1),
+        claimed_(2 * epoch),
+        generation_(generation),
+        deadline_(deadline),
+        flags_(slot.flags()),
+        bell_(slot.bell(a.rank)),
+        kt_(TableFor(s_.dtype)),
+        tsize_(DTypeSize(s_.dtype)),
+        asize_(AccSize(s_.dtype)),
+        in_(static_cast<const char*>(a.in)),
+        acc_(static_cast<char*>(acc)),
+        spin_(GetExecTunables().spin),
+        nt_bytes_(GetExecTunables().nt_bytes),
+        push_(GetExecTunables().push),
+        same_types_(!HasScratchAcc(s_.dtype)),
+        yield_ns_(GetExecTunables().yield_ns) {}
+
+  Status Run() {
+    StepTracker& tr = tls.tracker;
+    tr.Reset(rs_);
+    auto step = [&](int32_t i) { return TryRun(tr, i); };
+    while (!tr.AllDone()) {
+      const uint32_t seen = bell_.seq.load(std::memory_order_seq_cst);
+      const uint32_t pushed =
+          bell_.pushed_sinks.load(std::memory_order_seq_cst);
+      if (tr.Sweep(step)) continue;
+      // Only copies that senders push remain: sleep until all are in.
+      const int32_t left = OnlySinksLeft(tr);
+      if (left < 0) continue;
+      if (left > 0) {
+        const uint32_t target = pushed + static_cast<uint32_t>(left);
+        bell_.sink_target.store(target, std::memory_order_seq_cst);
+        if (bell_.pushed_sinks.load(std::memory_order_seq_cst) < target) {
+          Status err = Idle(seen, [&] { return BlockedText(tr); });
+          if (!err.ok()) return err;
+        }
+        bell_.sink_target.store(UINT32_MAX, std::memory_order_seq_cst);
+        continue;
+      }
+      Status err = Idle(seen, [&] { return BlockedText(tr); });
+      if (!err.ok()) return err;
+    }
+    const bool aliased = a_.in == a_.out;
+    if (!aliased) Finalize();
+    // Value semantics for XLA: our buffers may be reused as soon as we
+    // return, so wait until every receiver has read every SEND.
+    bell_.final_wait.store(1, std::memory_order_seq_cst);
+    for (int32_t i : rs_.sends) {
+      const Step& st = rs_.steps[i];
+      while (!PeerDone(st.peer, st.match)) {
+        const uint32_t seen = bell_.seq.load(std::memory_order_seq_cst);
+        if (PeerDone(st.peer, st.match)) break;
+        Status err = Idle(seen, [&] {
+          std::ostringstream os;
+          os << "all steps are done, waiting for rank " << st.peer
+             << " to read chunk " << st.chunk << " (" << StepText(rs_, i)
+             << ", read by its step " << st.match << ") before returning";
+          return os.str();
+        });
+        if (!err.ok()) return err;
+      }
+    }
+    if (aliased) Finalize();
+    return Status();
+  }
+
+ private:
+  std::atomic<uint32_t>& Flag(int64_t rank, int32_t idx) const {
+    return flags_[s_.step_base[rank] + idx];
+  }
+  bool PeerDone(int64_t peer, int32_t idx) const {
+    return Flag(peer, idx).load(std::memory_order_seq_cst) == done_;
+  }
+  void SetDone(int32_t i) {
+    Flag(a_.rank, i).store(done_, std::memory_order_seq_cst);
+  }
+  void Publish(int32_t i, int64_t peer) {
+    SetDone(i);
+    slot_.bell(peer).Ring();
+  }
+  // A RECV acknowledges its SEND. A SEND of the input only needs the ack for
+  // its rank's final wait, so the sender is woken only once it waits there.
+  void PublishRecv(int32_t i) {
+    const Step& st = rs_.steps[i];
+    SetDone(i);
+    Bell& b = slot_.bell(st.peer);
+    if (!st.src_input || b.final_wait.load(std::memory_order_seq_cst) != 0) {
+      b.Ring();
+    }
+  }
+
+  // Claims RECV_COPY `idx` of rank `rank` for execution (by its owner or by
+  // its sender pushing the value). False when already claimed or done.
+  bool Claim(int64_t rank, int32_t idx) {
+    std::atomic<uint32_t>& f = Flag(rank, idx);
+    uint32_t x = f.load(std::memory_order_seq_cst);
+    if (x == claimed_ || x == done_) return false;
+    return f.compare_exchange_strong(x, claimed_, std::memory_order_seq_cst);
+  }
+
+  // The receiver-side conditions of peer v's RECV_COPY r: its local
+  // dependencies are done and the earlier SENDs of the chunk it overwrites
+  // have been read.
+  bool PeerRecvReady(int64_t v, int32_t r) const {
+    const RankSteps& rv = s_.ranks[v];
+    const Step& st = rv.steps[r];
+    for (int32_t k = st.deps_begin; k < st.deps_end; ++k) {
+      const int32_t d = rv.deps[k];
+      if (!rv.steps[d].trivially_done && !PeerDone(v, d)) return false;
+    }
+    for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
+      const Step& g = rv.steps[rv.guards[k]];
+      if (!g.src_input && !PeerDone(g.peer, g.match)) return false;
+    }
+    return true;
+  }
+
+  // After the write `group[n-1]` (completing `group`), the SENDs of the
+  // chunk that depend on it go to peers whose RECV_COPY is ready: claim
+  // those and write the value straight into the peers' accumulators in the
+  // same pass (saves the peers re-reading it). Fills sends/dsts/peers.
+  // *all_pushed: every SEND of the chunk after the write was pushed, so no
+  // peer reads our accumulator chunk and it may bypass the cache too.
+  int CollectPushes(const StepTracker& tr, int32_t* group, int n,
+                    int32_t* sends, PushDst* dsts, bool* all_pushed) {
+    *all_pushed = false;
+    if (!push_) return 0;
+    const Step& w = rs_.steps[group[n - 1]];
+    const int64_t off = s_.chunk_offset[w.chunk];
+    int np = 0;
+    int nsends = 0;
+    for (int32_t k = w.succ_begin; k < w.succ_end; ++k) {
+      const int32_t si = rs_.succs[k];
+      const Step& snd = rs_.steps[si];
+      if (snd.op != Op::kSend || snd.chunk != w.chunk) continue;
+      ++nsends;
+      if (np == kMaxPush) continue;
+      const Step& rcv = s_.ranks[snd.peer].steps[snd.match];
+      if (rcv.op != Op::kRecvCopy) continue;
+      if (!tr.DepsDoneExcept(si, group, n)) continue;
+      if (!PeerRecvReady(snd.peer, snd.match)) continue;
+      if (!Claim(snd.peer, snd.match)) continue;
+      sends[np] = si;
+      dsts[np].p = static_cast<char*>(slot_.info[snd.peer].acc) + off * asize_;
+      dsts[np].nt = UseStreamStores(rcv);
+      ++np;
+    }
+    // Sends of the chunk that are not direct successors would read it too.
+    *all_pushed = np > 0 && np == nsends && nsends == w.nsends_after;
+    return np;
+  }
+
+  void FinishPushes(StepTracker& tr, const int32_t* sends, int np) {
+    for (int e = 0; e < np; ++e) {
+      const Step& snd = rs_.steps[sends[e]];
+      // The RECV's flag first: a receiver that sees the SEND done but not
+      // its RECV concludes nobody pushes it and pulls it itself.
+      Flag(snd.peer, snd.match).store(done_, std::memory_order_seq_cst);
+      tr.MarkDone(sends[e]);
+      SetDone(sends[e]);
+      Bell& b = slot_.bell(snd.peer);
+      if (s_.ranks[snd.peer].steps[snd.match].sink) {
+        // Wake the receiver only once all the copies it sleeps on are in.
+        const uint32_t c =
+            b.pushed_sinks.fetch_add(1, std::memory_order_seq_cst) + 1;
+        if (c >= b.sink_target.load(std::memory_order_seq_cst)) b.Ring();
+      } else {
+        b.Ring();
+      }
+    }
+  }
+
+  // Large outputs of types without a scratch accumulator.
+  bool StreamEligible() const {
+    return same_types_ && nt_bytes_ > 0 &&
+           s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+  }
+  // The value a RECV writes is not read again soon (no later SEND of it).
+  bool UseStreamStores(const Step& recv) const {
+    return !recv.sent_after && StreamEligible();
+  }
+
+  Src SourceOf(const Step& st) const {
+    const RankInfo& pi = slot_.info[st.peer];
+    const int64_t off = s_.chunk_offset[st.chunk];
+    if (st.src_input) {
+      return {static_cast<const char*>(pi.in) + off * tsize_, true};
+    }
+    return {static_cast<const char*>(pi.acc) + off * asize_, false};
+  }
+
+  bool TryRun(StepTracker& tr, int32_t i) {
+    const Step& st = rs_.steps[i];
+    if (st.op == Op::kSend) {
+      tr.MarkDone(i);
+      // A value sent from the input is readable from the start (the input
+      // never changes while the collective runs), so its receiver does not
+      // wait for this flag and need not be woken.
+      if (st.src_input) {
+        SetDone(i);
+      } else {
+        Publish(i, st.peer);
+      }
+      return true;
+    }
+    if (st.op == Op::kRecvCopy) {
+      const uint32_t x = Flag(a_.rank, i).load(std::memory_order_seq_cst);
+      if (x == done_) {  // the sender pushed the value
+        tr.MarkDone(i);
+        return true;
+      }
+      if (x == claimed_) {  // the sender is pushing it right now
+        blocked_ = i;
+        blocked_guard_ = -1;
+        return false;
+      }
+    }
+    if (!st.src_input && !PeerDone(st.peer, st.match)) {
+      blocked_ = i;
+      blocked_guard_ = -1;
+      return false;
+    }
+    for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
+      const Step& sg = rs_.steps[rs_.guards[k]];
+      if (!sg.src_input && !PeerDone(sg.peer, sg.match)) {
+        blocked_ = i;
+        blocked_guard_ = rs_.guards[k];
+        return false;
+      }
+    }
+    const int64_t off = s_.chunk_offset[st.chunk];
+    const int64_t len = s_.chunk_length[st.chunk];
+    char* dst = acc_ + off * asize_;
+    int32_t push_sends[kMaxPush];
+    PushDst push_dsts[kMaxPush];
+    if (st.op == Op::kRecvCopy) {
+      if (!Claim(a_.rank, i)) return false;  // the sender got there first
+      const Src src = SourceOf(st);
+      int32_t self = i;
+      bool all_pushed;
+      const int np =
+          CollectPushes(tr, &self, 1, push_sends, push_dsts, &all_pushed);
+      if (np > 0) {
+        kt_.produce(dst, all_pushed && StreamEligible(), src, nullptr, 0, len,
+                    push_dsts, np);
+      } else if (UseStreamStores(st)) {
+        StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
+      } else {
+        kt_.copy(dst, src, len);
+      }
+      tr.MarkDone(i);
+      PublishRecv(i);
+      FinishPushes(tr, push_sends, np);
+      return true;
+    }
+    int32_t group[kMaxFuse];
+    Src srcs[kMaxFuse];
+    int k = 0;
+    group[k] = i;
+    srcs[k++] = SourceOf(st);
+    for (int32_t j = st.fuse_next; j != -1 && k < kMaxFuse;) {
+      const Step& sj = rs_.steps[j];
+      if ((!sj.src_input && !PeerDone(sj.peer, sj.match)) ||
+          !tr.DepsDoneExcept(j, group, k)) {
+        break;
+      }
+      group[k] = j;
+      srcs[k++] = SourceOf(sj);
+      j = sj.fuse_next;
+    }
+    const Src base =
+        st.first_write ? Src{in_ + off * tsize_, true} : Src{dst, false};
+    const Step& last = rs_.steps[group[k - 1]];
+    bool all_pushed = false;
+    const int np = last.last_write ? CollectPushes(tr, group, k, push_sends,
+                                                   push_dsts, &all_pushed)
+                                   : 0;
+    if (np > 0) {
+      kt_.produce(dst, all_pushed && StreamEligible(), base, srcs, k, len,
+                  push_dsts, np);
+    } else {
+      kt_.reduce(dst, base, srcs, k, len);
+    }
+    for (int m = 0; m < k; ++m) {
+      tr.MarkDone(group[m]);
+      PublishRecv(group[m]);
+    }
+    FinishPushes(tr, push_sends, np);
+    return true;
+  }
+
+  std::string BlockedText(const StepTracker& tr) const {
+    std::ostringstream os;
+    os << tr.NumDone() << " of " << tr.NumSteps() << " steps done";
+    if (blocked_ >= 0) {
+      const Step& st = rs_.steps[blocked_];
+      if (blocked_guard_ < 0) {
+        os << "; " << StepText(rs_, blocked_) << " waits for rank " << st.peer
+           << " to complete its step " << st.match << " (SEND chunk "
+           << st.chunk << " to rank " << a_.rank << ")";
+      } else {
+        const Step& sg = rs_.steps[blocked_guard_];
+        os << "; " << StepText(rs_, blocked_) << " waits for rank " << sg.peer
+           << " to read chunk " << sg.chunk << " (its step " << sg.match
+           << ") before overwriting it";
+      }
+    }
+    return os.str();
+  }
+
+  // Nothing runnable: check for failure and deadline, then sleep until a
+  // peer rings our bell.
+  // When every step left is a RECV_COPY sink that only its sender's push
+  // can complete now, their number; -1 when one was completed since the
+  // last sweep (sweep again); 0 otherwise (wait as usual).
+  int32_t OnlySinksLeft(const StepTracker& tr) const {
+    if (!push_) return 0;
+    int32_t left = 0;
+    for (int32_t i = 0; i < tr.NumSteps(); ++i) {
+      if (tr.Done(i)) continue;
+      const Step& st = rs_.steps[i];
+      if (!st.sink || st.src_input) return 0;  // inputs' values are not pushed
+      // Read the SEND's flag before the RECV's: a pusher marks the RECV
+      // done before the SEND, so a done SEND with a RECV not done means
+      // nobody pushes it: ours to pull (and the SEND rang our bell).
+      const bool send_done = PeerDone(st.peer, st.match);
+      if (Flag(a_.rank, i).load(std::memory_order_seq_cst) == done_) {
+        return -1;  // pushed after the sweep looked at it
+      }
+      if (send_done) return 0;
+      ++left;
+    }
+    return left;
+  }
+
+  template <typename Describe>
+  Status Idle(uint32_t seen, Describe&& describe) {
+    if (slot_.failed.load(std::memory_order_seq_cst) != 0) {
+      return slot_.FailStatus().Prefixed("jax_blink: " + Where(a_, generation_) +
+                                         ": ");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline_) {
+      std::ostringstream os;
+      os << "jax_blink: timed out after " << a_.timeout_ms << " ms executing "
+         << Where(a_, generation_) << " at rank " << a_.rank << ": "
+         << describe();
+      return Status::DeadlineExceeded(os.str());
+    }
+    const int64_t left_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline_ - now)
+            .count();
+    bell_.Wait(seen, std::min<int64_t>(left_ns, 100000000), spin_, yield_ns_);
+    return Status();
+  }
+
+  // OUT = ACC (rounded) for chunks written here; OUT = IN for the others.
+  void Finalize() {
+    char* out = static_cast<char*>(a_.out);
+    const bool separate_acc = acc_ != out;
+    for (int64_t c = 0; c < s_.nchunks; ++c) {
+      const int64_t off = s_.chunk_offset[c];
+      const int64_t len = s_.chunk_length[c];
+      if (rs_.chunk_written[c]) {
+        if (separate_acc) {
+          kt_.finalize(out + off * tsize_, acc_ + off * asize_, len);
+        }
+      } else if (out != in_) {
+        std::memcpy(out + off * tsize_, in_ + off * tsize_, len * tsize_);
+      }
+    }
+  }
+
+  const ExecArgs& a_;
+  const Schedule& s_;
+  const RankSteps& rs_;
+  Slot& slot_;
+  const uint32_t done_;     // flag value: step done in this call
+  const uint32_t claimed_;  // flag value: RECV_COPY being executed
+  const int64_t generation_;
+  const Clock::time_point deadline_;
+  std::atomic<uint32_t>* const flags_;
+  Bell& bell_;
+  const KernelTable& kt_;
+  const size_t tsize_;
+  const size_t asize_;
+  const char* const in_;
+  char* const acc_;
+  const int spin_;
+  const int64_t nt_bytes_;
+  const bool push_;
+  const bool same_types_;
+  const int64_t yield_ns_;
+  int32_t blocked_ = -1;
+  int32_t blocked_guard_ = -1;
+};
+
+// XLA hands us freshly mapped output buffers; at 4 KiB a page, first-touch
+// page faults cost more than the collective itself for large outputs. Ask
+// for transparent huge pages on the 2 MiB-aligned interior (a hint: no
+// effect where THP is disabled, and only the policy of that range changes).
+void AdviseHugePages(void* p, size_t bytes, int64_t min_bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (min_bytes <= 0 || bytes < static_cast<size_t>(min_bytes)) return;
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t lo =
+      (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+  (void)min_bytes;
+#endif
+}
+
+ExecTunables& MutableTunables() {
+  static ExecTunables t;  // the defaults until SetExecTunables
+  return t;
+}
+}  // namespace
+
+const ExecTunables& GetExecTunables() { return MutableTunables(); }
+void SetExecTunables(const ExecTunables& t) { MutableTunables() = t; }
+
+ExecResult ExecuteCpu(const ExecArgs& a) {
+  ExecResult res;
+  const auto t0 = Clock::now();
+  const Schedule& s = *a.schedule;
+  if (a.rank < 0 || a.rank >= s.nranks) {
+    res.status = Status::InvalidArgument(
+        "jax_blink: op_id=" + std::to_string(a.op_id) + " group=" +
+        std::to_string(a.group) + ": rank " + std::to_string(a.rank) +
+        " is not in [0, " + std::to_string(s.nranks) + ")");
+    return res;
+  }
+  const int64_t timeout_ms = std::max<int64_t>(a.timeout_ms, 1);
+  const auto deadline = t0 + std::chrono::milliseconds(timeout_ms);
+
+  RankInfo info;
+  info.error = a.local_error.ok()
+                   ? CheckBuffers(s, a.dtype, a.in_count, a.out_count, a.in, a.out)
+                   : a.local_error;
+  info.in = a.in;
+  info.out = a.out;
+  info.acc = a.out;
+  info.count = a.in_count;
+  info.dtype = a.dtype;
+  info.nranks = s.nranks;
+  info.total_steps = s.total_steps;
+  info.fingerprint = s.fingerprint;
+  if (info.error.ok() && (HasScratchAcc(s.dtype) || a.in == a.out)) {
+    // float32 accumulator for f16/bf16; a separate accumulator when XLA
+    // aliases input and output (peers may still read the input).
+    info.acc = tls.scratch.Get(s.count * AccSize(s.dtype));
+    if (info.acc == nullptr) {
+      info.error = Status::Internal("cannot allocate " +
+                                    std::to_string(s.count * AccSize(s.dtype)) +
+                                    " bytes for the accumulator");
+    }
+  }
+  void* acc = info.acc;
+  if (info.error.ok()) {
+    AdviseHugePages(a.out, s.count * DTypeSize(s.dtype),
+                    GetExecTunables().hugepage_bytes);
+  }
+
+  Ticket ticket;
+  Rendezvous& rv = Rendezvous::Global();
+  RendezvousKey key{a.run_id, a.op_id, a.group};
+  const ExecTunables& tun = GetExecTunables();
+  res.status = rv.Join(key, a.rank, s.nranks, std::move(info), deadline,
+                       timeout_ms, &ticket, tun.spin, tun.yield_ns);
+  // Time spent waiting for the other ranks to arrive (debug log).
+  const int64_t wait_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
+          .count();
+  res.generation = ticket.generation;
+  if (res.status.ok()) {
+    Slot& slot = *ticket.slot;
+    res.status = CheckConsistent(slot, Where(a, ticket.generation));
+    if (res.status.ok()) {
+      slot.executing.fetch_add(1, std::memory_order_seq_cst);
+      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline,
+                        acc);
+      res.status = runner.Run();
+      if (!res.status.ok() &&
+          slot.failed.load(std::memory_order_seq_cst) == 0) {
+        slot.Fail(a.rank, res.status);
+      }
+      slot.executing.fetch_sub(1, std::memory_order_seq_cst);
+      if (slot.failed.load(std::memory_order_seq_cst) != 0) {
+        // Peers may still be reading our buffers: wait (bounded) until every
+        // rank has left the execution phase before XLA may reuse them.
+        FutexWakeAll(&slot.executing);
+        const auto grace = Clock::now() + std::chrono::seconds(2);
+        uint32_t cur;
+        while ((cur = slot.executing.load(std::memory_order_seq_cst)) != 0 &&
+               Clock::now() < grace) {
+          FutexWait(&slot.executing, cur, 10000000);
+        }
+      }
+    }
+  }
+  rv.Leave(&ticket);
+
+  if (DebugEnabled()) {
+    const int64_t us =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
+            .count();
+    std::fprintf(
+        stderr,
+        "jax_blink: op=%" PRId64 " group=%" PRId64 " rank=%" PRId64
+        " gen=%" PRId64 " run=%" PRId64 " bytes=%" PRId64 " us=%" PRId64
+        " wait_us=%" PRId64 " start_us=%" PRId64 " %s%s\n",
+        a.op_id, a.group, a.rank, res.generation, a.run_id,
+        static_cast<int64_t>(a.in_count * DTypeSize(s.dtype)), us, wait_us,
+        static_cast<int64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(
+                t0.time_since_epoch())
+                .count()),
+        res.status.ok() ? "ok" : "error: ", res.status.message.c_str());
+  }
+  return res;
+}
+
+}  // namespace jax_blink

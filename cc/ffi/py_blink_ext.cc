@@ -1,0 +1,102 @@
+// Python module jax_blink._blink_ext (production, CPU): the FFI handlers of
+// the custom call, the schedule validator, the executor's settings, and the
+// executor's entry points for the test harness module (ffi/cpu_executor_api.h).
+#include <pybind11/pybind11.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "core/debug.h"
+#include "core/schedule.h"
+#include "cpu/executor_cpu.h"
+#include "ffi/cpu_executor_api.h"
+#include "ffi/handlers.h"
+#include "ffi/py_common.h"
+#include "sync/rendezvous.h"
+
+namespace py = pybind11;
+
+namespace jax_blink {
+namespace {
+
+py::dict ValidateSchedule(const py::object& obj) {
+  const Schedule s = ScheduleFromPython(obj);
+  py::dict d;
+  d["nranks"] = s.nranks;
+  d["count"] = s.count;
+  d["collective"] = CollectiveName(s.collective);
+  d["root"] = s.root;
+  d["dtype"] = DTypeName(s.dtype);
+  d["nchunks"] = s.nchunks;
+  d["ntrees"] = s.ntrees;
+  d["total_steps"] = s.total_steps;
+  d["fingerprint"] = s.fingerprint;
+  return d;
+}
+
+void Configure(int64_t spin, int64_t yield_us, bool push, int64_t nt_bytes,
+               int64_t hugepage_bytes, bool debug) {
+  ExecTunables t;
+  t.spin = static_cast<int>(CheckSetting("spin", spin, INT_MAX));
+  t.yield_ns = CheckSetting("yield_us", yield_us, INT64_MAX / 1000) * 1000;
+  t.push = push;
+  t.nt_bytes = CheckSetting("nt_bytes", nt_bytes, INT64_MAX);
+  t.hugepage_bytes = CheckSetting("hugepage_bytes", hugepage_bytes, INT64_MAX);
+  SetExecTunables(t);
+  SetDebugEnabled(debug);
+}
+
+py::dict Configuration() {
+  const ExecTunables& t = GetExecTunables();
+  py::dict d;
+  d["spin"] = t.spin;
+  d["yield_us"] = t.yield_ns / 1000;
+  d["push"] = t.push;
+  d["nt_bytes"] = t.nt_bytes;
+  d["hugepage_bytes"] = t.hugepage_bytes;
+  d["debug"] = DebugEnabled();
+  return d;
+}
+
+RendezvousStats GlobalRendezvousStats() { return Rendezvous::Global().Stats(); }
+
+const CpuExecutorApi kCpuExecutorApi = {CpuExecutorApiAbi(), &ExecuteCpu,
+                                        &GlobalRendezvousStats};
+
+}  // namespace
+}  // namespace jax_blink
+
+PYBIND11_MODULE(_blink_ext, m) {
+  using namespace jax_blink;
+  m.doc() = "jax_blink C++ extension: the CPU XLA FFI handlers and the schedule validator";
+
+  m.def(
+      "registrations",
+      []() { return FfiTargets(CpuInstantiateHandler(), CpuExecuteHandler()); },
+      "FFI targets: {name: {stage: PyCapsule}} for jax.ffi.register_ffi_target "
+      "(platform cpu).");
+  m.def(
+      "type_registrations",
+      []() { return FfiTypes(kStateTypeName, StateTypeId(), StateTypeInfo()); },
+      "FFI state types: {name: {'type_id', 'type_info'}} for "
+      "jax.ffi.register_ffi_type (platform cpu).");
+  m.def("validate_schedule", &ValidateSchedule, py::arg("schedule"),
+        "Decodes and validates an encoded schedule (1-D int64). Returns a dict "
+        "of its header fields; raises ValueError with the reason otherwise.");
+  m.def("configure", &Configure, py::kw_only(), py::arg("spin"), py::arg("yield_us"),
+        py::arg("push"), py::arg("nt_bytes"), py::arg("hugepage_bytes"), py::arg("debug"),
+        "Sets the CPU executor's settings (jax_blink's settings module passes them; "
+        "call it before running collectives). spin: busy-wait iterations before "
+        "yielding when a step must wait; yield_us: then sched_yield for up to this "
+        "long before sleeping on a futex; push: the rank that completes a chunk also "
+        "writes it into ready receivers; nt_bytes: buffers at least this large copy "
+        "final chunks with non-temporal stores (0: never); hugepage_bytes: output "
+        "buffers at least this large get madvise(MADV_HUGEPAGE) (0: never); debug: "
+        "log one line per collective to stderr. Until it is called: spin=0, "
+        "yield_us=200, push=True, nt_bytes=1048576, hugepage_bytes=2097152, "
+        "debug=False. Raises ValueError naming a parameter out of range.");
+  m.def("configuration", &Configuration,
+        "The settings in effect: {'spin', 'yield_us', 'push', 'nt_bytes', "
+        "'hugepage_bytes', 'debug'} (configure's arguments).");
+  m.attr("_cpu_executor") = py::capsule(&kCpuExecutorApi, kCpuExecutorApiCapsule);
+}

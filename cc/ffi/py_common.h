@@ -1,0 +1,78 @@
+// What the pybind11 modules share: the dictionaries through which the
+// production modules (_blink_ext for CPU, _blink_cuda for CUDA) hand their
+// FFI handlers and state types to jax.ffi.register_ffi_target /
+// jax.ffi.register_ffi_type (jax_blink/_ffi.py), decoding a schedule passed
+// from Python, and checking configure()'s arguments.
+#ifndef JAX_BLINK_CC_FFI_PY_COMMON_H_
+#define JAX_BLINK_CC_FFI_PY_COMMON_H_
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/schedule.h"
+#include "ffi/handlers.h"
+
+namespace jax_blink {
+
+// {kTargetName: {"instantiate": capsule, "execute": capsule}}
+inline pybind11::dict FfiTargets(XLA_FFI_Handler* instantiate, XLA_FFI_Handler* execute) {
+  pybind11::dict stages;
+  stages["instantiate"] = pybind11::capsule(reinterpret_cast<void*>(instantiate));
+  stages["execute"] = pybind11::capsule(reinterpret_cast<void*>(execute));
+  pybind11::dict d;
+  d[kTargetName] = stages;
+  return d;
+}
+
+// {name: {"type_id": capsule, "type_info": capsule}}
+inline pybind11::dict FfiTypes(const char* name, void* type_id, void* type_info) {
+  pybind11::dict reg;
+  reg["type_id"] = pybind11::capsule(type_id);
+  reg["type_info"] = pybind11::capsule(type_info);
+  pybind11::dict d;
+  d[name] = reg;
+  return d;
+}
+
+// The decoded and validated schedule of `obj` (a 1-D integer numpy array or
+// sequence). Raises TypeError for non-integer data, ValueError with the
+// validator's message otherwise.
+inline Schedule ScheduleFromPython(const pybind11::handle& obj) {
+  namespace py = pybind11;
+  py::module_ np = py::module_::import("numpy");
+  py::object arr = np.attr("asarray")(obj);
+  py::object dtype = arr.attr("dtype");
+  if (!dtype.equal(np.attr("dtype")("int64"))) {
+    if (py::str(dtype.attr("kind")).cast<std::string>() != "i" &&
+        py::str(dtype.attr("kind")).cast<std::string>() != "u") {
+      throw py::type_error("a schedule must be an int64 array, got dtype " +
+                           py::str(dtype).cast<std::string>());
+    }
+    arr = arr.attr("astype")("int64");
+  }
+  if (py::cast<int>(arr.attr("ndim")) != 1) {
+    throw py::value_error("a schedule must be a 1-D int64 array");
+  }
+  py::array_t<int64_t, py::array::c_style> a = np.attr("ascontiguousarray")(arr);
+  Schedule s;
+  std::string err = DecodeSchedule(a.data(), static_cast<size_t>(a.size()), &s);
+  if (!err.empty()) throw py::value_error(err);
+  return s;
+}
+
+// configure(): `value` of parameter `name` must be in [0, max].
+inline int64_t CheckSetting(const char* name, int64_t value, int64_t max) {
+  if (value < 0 || value > max) {
+    throw pybind11::value_error(std::string(name) + " must be in [0, " + std::to_string(max) +
+                                "], got " + std::to_string(value));
+  }
+  return value;
+}
+
+}  // namespace jax_blink
+
+#endif  // JAX_BLINK_CC_FFI_PY_COMMON_H_

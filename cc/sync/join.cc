@@ -1,0 +1,70 @@
+// Checks around the rendezvous; see join.h.
+#include "sync/join.h"
+
+#include <sstream>
+
+namespace jax_blink {
+namespace {
+
+std::string DescribeInfo(const RankInfo& ri) {
+  std::ostringstream os;
+  os << "count=" << ri.count << " dtype="
+     << (ri.dtype >= 0 && ri.dtype < kNumDTypes
+             ? DTypeName(static_cast<DType>(ri.dtype))
+             : "unsupported")
+     << " nranks=" << ri.nranks << " schedule=0x" << std::hex << ri.fingerprint;
+  return os.str();
+}
+
+}  // namespace
+
+std::string CallSiteText(int64_t op_id, int64_t group, int64_t generation) {
+  std::ostringstream os;
+  os << "op_id=" << op_id << " group=" << group << " generation=" << generation;
+  return os.str();
+}
+
+Status CheckBuffers(const Schedule& s, int32_t dtype, int64_t in_count,
+                    int64_t out_count, const void* in, const void* out) {
+  std::ostringstream os;
+  if (dtype != static_cast<int32_t>(s.dtype)) {
+    os << "the buffers have dtype "
+       << (dtype >= 0 && dtype < kNumDTypes ? DTypeName(static_cast<DType>(dtype))
+                                            : "(unsupported)")
+       << " but the schedule is for " << DTypeName(s.dtype);
+  } else if (in_count != s.count || out_count != s.count) {
+    os << "the buffers have " << in_count << " (input) and " << out_count
+       << " (output) elements but the schedule is for " << s.count;
+  } else if (in == nullptr || out == nullptr) {
+    os << "null buffer";
+  } else {
+    return Status();
+  }
+  return Status::InvalidArgument(os.str());
+}
+
+Status CheckConsistent(const Slot& slot, const std::string& where) {
+  const int64_t n = slot.nranks;
+  for (int64_t r = 0; r < n; ++r) {
+    if (!slot.info[r].error.ok()) {
+      return slot.info[r].error.Prefixed("jax_blink: " + where + ": rank " +
+                                         std::to_string(r) + ": ");
+    }
+  }
+  const RankInfo& r0 = slot.info[0];
+  for (int64_t r = 1; r < n; ++r) {
+    const RankInfo& ri = slot.info[r];
+    if (ri.count != r0.count || ri.dtype != r0.dtype || ri.nranks != r0.nranks ||
+        ri.fingerprint != r0.fingerprint) {
+      std::ostringstream os;
+      os << "jax_blink: the ranks of " << where << " disagree: rank 0 has "
+         << DescribeInfo(r0) << ", rank " << r << " has " << DescribeInfo(ri)
+         << " (every rank must run the same schedule on buffers of the same "
+            "size and dtype)";
+      return Status::InvalidArgument(os.str());
+    }
+  }
+  return Status();
+}
+
+}  // namespace jax_blink

@@ -1,0 +1,402 @@
+// In-process rendezvous; see rendezvous.h.
+#include "sync/rendezvous.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+
+namespace jax_blink {
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t),
+              "futex words must be plain 32-bit integers");
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// ---- Waiting primitives ----------------------------------------------------
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
+               int64_t timeout_ns) {
+  if (timeout_ns <= 0) return;
+#if defined(__linux__)
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout_ns / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout_ns % 1000000000);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE,
+          expected, &ts, nullptr, 0);
+#else
+  (void)word;
+  (void)expected;
+  std::this_thread::sleep_for(
+      std::chrono::nanoseconds(std::min<int64_t>(timeout_ns, 50000)));
+#endif
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE,
+          INT_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+void Bell::Wait(uint32_t seen, int64_t timeout_ns, int spin, int64_t yield_ns) {
+  for (int i = 0; i < spin; ++i) {
+    if (seq.load(std::memory_order_relaxed) != seen) return;
+    CpuRelax();
+  }
+  if (yield_ns > 0) {
+    const auto until =
+        Clock::now() + std::chrono::nanoseconds(std::min(yield_ns, timeout_ns));
+    do {
+      std::this_thread::yield();
+      if (seq.load(std::memory_order_relaxed) != seen) return;
+    } while (Clock::now() < until);
+  }
+  sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (seq.load(std::memory_order_seq_cst) == seen) {
+    FutexWait(&seq, seen, timeout_ns);
+  }
+  sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+std::string DescribeRanks(const std::vector<int64_t>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 32) {
+      os << ", ... (" << ranks.size() << " in all)";
+      break;
+    }
+    os << (i ? ", " : "") << ranks[i];
+  }
+  os << "]";
+  return os.str();
+}
+
+// ---- Slot
+// --------------------------------------------------------------------
+
+void Slot::Reset(int64_t n, int64_t total_steps) {
+  nranks = n;
+  if (static_cast<size_t>(total_steps) > flag_cap_) {
+    size_t cap = std::max<size_t>(total_steps, 2 * flag_cap_);
+    flags_.reset(new std::atomic<uint32_t>[cap]);
+    for (size_t i = 0; i < cap; ++i)
+      flags_[i].store(0, std::memory_order_relaxed);
+    flag_cap_ = cap;
+  }
+  // Flags hold 2*epoch (claimed) or 2*epoch+1 (done): keep epoch < 2^31.
+  if (++epoch >= (uint32_t{1} << 31)) {  // wrapped: old flags could alias
+    for (size_t i = 0; i < flag_cap_; ++i) {
+      flags_[i].store(0, std::memory_order_relaxed);
+    }
+    epoch = 1;
+  }
+  if (static_cast<size_t>(n) > bell_cap_) {
+    bells_.reset(new Bell[n]);
+    bell_cap_ = n;
+  }
+  for (int64_t r = 0; r < n; ++r) bells_[r].ResetFilters();
+  if (info.size() < static_cast<size_t>(n)) info.resize(n);
+  for (int64_t r = 0; r < n; ++r) {
+    RankInfo& ri = info[r];
+    ri.in = nullptr;
+    ri.acc = nullptr;
+    ri.out = nullptr;
+    ri.count = 0;
+    ri.dtype = -1;
+    ri.nranks = 0;
+    ri.total_steps = 0;
+    ri.fingerprint = 0;
+    ri.error = Status();
+    ri.device = -1;
+    ri.stream = nullptr;
+  }
+  present_.assign(n, 0);
+  arrived_ = 0;
+  left_ = 0;
+  abort_message_.clear();
+  state.store(0, std::memory_order_relaxed);
+  failed.store(0, std::memory_order_relaxed);
+  executing.store(0, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(fail_mu_);
+  fail_status_ = Status();
+}
+
+void Slot::Fail(int64_t rank, const Status& error) {
+  {
+    std::lock_guard<std::mutex> lk(fail_mu_);
+    if (failed.load(std::memory_order_relaxed) != 0) return;
+    std::ostringstream os;
+    os << "rank " << rank << " failed: ";
+    fail_status_ = error.Prefixed(os.str());
+    failed.store(1, std::memory_order_seq_cst);
+  }
+  RingAll();
+  FutexWakeAll(&executing);
+}
+
+Status Slot::FailStatus() {
+  std::lock_guard<std::mutex> lk(fail_mu_);
+  return fail_status_;
+}
+
+// ---- Rendezvous
+// --------------------------------------------------------------
+
+struct Rendezvous::Entry {
+  int64_t nranks = 0;
+  std::vector<int64_t> gen;  // next generation of each rank
+  std::vector<std::pair<int64_t, std::unique_ptr<Slot>>> active;
+  std::vector<std::pair<int64_t, std::string>> tombstones;
+};
+
+struct Rendezvous::Impl {
+  std::unordered_map<RendezvousKey, Entry, KeyHash> entries;
+  std::vector<std::unique_ptr<Slot>> pool;
+  int64_t tombstone_entries = 0;  // entries holding at least one tombstone
+};
+
+namespace {
+constexpr size_t kMaxPooledSlots = 64;
+constexpr int64_t kMaxTombstoneEntries = 1024;
+}  // namespace
+
+size_t Rendezvous::KeyHash::operator()(const RendezvousKey& k) const {
+  uint64_t h = static_cast<uint64_t>(k.run_id) * 0x9E3779B97F4A7C15ull;
+  h ^= static_cast<uint64_t>(k.op_id) + 0x632BE59BD9B4E019ull + (h << 6) +
+       (h >> 2);
+  h ^= static_cast<uint64_t>(k.group) + 0x85EBCA77C2B2AE63ull + (h << 6) +
+       (h >> 2);
+  return static_cast<size_t>(h);
+}
+
+Rendezvous::Rendezvous() : impl_(new Impl) {}
+
+Rendezvous& Rendezvous::Global() {
+  // Leaked on purpose: device threads may still be leaving at exit.
+  static Rendezvous* r = new Rendezvous();
+  return *r;
+}
+
+std::unique_ptr<Slot> Rendezvous::AcquireSlotLocked(int64_t nranks,
+                                                    int64_t total_steps) {
+  std::unique_ptr<Slot> slot;
+  if (!impl_->pool.empty()) {
+    slot = std::move(impl_->pool.back());
+    impl_->pool.pop_back();
+  } else {
+    slot = std::make_unique<Slot>();
+  }
+  slot->Reset(nranks, total_steps);
+  return slot;
+}
+
+void Rendezvous::ReleaseSlotLocked(std::unique_ptr<Slot> slot) {
+  if (impl_->pool.size() < kMaxPooledSlots) {
+    impl_->pool.push_back(std::move(slot));
+  }
+}
+
+void Rendezvous::MaybeEraseLocked(const RendezvousKey& key) {
+  auto it = impl_->entries.find(key);
+  if (it == impl_->entries.end()) return;
+  Entry& e = it->second;
+  const int64_t lo = *std::min_element(e.gen.begin(), e.gen.end());
+  const int64_t hi = *std::max_element(e.gen.begin(), e.gen.end());
+  if (!e.tombstones.empty()) {
+    // Every rank went past these generations: nobody can arrive late.
+    e.tombstones.erase(
+        std::remove_if(e.tombstones.begin(), e.tombstones.end(),
+                       [lo](const auto& t) { return t.first < lo; }),
+        e.tombstones.end());
+    if (e.tombstones.empty()) --impl_->tombstone_entries;
+  }
+  if (e.active.empty() && e.tombstones.empty() && lo == hi) {
+    impl_->entries.erase(it);
+  }
+}
+
+void Rendezvous::EvictTombstonesLocked() {
+  // Ranks that never arrive leave their entries behind; bound their number.
+  for (auto it = impl_->entries.begin(); it != impl_->entries.end();) {
+    if (it->second.active.empty() && !it->second.tombstones.empty()) {
+      --impl_->tombstone_entries;
+      it = impl_->entries.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
+                        RankInfo info, Clock::time_point deadline,
+                        int64_t timeout_ms, Ticket* ticket, int spin,
+                        int64_t yield_ns) {
+  *ticket = Ticket();
+  ticket->key = key;
+  ticket->rank = rank;
+  std::unique_lock<std::mutex> lk(mu_);
+  auto [it, inserted] = impl_->entries.try_emplace(key);
+  Entry& e = it->second;
+  if (inserted) {
+    e.nranks = nranks;
+    e.gen.assign(nranks, 0);
+  }
+  if (e.nranks != nranks || rank < 0 || rank >= nranks) {
+    std::ostringstream os;
+    os << "jax_blink: op_id=" << key.op_id << " group=" << key.group
+       << ": rank " << rank << " expects " << nranks
+       << " ranks but other ranks of this op expect " << e.nranks
+       << " (the ranks run different schedules)";
+    MaybeEraseLocked(key);
+    return Status::InvalidArgument(os.str());
+  }
+  const int64_t gen = e.gen[rank]++;
+  ticket->generation = gen;
+  for (const auto& t : e.tombstones) {
+    if (t.first == gen) {
+      std::string msg = t.second + " (rank " + std::to_string(rank) +
+                        " arrived after the deadline)";
+      MaybeEraseLocked(key);
+      return Status::DeadlineExceeded(msg);
+    }
+  }
+  Slot* slot = nullptr;
+  for (auto& a : e.active) {
+    if (a.first == gen) slot = a.second.get();
+  }
+  if (slot == nullptr) {
+    e.active.emplace_back(gen, AcquireSlotLocked(nranks, info.total_steps));
+    slot = e.active.back().second.get();
+  }
+  if (static_cast<int64_t>(slot->flag_cap_) < info.total_steps) {
+    // Only possible when ranks disagree on the schedule; they will fail the
+    // fingerprint check before touching the flags, but keep them in bounds.
+    slot->flags_.reset(new std::atomic<uint32_t>[info.total_steps]);
+    for (int64_t i = 0; i < info.total_steps; ++i) slot->flags_[i].store(0);
+    slot->flag_cap_ = info.total_steps;
+  }
+  slot->info[rank] = std::move(info);
+  slot->present_[rank] = 1;
+  ++slot->arrived_;
+  ticket->slot = slot;
+  ticket->epoch = slot->epoch;
+  if (slot->arrived_ == nranks) {
+    slot->state.store(1, std::memory_order_release);
+    lk.unlock();
+    FutexWakeAll(&slot->state);
+    return Status();
+  }
+  lk.unlock();
+
+  // Wait for the others: a short spin, yield (other device threads may
+  // need this core to arrive), then sleep with the deadline.
+  for (int i = 0; i < spin && slot->state.load(std::memory_order_acquire) == 0;
+       ++i) {
+    CpuRelax();
+  }
+  if (yield_ns > 0) {
+    const auto until =
+        std::min(deadline, Clock::now() + std::chrono::nanoseconds(yield_ns));
+    while (slot->state.load(std::memory_order_acquire) == 0 &&
+           Clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
+  while (slot->state.load(std::memory_order_acquire) == 0) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      lk.lock();
+      if (slot->state.load(std::memory_order_acquire) == 0) {
+        std::vector<int64_t> missing, arrived;
+        for (int64_t r = 0; r < nranks; ++r) {
+          (slot->present_[r] ? arrived : missing).push_back(r);
+        }
+        std::ostringstream os;
+        os << "jax_blink: rendezvous timed out after " << timeout_ms
+           << " ms: op_id=" << key.op_id << " group=" << key.group
+           << " generation=" << gen << " (" << nranks << " ranks): rank(s) "
+           << DescribeRanks(missing)
+           << " never arrived (arrived: " << DescribeRanks(arrived)
+           << "). A device may be stuck or running a different program, or "
+              "XLA may be limiting queued executions (set PJRT_NPROC=64 "
+              "before importing jax).";
+        slot->abort_message_ = os.str();
+        if (e.tombstones.empty()) {
+          if (++impl_->tombstone_entries > kMaxTombstoneEntries) {
+            // Never evict the entry we are using right now (it has an
+            // active slot), only abandoned ones.
+            EvictTombstonesLocked();
+          }
+        }
+        // `e` may have been rehashed away only by erase of other keys, which
+        // does not invalidate references to this element.
+        e.tombstones.emplace_back(gen, slot->abort_message_);
+        slot->state.store(2, std::memory_order_release);
+        lk.unlock();
+        FutexWakeAll(&slot->state);
+      } else {
+        lk.unlock();
+      }
+      break;
+    }
+    const int64_t left_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
+            .count();
+    FutexWait(&slot->state, 0, std::min<int64_t>(left_ns, 100000000));
+  }
+  if (slot->state.load(std::memory_order_acquire) == 2) {
+    return Status::DeadlineExceeded(slot->abort_message_);
+  }
+  return Status();
+}
+
+void Rendezvous::Leave(Ticket* ticket) {
+  if (ticket->slot == nullptr) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = impl_->entries.find(ticket->key);
+  if (it != impl_->entries.end()) {
+    Entry& e = it->second;
+    Slot* slot = ticket->slot;
+    ++slot->left_;
+    if (slot->left_ == slot->arrived_ &&
+        slot->state.load(std::memory_order_acquire) != 0) {
+      for (size_t i = 0; i < e.active.size(); ++i) {
+        if (e.active[i].second.get() == slot) {
+          std::unique_ptr<Slot> owned = std::move(e.active[i].second);
+          e.active.erase(e.active.begin() + i);
+          ReleaseSlotLocked(std::move(owned));
+          break;
+        }
+      }
+    }
+    MaybeEraseLocked(ticket->key);
+  }
+  ticket->slot = nullptr;
+}
+
+RendezvousStats Rendezvous::Stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  RendezvousStats s;
+  s.entries = static_cast<int64_t>(impl_->entries.size());
+  s.pooled_slots = static_cast<int64_t>(impl_->pool.size());
+  for (const auto& kv : impl_->entries) {
+    s.active_slots += static_cast<int64_t>(kv.second.active.size());
+    s.tombstones += static_cast<int64_t>(kv.second.tombstones.size());
+  }
+  return s;
+}
+
+}  // namespace jax_blink

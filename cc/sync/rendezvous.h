@@ -1,0 +1,208 @@
+// In-process rendezvous of the ranks of one collective call.
+//
+// Every participating device thread calls Rendezvous::Join() with the key
+// (RunId, static op_id, group) and its rank. A per-(key, rank) generation
+// counter separates repeated executions of one call site inside a single run
+// (scan, fori_loop). Ranks publish their buffer pointers, element count,
+// dtype and schedule fingerprint in a Slot, wait for each other (with a
+// deadline), execute, and Leave(). Slots are pooled and their per-step
+// completion flags carry an epoch, so nothing is cleared or allocated per
+// call in the steady state; map entries are deleted once quiescent.
+#ifndef JAX_BLINK_CC_SYNC_RENDEZVOUS_H_
+#define JAX_BLINK_CC_SYNC_RENDEZVOUS_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace jax_blink {
+
+// ---- Waiting primitives ----------------------------------------------------
+
+// Blocks while *word == expected, at most timeout_ns (spurious wake-ups are
+// allowed). Linux: futex; elsewhere: a short sleep.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
+               int64_t timeout_ns);
+void FutexWakeAll(std::atomic<uint32_t>* word);
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+using Clock = std::chrono::steady_clock;
+
+// A doorbell per rank: peers ring it when they complete a step the rank may
+// be waiting for; the rank sleeps on it when it has nothing to do.
+struct alignas(64) Bell {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> sleepers{0};
+  // Wake-up filters (reset with the slot), so that completions the rank
+  // need not react to do not wake it:
+  // set while the rank waits for its SENDs to be read before returning;
+  std::atomic<uint32_t> final_wait{0};
+  // RECV_COPYs without successors completed for the rank by their senders,
+  // and the count at which the rank wants to be woken (it sleeps until all
+  // its remaining steps are such pushed copies).
+  std::atomic<uint32_t> pushed_sinks{0};
+  std::atomic<uint32_t> sink_target{UINT32_MAX};
+
+  void ResetFilters() {
+    final_wait.store(0, std::memory_order_relaxed);
+    pushed_sinks.store(0, std::memory_order_relaxed);
+    sink_target.store(UINT32_MAX, std::memory_order_relaxed);
+  }
+
+  void Ring() {
+    seq.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&seq);
+  }
+  // Returns when seq != seen or after at most timeout_ns: spins `spin`
+  // iterations, then yields the CPU for up to yield_ns (cheap on
+  // oversubscribed cores: no wake-up latency), then sleeps on a futex.
+  void Wait(uint32_t seen, int64_t timeout_ns, int spin, int64_t yield_ns);
+};
+
+// ---- Rendezvous
+// --------------------------------------------------------------
+
+struct RendezvousKey {
+  int64_t run_id;
+  int64_t op_id;
+  int64_t group;
+  bool operator==(const RendezvousKey& o) const {
+    return run_id == o.run_id && op_id == o.op_id && group == o.group;
+  }
+};
+
+// What a rank publishes.
+struct RankInfo {
+  const void* in = nullptr;  // input buffer (IN_r)
+  void* acc = nullptr;       // accumulator (ACC_r): out, or a scratch buffer
+  void* out = nullptr;       // output buffer
+  int64_t count = 0;         // elements in its buffers
+  int32_t dtype = -1;        // dtype code of its buffers
+  int64_t nranks = 0;        // from its schedule
+  int64_t total_steps = 0;   // from its schedule
+  uint64_t fingerprint = 0;  // of its schedule
+  Status error;              // a local error found before joining, or ok
+  int device = -1;           // stream executors: the rank's device
+  void* stream = nullptr;    // stream executors: the caller's stream (opaque)
+  // Stream executors: the rank's StreamPeerView and its progress at the
+  // start of this call (stream/stream_exec.h).
+  const void* stream_view = nullptr;
+  uint64_t stream_base = 0;
+};
+
+class Slot {
+ public:
+  int64_t nranks = 0;
+  // Per-step flags: 2*epoch+1 = done in this use of the slot, 2*epoch =
+  // claimed (a RECV_COPY being executed, possibly by its sender).
+  uint32_t epoch = 0;
+  std::vector<RankInfo> info;
+
+  std::atomic<uint32_t>* flags() { return flags_.get(); }
+  Bell& bell(int64_t r) { return bells_[r]; }
+  void RingAll() {
+    for (int64_t r = 0; r < nranks; ++r) bells_[r].Ring();
+  }
+
+  // 0: waiting for ranks, 1: all arrived, 2: aborted (timed out).
+  std::atomic<uint32_t> state{0};
+  // Set once when any rank fails during execution; wakes everyone.
+  std::atomic<uint32_t> failed{0};
+  // Ranks currently inside the execution phase (futex word).
+  std::atomic<uint32_t> executing{0};
+
+  // Records the first failure ("rank <rank> failed: <message>", with the
+  // error's kind) and wakes every rank.
+  void Fail(int64_t rank, const Status& error);
+  Status FailStatus();
+
+ private:
+  friend class Rendezvous;
+  // Prepares the slot for a new use (called under the rendezvous lock).
+  void Reset(int64_t nranks, int64_t total_steps);
+
+  std::unique_ptr<std::atomic<uint32_t>[]> flags_;
+  size_t flag_cap_ = 0;
+  std::unique_ptr<Bell[]> bells_;
+  size_t bell_cap_ = 0;
+  // Guarded by the rendezvous mutex.
+  int64_t arrived_ = 0;
+  int64_t left_ = 0;
+  std::vector<uint8_t> present_;
+  std::string abort_message_;
+  // Guarded by fail_mu_.
+  std::mutex fail_mu_;
+  Status fail_status_;
+};
+
+// A rank's membership in one slot, from Join() to Leave().
+struct Ticket {
+  RendezvousKey key{};
+  int64_t rank = -1;
+  int64_t generation = -1;
+  Slot* slot = nullptr;
+  uint32_t epoch = 0;
+};
+
+struct RendezvousStats {
+  int64_t entries = 0;       // live (key) entries
+  int64_t active_slots = 0;  // slots in use
+  int64_t pooled_slots = 0;  // slots kept for reuse
+  int64_t tombstones = 0;    // aborted generations remembered for late ranks
+};
+
+class Rendezvous {
+ public:
+  static Rendezvous& Global();
+
+  // Publishes `info` for `rank` and waits until all `nranks` ranks of the
+  // same key and generation arrived, or until `deadline`. On success fills
+  // `ticket` and returns ok; on failure returns the error (the caller must
+  // still call Leave() when ticket->slot is set): InvalidArgument when the
+  // ranks expect different numbers of ranks, DeadlineExceeded when some rank
+  // did not arrive in time.
+  // While waiting it spins `spin` iterations, then yields the CPU for up to
+  // yield_ns, then sleeps on a futex.
+  Status Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
+              RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
+              Ticket* ticket, int spin = 64, int64_t yield_ns = 0);
+
+  // Leaves the slot; the last rank out recycles it.
+  void Leave(Ticket* ticket);
+
+  RendezvousStats Stats();
+
+ private:
+  struct Entry;
+  struct KeyHash {
+    size_t operator()(const RendezvousKey& k) const;
+  };
+  std::unique_ptr<Slot> AcquireSlotLocked(int64_t nranks, int64_t total_steps);
+  void ReleaseSlotLocked(std::unique_ptr<Slot> slot);
+  void MaybeEraseLocked(const RendezvousKey& key);
+  void EvictTombstonesLocked();
+
+  std::mutex mu_;
+  struct Impl;
+  Impl* impl_;
+  Rendezvous();
+};
+
+std::string DescribeRanks(const std::vector<int64_t>& ranks);
+
+}  // namespace jax_blink
+
+#endif  // JAX_BLINK_CC_SYNC_RENDEZVOUS_H_

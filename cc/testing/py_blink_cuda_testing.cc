@@ -1,0 +1,324 @@
+// Python module jax_blink._blink_cuda_testing (test-only, built with the CUDA
+// executor): a single-GPU harness for the CUDA executor (N simulated ranks on
+// one device, each on its own thread with its own streams, meeting through
+// the same rendezvous and JoinAndEnqueue as the FFI handler) and
+// kernel/copy timers for benchmarks/bench_cuda.py.
+#include <cuda_runtime.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/schedule.h"
+#include "core/status.h"
+#include "cuda/cuda_transport.h"
+#include "ffi/py_common.h"
+#include "stream/join_enqueue.h"
+#include "stream/stream_exec.h"
+#include "sync/rendezvous.h"
+
+namespace py = pybind11;
+
+namespace jax_blink {
+namespace {
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(CudaErrorText(what, e));
+}
+
+// Device buffers freed on scope exit (test scaffolding: the executor itself
+// never allocates).
+struct DevBuf {
+  void* p = nullptr;
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes) { Check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc"); }
+  DevBuf(DevBuf&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  DevBuf(const DevBuf&) = delete;
+  ~DevBuf() { if (p) cudaFree(p); }
+};
+
+// N simulated ranks on one device: an input buffer, an output buffer, a
+// stream, a workspace and an executor each, over one transport.
+struct SimRanks {
+  const Schedule& s;
+  int device;
+  size_t bytes;
+  StreamPlan plan;
+  CudaTransport transport;
+  std::vector<DevBuf> in, out, ws;
+  std::vector<size_t> ws_bytes;
+  std::vector<cudaStream_t> streams;
+  std::vector<StreamId> ids;
+  std::vector<std::unique_ptr<StreamRankExecutor>> ex;
+  std::vector<StreamExecStats> stats;  // of each rank's last call
+  int64_t run_id;
+
+  SimRanks(const Schedule& sched, int dev) : s(sched), device(dev) {
+    static std::atomic<int64_t> next_run{int64_t{3} << 48};
+    run_id = next_run.fetch_add(1);
+    const int64_t n = s.nranks;
+    bytes = static_cast<size_t>(s.count) * DTypeSize(s.dtype);
+    const std::string err = plan.Build(s);
+    if (!err.empty()) throw std::runtime_error(err);
+    ws.resize(n);
+    ws_bytes.assign(n, 0);
+    stats.resize(n);
+    for (int64_t r = 0; r < n; ++r) {
+      in.emplace_back(bytes);
+      out.emplace_back(bytes);
+      cudaStream_t st;
+      Check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+      streams.push_back(st);
+      ids.push_back(transport.Adopt(device, st));
+      ex.push_back(std::make_unique<StreamRankExecutor>(&transport));
+    }
+  }
+  ~SimRanks() {
+    cudaDeviceSynchronize();
+    ex.clear();  // their streams and events, before the transport goes
+    for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  }
+
+  // `calls` collectives back to back: every rank on its own thread joins and
+  // enqueues its part, as XLA's device threads do. Returns "" or the first
+  // rank's error.
+  std::string Run(int64_t calls, bool direct, int64_t timeout_ms = 60000) {
+    const int64_t n = s.nranks;
+    std::vector<std::string> errs(n);
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < n; ++r) {
+      threads.emplace_back([this, r, calls, direct, timeout_ms, &errs] {
+        Check(cudaSetDevice(device), "cudaSetDevice");
+        const WorkspaceFn workspace = [this, r](size_t b, void** p) -> std::string {
+          if (ws_bytes[r] < b) {  // grows once; the harness, not the executor
+            ws[r] = DevBuf(b);
+            ws_bytes[r] = b;
+          }
+          *p = ws[r].p;
+          return std::string();
+        };
+        for (int64_t k = 0; k < calls && errs[r].empty(); ++k) {
+          RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), in[r].p, out[r].p,
+                                         s.count, s.count, device, streams[r], Status());
+          int64_t generation = -1;
+          errs[r] = JoinAndEnqueue(RendezvousKey{run_id, 0, 0}, s, plan, r, std::move(info),
+                                   ids[r], direct, transport, *ex[r], workspace,
+                                   Clock::now() + std::chrono::milliseconds(timeout_ms),
+                                   timeout_ms, &generation)
+                        .Text();
+          stats[r] = ex[r]->stats();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const std::string& e : errs) {
+      if (!e.empty()) return e;
+    }
+    return std::string();
+  }
+
+  void Sync() {
+    for (cudaStream_t st : streams) Check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+  }
+};
+
+// Per-rank counters of the last call, and their means.
+py::dict StatsDict(const SimRanks& sim) {
+  py::dict d;
+  py::list per_rank;
+  double enqueue = 0, gate = 0, calls = 0, ws = 0;
+  for (const StreamExecStats& st : sim.stats) {
+    py::dict r;
+    r["kernels"] = st.kernels;
+    r["copies"] = st.copies;
+    r["waits"] = st.waits;
+    r["records"] = st.records;
+    r["api_calls"] = st.kernels + st.copies + st.waits + st.records;
+    r["workspace_bytes"] = st.workspace_bytes;
+    r["enqueue_us"] = st.enqueue_ns / 1e3;
+    r["gate_us"] = st.gate_ns / 1e3;
+    per_rank.append(r);
+    enqueue += st.enqueue_ns / 1e3;
+    gate += st.gate_ns / 1e3;
+    calls += st.kernels + st.copies + st.waits + st.records;
+    ws = std::max<double>(ws, st.workspace_bytes);
+  }
+  const double n = static_cast<double>(sim.stats.size());
+  d["per_rank"] = per_rank;
+  d["api_calls_per_rank"] = calls / n;
+  d["enqueue_us_per_rank"] = enqueue / n;
+  d["gate_us_per_rank"] = gate / n;
+  d["max_workspace_bytes"] = ws;
+  int64_t fused = 0;
+  for (const StreamPlan::Rank& R : sim.plan.ranks) fused += R.fused_steps;
+  d["fused_steps"] = fused;
+  return d;
+}
+
+// Runs `schedule` over N device buffers on one GPU; returns the outputs.
+py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, bool direct,
+                     int64_t repeat, int device) {
+  Schedule s = ScheduleFromPython(schedule);
+  const int64_t n = s.nranks;
+  if (static_cast<int64_t>(py::len(inputs)) != n) {
+    throw py::value_error("need " + std::to_string(n) + " inputs");
+  }
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  const size_t tsize = DTypeSize(s.dtype);
+  std::vector<py::array> host;
+  for (int64_t r = 0; r < n; ++r) {
+    py::array a = py::reinterpret_borrow<py::array>(inputs[r]);
+    if (!py::isinstance<py::array>(inputs[r]) || !(a.flags() & py::array::c_style) ||
+        static_cast<size_t>(a.itemsize()) != tsize || a.size() != s.count) {
+      throw py::value_error("inputs[" + std::to_string(r) + "] must be a C-contiguous array of " +
+                            std::to_string(s.count) + " " + DTypeName(s.dtype) + " elements");
+    }
+    host.push_back(a);
+  }
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  SimRanks sim(s, device);
+  for (int64_t r = 0; r < n; ++r) {
+    Check(cudaMemcpy(sim.in[r].p, host[r].data(), sim.bytes, cudaMemcpyHostToDevice),
+          "cudaMemcpy H2D");
+    Check(cudaMemset(sim.out[r].p, 0xA5, sim.bytes ? sim.bytes : 1), "cudaMemset");  // poison
+  }
+  std::string err;
+  {
+    py::gil_scoped_release nogil;
+    err = sim.Run(repeat, direct);
+    if (err.empty()) sim.Sync();
+  }
+  if (!err.empty()) throw std::runtime_error(err);
+  py::module_ np = py::module_::import("numpy");
+  py::list out;
+  for (int64_t r = 0; r < n; ++r) {
+    py::array o = np.attr("empty_like")(host[r]);
+    Check(cudaMemcpy(o.mutable_data(), sim.out[r].p, sim.bytes, cudaMemcpyDeviceToHost),
+          "cudaMemcpy D2H");
+    out.append(o);
+  }
+  return out;
+}
+
+// Times `iters` back-to-back calls of the whole collective (N ranks on one
+// GPU, each rank's host thread enqueueing its part) after `warmup` calls,
+// with events: from rank 0's stream before the first timed call to the end
+// of every rank's stream. Buffers are zeros. Returns {"seconds": per call,
+// plus StatsDict of the last call}.
+py::dict TimeSchedule(const py::object& schedule, int64_t iters, int64_t warmup, bool direct,
+                      int device) {
+  if (iters < 1 || warmup < 0) throw py::value_error("need iters >= 1 and warmup >= 0");
+  Schedule s = ScheduleFromPython(schedule);
+  const int64_t n = s.nranks;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  SimRanks sim(s, device);
+  for (int64_t r = 0; r < n; ++r) Check(cudaMemset(sim.in[r].p, 0, sim.bytes), "cudaMemset");
+  cudaEvent_t t0, t1, joined;
+  Check(cudaEventCreate(&t0), "cudaEventCreate");
+  Check(cudaEventCreate(&t1), "cudaEventCreate");
+  Check(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming), "cudaEventCreate");
+  float ms = 0;
+  std::string err;
+  {
+    py::gil_scoped_release nogil;
+    if (warmup > 0) err = sim.Run(warmup, direct);
+    if (err.empty()) {
+      sim.Sync();
+      // Every rank's stream starts after t0.
+      Check(cudaEventRecord(t0, sim.streams[0]), "cudaEventRecord");
+      for (int64_t r = 1; r < n; ++r) {
+        Check(cudaStreamWaitEvent(sim.streams[r], t0, 0), "cudaStreamWaitEvent");
+      }
+      err = sim.Run(iters, direct);
+    }
+    if (err.empty()) {
+      for (int64_t r = 1; r < n; ++r) {
+        Check(cudaEventRecord(joined, sim.streams[r]), "cudaEventRecord");
+        Check(cudaStreamWaitEvent(sim.streams[0], joined, 0), "cudaStreamWaitEvent");
+      }
+      Check(cudaEventRecord(t1, sim.streams[0]), "cudaEventRecord");
+      Check(cudaEventSynchronize(t1), "cudaEventSynchronize");
+      Check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+    }
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  cudaEventDestroy(joined);
+  if (!err.empty()) throw std::runtime_error(err);
+  py::dict d = StatsDict(sim);
+  d["seconds"] = ms / 1e3 / static_cast<double>(iters);
+  return d;
+}
+
+// Seconds per launch of dst = base + src over `count` elements of dtype
+// code `dtype` (accumulator-typed operands; inputs for f16/bf16 when
+// `from_input`), or of a device-to-device copy of count elements when
+// `copy`.
+double TimeKernel(int dtype, int64_t count, int64_t iters, bool from_input, bool copy,
+                  int device) {
+  if (dtype < 0 || dtype >= kNumDTypes) throw py::value_error("bad dtype code");
+  const DType d = static_cast<DType>(dtype);
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  const size_t asize = AccSize(d), tsize = DTypeSize(d);
+  DevBuf dst(count * asize), a(count * asize), b(count * asize);
+  Check(cudaMemset(a.p, 0, count * asize), "cudaMemset");
+  Check(cudaMemset(b.p, 0, count * asize), "cudaMemset");
+  cudaStream_t stream;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaEvent_t t0, t1;
+  Check(cudaEventCreate(&t0), "cudaEventCreate");
+  Check(cudaEventCreate(&t1), "cudaEventCreate");
+  auto once = [&]() {
+    if (copy) {
+      Check(cudaMemcpyAsync(dst.p, a.p, count * tsize, cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync");
+    } else {
+      const StreamOperand ops[2] = {{a.p, from_input}, {b.p, from_input}};
+      Check(LaunchReduce(d, dst.p, ops, 2, count, stream), "reduce");
+    }
+  };
+  once();
+  Check(cudaEventRecord(t0, stream), "cudaEventRecord");
+  for (int64_t k = 0; k < iters; ++k) once();
+  Check(cudaEventRecord(t1, stream), "cudaEventRecord");
+  Check(cudaEventSynchronize(t1), "cudaEventSynchronize");
+  float ms = 0;
+  Check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  cudaStreamDestroy(stream);
+  return ms / 1e3 / static_cast<double>(iters);
+}
+
+}  // namespace
+}  // namespace jax_blink
+
+PYBIND11_MODULE(_blink_cuda_testing, m) {
+  using namespace jax_blink;
+  m.doc() = "jax_blink CUDA executor test harness: N simulated ranks on one GPU, timers";
+  m.def("run_schedule", &RunSchedule, py::arg("schedule"), py::arg("inputs"),
+        py::arg("direct") = true, py::arg("repeat") = 1, py::arg("device") = 0,
+        "Runs every rank of `schedule` on one GPU (N simulated ranks, each with its own "
+        "streams) over copies of `inputs` (numpy arrays); returns the outputs. "
+        "direct=False copies peers' chunks into staging buffers first.");
+  m.def("time_schedule", &TimeSchedule, py::arg("schedule"), py::arg("iters") = 10,
+        py::arg("warmup") = 2, py::arg("direct") = true, py::arg("device") = 0,
+        "Times back-to-back collective calls (all N ranks on one GPU, a host thread "
+        "each): {'seconds': per call, 'api_calls_per_rank', 'enqueue_us_per_rank', "
+        "'gate_us_per_rank', 'max_workspace_bytes', 'fused_steps', 'per_rank': [...]}.");
+  m.def("time_kernel", &TimeKernel, py::arg("dtype"), py::arg("count"), py::arg("iters") = 20,
+        py::arg("from_input") = false, py::arg("copy") = false, py::arg("device") = 0,
+        "Seconds per reduction kernel launch (or per D2D copy when copy=True).");
+}

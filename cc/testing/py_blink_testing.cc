@@ -1,0 +1,488 @@
+// Python module jax_blink._blink_testing (test-only): harnesses that run the
+// executors without jax. run_ranks runs the ranks of a schedule on plain
+// threads through _blink_ext's CPU executor, the one the XLA custom call
+// uses (ffi/cpu_executor_api.h); emulate_streams runs the stream engine
+// (the CUDA executor's logic) over the host stream emulator with its race
+// checker.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/schedule.h"
+#include "core/status.h"
+#include "cpu/executor_cpu.h"
+#include "ffi/cpu_executor_api.h"
+#include "ffi/py_common.h"
+#include "stream/join_enqueue.h"
+#include "stream/stream_exec.h"
+#include "sync/rendezvous.h"
+#include "testing/stream_emulator.h"
+
+namespace py = pybind11;
+
+namespace jax_blink {
+namespace {
+
+// _blink_ext's CPU executor (set when the module is imported).
+const CpuExecutorApi* cpu_executor = nullptr;
+
+const CpuExecutorApi* ImportCpuExecutor() {
+  const py::object capsule = py::module_::import("jax_blink._blink_ext").attr("_cpu_executor");
+  const auto* api = static_cast<const CpuExecutorApi*>(
+      PyCapsule_GetPointer(capsule.ptr(), kCpuExecutorApiCapsule));
+  if (api == nullptr) throw py::error_already_set();
+  if (api->abi != CpuExecutorApiAbi()) {
+    throw py::import_error(
+        "jax_blink._blink_testing and jax_blink._blink_ext come from different builds; "
+        "rebuild both (docs/building.md)");
+  }
+  return api;
+}
+
+std::atomic<int64_t> next_test_run_id{-1};
+
+// A numpy array's raw memory (works for any dtype, including ml_dtypes'
+// bfloat16, which the buffer protocol cannot describe).
+struct Buffer {
+  py::array array;  // keeps the memory alive
+  void* ptr = nullptr;
+  int64_t count = 0;
+};
+
+Buffer GetBuffer(const py::handle& obj, bool writable, const char* what,
+                 int64_t rank, size_t itemsize) {
+  const std::string where =
+      std::string(what) + "[" + std::to_string(rank) + "]";
+  if (!py::isinstance<py::array>(obj)) {
+    throw py::type_error(where + " must be a numpy array");
+  }
+  Buffer b;
+  b.array = py::reinterpret_borrow<py::array>(obj);
+  if (static_cast<size_t>(b.array.itemsize()) != itemsize) {
+    throw py::value_error(
+        where + " has itemsize " + std::to_string(b.array.itemsize()) +
+        " but the schedule dtype needs " + std::to_string(itemsize));
+  }
+  if (!(b.array.flags() & py::array::c_style)) {
+    throw py::value_error(where + " must be C-contiguous");
+  }
+  if (writable && !b.array.writeable()) {
+    throw py::value_error(where + " must be writable");
+  }
+  b.ptr = const_cast<void*>(b.array.data());
+  b.count = static_cast<int64_t>(b.array.size());
+  return b;
+}
+
+py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
+                  const py::sequence& outputs, int64_t timeout_ms,
+                  const std::vector<int64_t>& skip_ranks, int64_t op_id,
+                  int64_t group, int64_t repeat,
+                  std::optional<int64_t> run_id_arg) {
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  // One schedule for all ranks, or a list with one per rank (to test
+  // disagreeing ranks).
+  std::vector<std::shared_ptr<Schedule>> scheds;
+  if (py::isinstance<py::list>(schedule) ||
+      py::isinstance<py::tuple>(schedule)) {
+    for (py::handle h : schedule) {
+      scheds.push_back(std::make_shared<Schedule>(ScheduleFromPython(h)));
+    }
+    if (scheds.empty()) throw py::value_error("empty list of schedules");
+  } else {
+    scheds.push_back(std::make_shared<Schedule>(ScheduleFromPython(schedule)));
+  }
+  const int64_t nranks = scheds[0]->nranks;
+  if (scheds.size() != 1 && static_cast<int64_t>(scheds.size()) != nranks) {
+    throw py::value_error("need one schedule, or one per rank");
+  }
+  auto sched_of = [&](int64_t r) -> const Schedule& {
+    return *scheds[scheds.size() == 1 ? 0 : r];
+  };
+  if (static_cast<int64_t>(py::len(inputs)) != nranks ||
+      static_cast<int64_t>(py::len(outputs)) != nranks) {
+    throw py::value_error("need " + std::to_string(nranks) +
+                          " inputs and outputs, got " +
+                          std::to_string(py::len(inputs)) + " and " +
+                          std::to_string(py::len(outputs)));
+  }
+  std::vector<uint8_t> skip(nranks, 0);
+  for (int64_t r : skip_ranks) {
+    if (r < 0 || r >= nranks) throw py::value_error("skip_ranks out of range");
+    skip[r] = 1;
+  }
+  std::vector<Buffer> ins, outs;
+  std::vector<ExecArgs> args(nranks);
+  // Harness runs use negative RunIds (XLA's are not negative).
+  const int64_t run_id =
+      run_id_arg ? *run_id_arg : next_test_run_id.fetch_sub(1);
+  for (int64_t r = 0; r < nranks; ++r) {
+    const Schedule& s = sched_of(r);
+    const size_t itemsize = DTypeSize(s.dtype);
+    ins.push_back(GetBuffer(inputs[r], false, "inputs", r, itemsize));
+    outs.push_back(GetBuffer(outputs[r], true, "outputs", r, itemsize));
+    ExecArgs& a = args[r];
+    a.schedule = &s;
+    a.rank = r;
+    a.run_id = run_id;
+    a.op_id = op_id;
+    a.group = group;
+    a.in = ins.back().ptr;
+    a.out = outs.back().ptr;
+    a.in_count = ins.back().count;
+    a.out_count = outs.back().count;
+    a.dtype = static_cast<int32_t>(s.dtype);  // trust the schedule's dtype
+    a.timeout_ms = timeout_ms;
+  }
+  std::vector<std::optional<std::string>> errors(nranks);
+  {
+    py::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    threads.reserve(nranks);
+    for (int64_t r = 0; r < nranks; ++r) {
+      if (skip[r]) continue;
+      threads.emplace_back([&, r] {
+        // Repeats reuse one RunId: generations tell them apart, as for a
+        // call site inside lax.scan.
+        for (int64_t k = 0; k < repeat; ++k) {
+          const ExecResult res = cpu_executor->execute(args[r]);
+          if (!res.status.ok()) {
+            errors[r] = res.status.Text();
+            break;
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  py::list result;
+  for (int64_t r = 0; r < nranks; ++r) {
+    if (errors[r]) {
+      result.append(py::str(*errors[r]));
+    } else {
+      result.append(py::none());
+    }
+  }
+  return result;
+}
+
+// Runs the GPU executor's enqueueing (a StreamRankExecutor per rank, each on
+// its own thread) over the host stream emulator: each rank's buffers are host memory labelled in[r] / out[r] on
+// device devices[r], with a caller stream that writes the input before the
+// collective (and again before each repeat, reading the previous output)
+// and reuses both buffers after it, as XLA does. Returns the outputs, the
+// races the emulator found and its counters.
+py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
+                        const std::optional<std::vector<int>>& devices,
+                        const py::object& peer, bool direct, bool alias,
+                        int64_t repeat, uint64_t seed, uint32_t omit,
+                        const std::vector<int64_t>& skip_ranks, int64_t bad_count_rank,
+                        int64_t timeout_ms) {
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  const Schedule s = ScheduleFromPython(schedule);
+  const int64_t n = s.nranks;
+  const size_t tsize = DTypeSize(s.dtype);
+  const size_t bytes = static_cast<size_t>(s.count) * tsize;
+  if (static_cast<int64_t>(py::len(inputs)) != n) {
+    throw py::value_error("need " + std::to_string(n) + " inputs, got " +
+                          std::to_string(py::len(inputs)));
+  }
+  std::vector<Buffer> ins;
+  for (int64_t r = 0; r < n; ++r) {
+    ins.push_back(GetBuffer(inputs[r], false, "inputs", r, tsize));
+    if (ins.back().count != s.count) {
+      throw py::value_error("inputs[" + std::to_string(r) + "] has " +
+                            std::to_string(ins.back().count) +
+                            " elements but the schedule needs " +
+                            std::to_string(s.count));
+    }
+  }
+  std::vector<int> dev(n, 0);
+  if (devices) {
+    if (static_cast<int64_t>(devices->size()) != n) {
+      throw py::value_error("need one device per rank (" + std::to_string(n) +
+                            "), got " + std::to_string(devices->size()));
+    }
+    dev = *devices;
+  }
+  int ndev = 0;
+  for (int d : dev) {
+    if (d < 0) throw py::value_error("devices must be >= 0");
+    ndev = std::max(ndev, d + 1);
+  }
+  StreamPlan plan;
+  {
+    const std::string err = plan.Build(s, omit);
+    if (!err.empty()) throw std::runtime_error(err);
+  }
+
+  // Host memory standing in for the ranks' device buffers (declared before
+  // the emulator, which refers to it), 64-byte aligned like XLA's buffers
+  // and filled with 0xff until the input is written.
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<void, FreeDeleter>> host;
+  auto host_buffer = [&]() -> char* {
+    const size_t cap = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, cap);
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0xff, cap);
+    host.emplace_back(p);
+    return static_cast<char*>(p);
+  };
+
+  StreamEmulator em;
+  if (!peer.is_none()) {
+    py::module_ np = py::module_::import("numpy");
+    py::array_t<bool, py::array::c_style> m =
+        np.attr("ascontiguousarray")(peer, "bool");
+    if (m.ndim() != 2 || m.shape(0) != m.shape(1) || m.shape(0) < ndev) {
+      throw py::value_error(
+          "peer must be a square boolean matrix covering devices 0.." +
+          std::to_string(ndev - 1));
+    }
+    for (py::ssize_t a = 0; a < m.shape(0); ++a) {
+      for (py::ssize_t b = 0; b < m.shape(1); ++b) {
+        em.SetPeerAccess(static_cast<int>(a), static_cast<int>(b), m.at(a, b));
+      }
+    }
+  }
+  auto check = [](const std::string& err) {
+    if (!err.empty()) throw std::runtime_error(err);
+  };
+  std::vector<StreamRank> ranks(n);
+  for (int64_t r = 0; r < n; ++r) {
+    StreamRank& R = ranks[r];
+    const std::string rs = "[" + std::to_string(r) + "]";
+    R.device = dev[r];
+    char* in = host_buffer();
+    R.in = in;
+    R.out = alias ? in : host_buffer();
+    check(em.Label(R.in, bytes, "in" + rs, R.device));
+    check(em.Label(R.out, bytes, "out" + rs, R.device));
+    check(em.CreateStream(R.device, &R.stream));
+    em.NameStream(R.stream, "caller" + rs);
+  }
+  // The caller writing rank r's input (its producer, or the next step).
+  auto write_input = [&](int64_t r, bool reads_out, const char* label) {
+    const StreamRank& R = ranks[r];
+    void* dst = const_cast<void*>(R.in);
+    const void* src = ins[r].ptr;
+    std::vector<Range> reads;
+    if (reads_out) reads.push_back({R.out, bytes});
+    return em.Touch(R.stream, reads, {{R.in, bytes}}, label,
+                    [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  };
+
+  // One thread per rank, as XLA's device threads: each writes its input,
+  // joins the rendezvous and enqueues its own part (JoinAndEnqueue, the CUDA
+  // handler's protocol), `repeat` times; the caller reads the output and
+  // rewrites the input between calls.
+  std::vector<std::unique_ptr<StreamRankExecutor>> ex;
+  for (int64_t r = 0; r < n; ++r) ex.push_back(std::make_unique<StreamRankExecutor>(&em));
+  std::vector<void*> ws(n, nullptr);
+  std::vector<size_t> ws_bytes(n, 0);
+  std::vector<StreamExecStats> xs(n);
+  static std::atomic<int64_t> next_run{int64_t{1} << 48};
+  const int64_t run_id = next_run.fetch_add(1);
+  std::vector<std::string> errs(n);
+  {
+    py::gil_scoped_release nogil;
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < n; ++r) {
+      if (std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end()) continue;
+      threads.emplace_back([&, r] {
+        const WorkspaceFn workspace = [&, r](size_t b, void** p) -> std::string {
+          if (ws_bytes[r] < b) {
+            if (ws[r] != nullptr) em.Free(dev[r], ws[r]);
+            ws[r] = nullptr;
+            std::string e = em.Alloc(dev[r], b, &ws[r]);
+            if (!e.empty()) return e;
+            ws_bytes[r] = b;
+          }
+          *p = ws[r];
+          return std::string();
+        };
+        for (int64_t k = 0; k < repeat && errs[r].empty(); ++k) {
+          errs[r] = write_input(r, k > 0, k > 0 ? "caller reads out, writes next in"
+                                                : "caller writes in");
+          if (!errs[r].empty()) break;
+          const StreamRank& R = ranks[r];
+          const int64_t count = r == bad_count_rank ? s.count + 1 : s.count;
+          RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), R.in, R.out, count,
+                                         count, R.device, nullptr, Status());
+          int64_t generation = -1;
+          errs[r] = JoinAndEnqueue(RendezvousKey{run_id, 0, 0}, s, plan, r, std::move(info),
+                                   R.stream, direct, em, *ex[r], workspace,
+                                   Clock::now() + std::chrono::milliseconds(timeout_ms),
+                                   timeout_ms, &generation)
+                        .Text();
+          xs[r] = ex[r]->stats();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  py::list errors;
+  for (int64_t r = 0; r < n; ++r) {
+    const bool skipped =
+        std::find(skip_ranks.begin(), skip_ranks.end(), r) != skip_ranks.end();
+    errors.append(skipped ? py::object(py::str("skipped"))
+                : errs[r].empty() ? py::object(py::none())
+                                  : py::object(py::str(errs[r])));
+  }
+  for (const StreamRank& R : ranks) {
+    check(em.Touch(R.stream, {}, {{R.in, bytes}, {R.out, bytes}},
+                   "caller reuses in and out"));
+  }
+  // Destroying the executors releases their streams and events under queued
+  // work (legal, as in CUDA); the workspaces are freed likewise. Run reports
+  // any misuse.
+  ex.clear();
+  for (int64_t r = 0; r < n; ++r) {
+    if (ws[r] != nullptr) em.Free(dev[r], ws[r]);
+  }
+  check(em.Run(seed));
+
+  py::module_ np = py::module_::import("numpy");
+  py::list outputs;
+  for (int64_t r = 0; r < n; ++r) {
+    py::array o = np.attr("empty_like")(inputs[r]);
+    std::memcpy(o.mutable_data(), ranks[r].out, bytes);
+    outputs.append(o);
+  }
+  const StreamEmulatorStats& st = em.stats();
+  py::list races;
+  for (const std::string& x : em.races()) races.append(x);
+  const int64_t unreported =
+      st.races - static_cast<int64_t>(em.races().size());
+  if (unreported > 0) {
+    races.append("... and " + std::to_string(unreported) + " more races");
+  }
+  py::dict stats;
+  stats["streams"] = st.streams;
+  stats["events"] = st.events;
+  stats["allocs"] = st.allocs;
+  // After the executors are destroyed: what they leaked (the callers'
+  // streams stay).
+  stats["live_streams"] = st.live_streams;
+  stats["live_events"] = st.live_events;
+  stats["live_alloc_bytes"] = st.alloc_bytes;
+  stats["peer_queries"] = st.peer_queries;
+  stats["copy"] = st.copies;
+  stats["reduce"] = st.reduces;
+  stats["to_acc"] = st.to_accs;
+  stats["finalize"] = st.finalizes;
+  stats["record"] = st.records;
+  stats["wait"] = st.waits;
+  stats["noop_wait"] = st.noop_waits;
+  stats["touch"] = st.touches;
+  stats["executed"] = st.executed;
+  stats["accesses"] = st.accesses;
+  stats["races"] = st.races;
+  // The executors' counters of the last call, summed over ranks.
+  int64_t kernels = 0, copies = 0, waits = 0, records = 0, staged = 0, wsb = 0, fused = 0;
+  for (const StreamExecStats& x : xs) {
+    kernels += x.kernels;
+    copies += x.copies;
+    waits += x.waits;
+    records += x.records;
+    staged += x.staged_links;
+    wsb = std::max(wsb, x.workspace_bytes);
+  }
+  for (const StreamPlan::Rank& R : plan.ranks) fused += R.fused_steps;
+  stats["exec_kernels"] = kernels;
+  stats["exec_copies"] = copies;
+  stats["exec_waits"] = waits;
+  stats["exec_records"] = records;
+  stats["staged_links"] = staged;
+  stats["max_workspace_bytes"] = wsb;
+  stats["fused_steps"] = fused;
+  py::dict result;
+  result["errors"] = errors;
+  result["outputs"] = outputs;
+  result["races"] = races;
+  result["stats"] = stats;
+  return result;
+}
+
+}  // namespace
+}  // namespace jax_blink
+
+PYBIND11_MODULE(_blink_testing, m) {
+  using namespace jax_blink;
+  m.doc() = "jax_blink test harnesses: the CPU executor and the stream emulator without jax";
+  cpu_executor = ImportCpuExecutor();
+
+  m.def(
+      "run_ranks", &RunRanks, py::arg("schedule"), py::arg("inputs"),
+      py::arg("outputs"), py::arg("timeout_ms") = 10000,
+      py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
+      py::arg("group") = 0, py::arg("repeat") = 1,
+      py::arg("run_id") = py::none(),
+      "Test harness: runs every rank except skip_ranks on its own thread "
+      "through the rendezvous and CPU executor used by the custom call "
+      "(_blink_ext's, with the settings of _blink_ext.configure). "
+      "inputs/outputs: one C-contiguous array per rank (itemsize of the "
+      "schedule dtype; bfloat16 from ml_dtypes). schedule: one encoded "
+      "schedule, or a list with one per rank. repeat: run the collective this "
+      "many times on the same threads (one RunId, successive generations, "
+      "like a call site inside lax.scan; for benchmarks). run_id: the "
+      "rendezvous RunId (default: a fresh negative id). Returns one entry "
+      "per rank: None on success (or when skipped), else the first error as "
+      "'KIND: message', KIND the error code the custom call would return "
+      "(INVALID_ARGUMENT, DEADLINE_EXCEEDED or INTERNAL).");
+  m.def("emulate_streams", &EmulateStreams, py::arg("schedule"),
+        py::arg("inputs"), py::kw_only(), py::arg("devices") = py::none(),
+        py::arg("peer") = py::none(), py::arg("direct") = true,
+        py::arg("alias") = false, py::arg("repeat") = 1, py::arg("seed") = 0,
+        py::arg("omit") = 0, py::arg("skip_ranks") = std::vector<int64_t>(),
+        py::arg("bad_count_rank") = -1, py::arg("timeout_ms") = 10000,
+        "Test harness: runs the GPU executor's enqueueing (StreamRankExecutor, a "
+        "thread per rank meeting through JoinAndEnqueue as in the CUDA FFI "
+        "handler) over the host stream emulator with its race checker. inputs: "
+        "one C-contiguous array per rank of the schedule's dtype and count. "
+        "devices: device label per rank (default all 0, one GPU). peer: "
+        "optional [D, D] bool matrix, peer[a, b]: device a may read device "
+        "b's memory (default all true). direct=False stages every read "
+        "through copies. alias: the output buffer is the input buffer. "
+        "repeat: calls on the same executors, the caller rewriting the input "
+        "(same data) between them. seed: the emulator's execution order. "
+        "omit: StreamOmit bits (OMIT_*) dropping waits, for tests. skip_ranks "
+        "never join, bad_count_rank publishes a wrong element count, "
+        "timeout_ms bounds the waits. Returns {'outputs': [array], 'errors': "
+        "[None, an error ('KIND: message' as run_ranks), or 'skipped' per rank], "
+        "'races': [str], 'stats': "
+        "{str: int}}; raises ValueError for bad arguments, RuntimeError for "
+        "an emulator error.");
+  m.attr("OMIT_ENTRY_WAITS") = static_cast<int>(kOmitEntryWaits);
+  m.attr("OMIT_DEP_WAITS") = static_cast<int>(kOmitDepWaits);
+  m.attr("OMIT_GUARDS") = static_cast<int>(kOmitGuards);
+  m.attr("OMIT_EXIT_WAITS") = static_cast<int>(kOmitExitWaits);
+  m.def(
+      "rendezvous_stats",
+      []() {
+        const RendezvousStats s = cpu_executor->rendezvous_stats();
+        py::dict d;
+        d["entries"] = s.entries;
+        d["active_slots"] = s.active_slots;
+        d["pooled_slots"] = s.pooled_slots;
+        d["tombstones"] = s.tombstones;
+        return d;
+      },
+      "Counts of live state of the rendezvous run_ranks and the CPU custom call use "
+      "(_blink_ext's; for leak tests).");
+}
