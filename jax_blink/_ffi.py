@@ -95,6 +95,17 @@ def ensure_registered(platform="cpu"):
             jax.devices("cpu" if platform == "cpu" else "gpu")
         except RuntimeError:
             pass
+        # The executors' settings: from the environment, validated in one
+        # place (jax_blink.settings), handed to C++ once.
+        from jax_blink import settings
+
+        cfg = settings.executor()
+        if platform == "cpu":
+            ext.configure(spin=cfg.spin, yield_us=cfg.yield_us, push=cfg.push,
+                          nt_bytes=cfg.nt_bytes, hugepage_bytes=cfg.hugepage_bytes,
+                          debug=cfg.debug)
+        else:
+            ext.configure(debug=cfg.debug)
         for name, registration in ext.type_registrations().items():
             jax.ffi.register_ffi_type(name, registration, platform=xla_platform)
         for name, stages in ext.registrations().items():

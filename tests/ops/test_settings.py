@@ -80,3 +80,31 @@ def test_cache_dir(monkeypatch, tmp_path):
 def test_keyword_values_are_checked_not_coerced(call, value, error, message):
     with pytest.raises(error, match=message):
         call(value)
+
+
+def test_the_executor_settings_reach_the_cpu_executor():
+    """End to end, in a fresh process: JAX_BLINK_DEBUG=1 makes the C++ executor
+    log each collective, JAX_BLINK_PUSH=0 reaches its configuration."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, jax, jax_blink\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "mesh = jax.make_mesh((2,), ('x',))\n"
+        "f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, 'x'), mesh=mesh,\n"
+        "                          in_specs=P('x'), out_specs=P()))\n"
+        "x = jax.device_put(np.ones((2, 8), np.float32), NamedSharding(mesh, P('x')))\n"
+        "print(np.asarray(f(x))[0, 0])\n"
+        "from jax_blink import _ffi\n"
+        "print(_ffi.load_extension().configuration())\n")
+    env = dict(os.environ, JAX_BLINK_DEBUG="1", JAX_BLINK_PUSH="0",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[0] == "2.0"
+    assert "'push': False" in res.stdout and "'debug': True" in res.stdout, res.stdout
+    assert any(line.startswith("jax_blink: op=1 ") for line in res.stderr.splitlines()), \
+        res.stderr[-2000:]
