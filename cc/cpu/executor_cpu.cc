@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -96,26 +97,45 @@ struct Kernels {
     }
   }
 
+  // A sum that starts from a rank's input starts from +0 first, as
+  // lax.psum's does: a sum of -0.0 only is +0.0 (x + 0 == x otherwise).
+  static bool ZeroFirst(Src base, int k) {
+    return std::is_floating_point<A>::value && base.is_input && k > 0;
+  }
+  template <bool kZero>
+  static A Base(A b) {
+    return kZero ? A(0) + b : b;
+  }
+
   // dst = base + s0 + s1 + ..., added left to right (deterministic).
   static void Reduce(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
+    if (ZeroFirst(base, k)) {
+      ReduceFrom<true>(dst_v, base, srcs, k, n);
+    } else {
+      ReduceFrom<false>(dst_v, base, srcs, k, n);
+    }
+  }
+
+  template <bool kZero>
+  static void ReduceFrom(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
     A* dst = static_cast<A*>(dst_v);
     if constexpr (Tr::kSame) {
       const A* b = static_cast<const A*>(base.p);
       if (k == 1) {
         if (b == dst) {
-          AddInPlace(dst, static_cast<const A*>(srcs[0].p), n);
+          AddInPlace<kZero>(dst, static_cast<const A*>(srcs[0].p), n);
         } else {
-          Add2(dst, b, static_cast<const A*>(srcs[0].p), n);
+          Add2<kZero>(dst, b, static_cast<const A*>(srcs[0].p), n);
         }
         return;
       }
       if (k == 2) {
         if (b == dst) {
-          AddInPlace2(dst, static_cast<const A*>(srcs[0].p),
-                      static_cast<const A*>(srcs[1].p), n);
+          AddInPlace2<kZero>(dst, static_cast<const A*>(srcs[0].p),
+                             static_cast<const A*>(srcs[1].p), n);
         } else {
-          Add3(dst, b, static_cast<const A*>(srcs[0].p),
-               static_cast<const A*>(srcs[1].p), n);
+          Add3<kZero>(dst, b, static_cast<const A*>(srcs[0].p),
+                      static_cast<const A*>(srcs[1].p), n);
         }
         return;
       }
@@ -124,29 +144,38 @@ struct Kernels {
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
       LoadBlock(tmp, base, off, m);
+      if (kZero) ZeroBlock(tmp, m);
       for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
       std::memcpy(dst + off, tmp, m * sizeof(A));
     }
   }
 
+  // tmp = 0 + tmp (see ZeroFirst).
+  JAX_BLINK_KERNEL static void ZeroBlock(A* __restrict__ tmp, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) tmp[i] = A(0) + tmp[i];
+  }
+  template <bool kZero>
   JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d,
                                           const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = Base<kZero>(d[i]) + s[i];
   }
+  template <bool kZero>
   JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d,
                                            const A* __restrict__ s0,
                                            const A* __restrict__ s1,
                                            int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = (d[i] + s0[i]) + s1[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = (Base<kZero>(d[i]) + s0[i]) + s1[i];
   }
+  template <bool kZero>
   JAX_BLINK_KERNEL static void Add2(A* __restrict__ d, const A* __restrict__ b,
                                     const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = b[i] + s[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = Base<kZero>(b[i]) + s[i];
   }
+  template <bool kZero>
   JAX_BLINK_KERNEL static void Add3(A* __restrict__ d, const A* __restrict__ b,
                                     const A* __restrict__ s0,
                                     const A* __restrict__ s1, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = (b[i] + s0[i]) + s1[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = (Base<kZero>(b[i]) + s0[i]) + s1[i];
   }
 
   // dst = src
@@ -235,9 +264,11 @@ struct MultiKernels {
     alignas(64) A tmp[kBlock];
     bool any_nt = dst_nt;
     for (int e = 0; e < nextra; ++e) any_nt |= extra[e].nt;
+    const bool zero = Kernels<Tr>::ZeroFirst(base, k);
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
       Kernels<Tr>::LoadBlock(tmp, base, off, m);
+      if (zero) Kernels<Tr>::ZeroBlock(tmp, m);
       for (int j = 0; j < k; ++j) Kernels<Tr>::AddBlock(tmp, srcs[j], off, m);
       if (dst_nt) {
         StreamStoreNoFence(dst + off, tmp, m * sizeof(A));

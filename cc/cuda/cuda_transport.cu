@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cstring>
 #include <sstream>
 
@@ -51,6 +52,9 @@ struct ReduceOperands {
   const void* p[kMaxFuse + 1];
   uint32_t input_mask = 0;  // bit j: operand j has the buffer type T
   int nops = 0;
+  // The sum starts from a rank's input: add it to +0 first, as lax.psum
+  // does (a sum of -0.0 only is +0.0; x + 0 == x otherwise).
+  bool zero_first = false;
 };
 
 // Element i of operand j in the accumulator type.
@@ -100,6 +104,10 @@ __global__ void ReduceKernel(typename Tr::A* __restrict__ dst, const ReduceOpera
   auto* dv = reinterpret_cast<Pack<A, V>*>(dst + head);
   for (int64_t k = tid; k < nvec; k += stride) {
     Pack<A, V> acc = LoadPack<Tr, V>(ops, 0, head, k);
+    if (ops.zero_first) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc.v[e] = A(0) + acc.v[e];
+    }
     for (int j = 1; j < ops.nops; ++j) {
       const Pack<A, V> x = LoadPack<Tr, V>(ops, j, head, k);
 #pragma unroll
@@ -112,6 +120,7 @@ __global__ void ReduceKernel(typename Tr::A* __restrict__ dst, const ReduceOpera
   for (int64_t k = tid; k < nscalar; k += stride) {
     const int64_t i = k < head ? k : tail_begin + (k - head);
     A acc = LoadAcc<Tr>(ops, 0, i);
+    if (ops.zero_first) acc = A(0) + acc;
     for (int j = 1; j < ops.nops; ++j) acc = acc + LoadAcc<Tr>(ops, j, i);
     dst[i] = acc;
   }
@@ -174,6 +183,7 @@ cudaError_t ReduceTyped(void* dst_v, const StreamOperand* in_ops, int nops, int6
   A* dst = static_cast<A*>(dst_v);
   ReduceOperands ops;
   ops.nops = nops;
+  ops.zero_first = std::is_floating_point<A>::value && in_ops[0].is_input;
   for (int j = 0; j < nops; ++j) {
     ops.p[j] = in_ops[j].p;
     if (!Tr::kSame && in_ops[j].is_input) ops.input_mask |= 1u << j;

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <unordered_set>
+#include <type_traits>
 #include <utility>
 
 #include "core/half.h"
@@ -66,8 +67,11 @@ void StoreAt(void* p, int64_t i, X x) {
 // wrapping).
 template <typename A>
 void ReduceSame(void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
+  // A sum starting from an input starts from +0 (the CUDA kernel's rule).
+  const bool zero = std::is_floating_point<A>::value && ops[0].is_input;
   for (int64_t i = 0; i < n; ++i) {
     A acc = LoadAt<A>(ops[0].p, i);
+    if (zero) acc = A(0) + acc;
     for (size_t j = 1; j < ops.size(); ++j) acc = static_cast<A>(acc + LoadAt<A>(ops[j].p, i));
     StoreAt<A>(dst, i, acc);
   }
@@ -84,6 +88,7 @@ template <float (*Widen)(uint16_t)>
 void ReduceHalf(void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float acc = LoadWide<Widen>(ops[0], i);
+    if (ops[0].is_input) acc = 0.0f + acc;
     for (size_t j = 1; j < ops.size(); ++j) acc += LoadWide<Widen>(ops[j], i);
     StoreAt<float>(dst, i, acc);
   }

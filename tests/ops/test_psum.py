@@ -341,3 +341,15 @@ def test_every_collective_of_a_jvp_program_has_its_own_op_id():
     assert len(ids) == 2 and len(set(ids)) == 2
     primal, tangent = f(x)
     np.testing.assert_allclose(primal, tangent, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_a_sum_of_negative_zeros_is_positive_zero_as_in_lax(dtype):
+    mesh = mesh1d()
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.full((N, 7), -0.0, np_dtype)
+    x[:, 0] = 1.5  # a column that is not all zeros keeps its value
+    ours = per_device(lambda v: jax_blink.psum(v, "x"), x, mesh)
+    ref = per_device(lambda v: lax.psum(v, "x"), x, mesh)
+    assert np.asarray(ours).tobytes() == np.asarray(ref).tobytes()
+    assert not np.signbit(np.asarray(ours, np.float32)[..., 1:]).any()
