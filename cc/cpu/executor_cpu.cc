@@ -845,26 +845,17 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
     Slot& slot = *ticket.slot;
     res.status = CheckConsistent(slot, Where(a, ticket.generation));
     if (res.status.ok()) {
-      slot.executing.fetch_add(1, std::memory_order_seq_cst);
       RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline,
                         acc);
       res.status = runner.Run();
-      if (!res.status.ok() &&
-          slot.failed.load(std::memory_order_seq_cst) == 0) {
-        slot.Fail(a.rank, res.status);
-      }
-      slot.executing.fetch_sub(1, std::memory_order_seq_cst);
-      if (slot.failed.load(std::memory_order_seq_cst) != 0) {
-        // Peers may still be reading our buffers: wait (bounded) until every
-        // rank has left the execution phase before XLA may reuse them.
-        FutexWakeAll(&slot.executing);
-        const auto grace = Clock::now() + std::chrono::seconds(2);
-        uint32_t cur;
-        while ((cur = slot.executing.load(std::memory_order_seq_cst)) != 0 &&
-               Clock::now() < grace) {
-          FutexWait(&slot.executing, cur, 10000000);
-        }
-      }
+      if (!res.status.ok()) slot.Fail(a.rank, res.status);  // the first one wins
+      // All or nothing: no rank returns before every rank's execution is
+      // over (so no peer still reads its buffers), and every rank returns
+      // the first failure if there was one. Peers started by their own
+      // deadlines, at most one timeout after ours.
+      const Status all =
+          slot.Finish(deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1));
+      if (!all.ok()) res.status = all;
     }
   }
   rv.Leave(&ticket);

@@ -62,12 +62,12 @@ Status JoinAndEnqueue(const RendezvousKey& key, const Schedule& s, const StreamP
       if (err.ok()) {
         err = ex.Enqueue(s, plan, rank, me, ws, peers, staged, deadline, &slot.failed);
       }
-      if (!err.ok()) {
-        if (slot.failed.load(std::memory_order_seq_cst) == 0) {
-          slot.Fail(rank, err.Prefixed("jax_blink: " + where + ": "));
-        }
-        err = slot.FailStatus();
-      }
+      if (!err.ok()) slot.Fail(rank, err.Prefixed("jax_blink: " + where + ": "));
+      // All or nothing: every rank waits until all have enqueued (or
+      // failed), then returns the first failure if there was one.
+      const Status all =
+          slot.Finish(deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1));
+      if (!all.ok()) err = all;
     }
   }
   if (ticket.slot != nullptr) rv.Leave(&ticket);

@@ -129,7 +129,7 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
   abort_message_.clear();
   state.store(0, std::memory_order_relaxed);
   failed.store(0, std::memory_order_relaxed);
-  executing.store(0, std::memory_order_relaxed);
+  finished.store(0, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(fail_mu_);
   fail_status_ = Status();
 }
@@ -144,12 +144,35 @@ void Slot::Fail(int64_t rank, const Status& error) {
     failed.store(1, std::memory_order_seq_cst);
   }
   RingAll();
-  FutexWakeAll(&executing);
 }
 
 Status Slot::FailStatus() {
   std::lock_guard<std::mutex> lk(fail_mu_);
   return fail_status_;
+}
+
+Status Slot::Finish(Clock::time_point limit) {
+  const uint32_t n = static_cast<uint32_t>(nranks);
+  if (finished.fetch_add(1, std::memory_order_seq_cst) + 1 == n) {
+    FutexWakeAll(&finished);
+  }
+  uint32_t cur;
+  while ((cur = finished.load(std::memory_order_seq_cst)) < n) {
+    const auto now = Clock::now();
+    if (now >= limit) {
+      std::ostringstream os;
+      os << "jax_blink: " << (n - cur) << " of " << n
+         << " ranks were still executing the collective long after its timeout; "
+            "their buffers may still be in use";
+      return Status::DeadlineExceeded(os.str());
+    }
+    FutexWait(&finished, cur,
+              std::min<int64_t>(
+                  10000000, std::chrono::duration_cast<std::chrono::nanoseconds>(limit - now)
+                                .count()));
+  }
+  if (failed.load(std::memory_order_seq_cst) != 0) return FailStatus();
+  return Status();
 }
 
 // ---- Rendezvous

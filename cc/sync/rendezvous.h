@@ -121,13 +121,21 @@ class Slot {
   std::atomic<uint32_t> state{0};
   // Set once when any rank fails during execution; wakes everyone.
   std::atomic<uint32_t> failed{0};
-  // Ranks currently inside the execution phase (futex word).
-  std::atomic<uint32_t> executing{0};
+  // Ranks whose execution of this call is over, successful or not (futex
+  // word).
+  std::atomic<uint32_t> finished{0};
 
   // Records the first failure ("rank <rank> failed: <message>", with the
   // error's kind) and wakes every rank.
   void Fail(int64_t rank, const Status& error);
   Status FailStatus();
+
+  // All or nothing: marks this rank's execution over and waits until every
+  // rank's is (after that no rank touches another's buffers), then returns
+  // the first failure of any rank, or ok: the same verdict on every rank. A
+  // rank still executing at `limit` is an error (the executors bound their
+  // own waits, so this only happens when something else hangs).
+  Status Finish(Clock::time_point limit);
 
  private:
   friend class Rendezvous;
