@@ -854,7 +854,8 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
       // the first failure if there was one. Peers started by their own
       // deadlines, at most one timeout after ours.
       const Status all =
-          slot.Finish(deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1));
+          slot.Finish(deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1),
+                      tun.spin, tun.yield_ns);
       if (!all.ok()) res.status = all;
     }
   }

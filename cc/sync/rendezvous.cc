@@ -151,10 +151,18 @@ Status Slot::FailStatus() {
   return fail_status_;
 }
 
-Status Slot::Finish(Clock::time_point limit) {
+Status Slot::Finish(Clock::time_point limit, int spin, int64_t yield_ns) {
   const uint32_t n = static_cast<uint32_t>(nranks);
   if (finished.fetch_add(1, std::memory_order_seq_cst) + 1 == n) {
     FutexWakeAll(&finished);
+  }
+  // Ranks usually finish close together: spin, then yield, then sleep.
+  for (int i = 0; i < spin && finished.load(std::memory_order_relaxed) < n; ++i) CpuRelax();
+  if (yield_ns > 0) {
+    const auto until = Clock::now() + std::chrono::nanoseconds(yield_ns);
+    while (finished.load(std::memory_order_relaxed) < n && Clock::now() < until) {
+      std::this_thread::yield();
+    }
   }
   uint32_t cur;
   while ((cur = finished.load(std::memory_order_seq_cst)) < n) {

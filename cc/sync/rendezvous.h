@@ -134,8 +134,10 @@ class Slot {
   // rank's is (after that no rank touches another's buffers), then returns
   // the first failure of any rank, or ok: the same verdict on every rank. A
   // rank still executing at `limit` is an error (the executors bound their
-  // own waits, so this only happens when something else hangs).
-  Status Finish(Clock::time_point limit);
+  // own waits, so this only happens when something else hangs). Waits like
+  // Bell::Wait: `spin` iterations, then yields for up to `yield_ns`, then
+  // sleeps.
+  Status Finish(Clock::time_point limit, int spin = 0, int64_t yield_ns = 0);
 
  private:
   friend class Rendezvous;

@@ -353,3 +353,18 @@ def test_a_sum_of_negative_zeros_is_positive_zero_as_in_lax(dtype):
     ref = per_device(lambda v: lax.psum(v, "x"), x, mesh)
     assert np.asarray(ours).tobytes() == np.asarray(ref).tobytes()
     assert not np.signbit(np.asarray(ours, np.float32)[..., 1:]).any()
+
+
+def test_a_function_called_several_times_pairs_each_call_with_itself():
+    """An inner jitted psum called six times in one program is one op id run
+    six times; every device must pair the k-th run with the k-th run."""
+    mesh = mesh1d()
+    inner = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "x"), mesh=mesh,
+                                  in_specs=P("x"), out_specs=P()))
+    outer = jax.jit(lambda *xs: tuple(inner(x) for x in xs))
+    xs = [jax.device_put(np.full((N, 256), k, np.float32) * (np.arange(N)[:, None] + 1),
+                         NamedSharding(mesh, P("x"))) for k in range(1, 7)]
+    want = N * (N + 1) // 2
+    for _ in range(200):
+        for k, out in enumerate(outer(*xs), 1):
+            np.testing.assert_array_equal(np.asarray(out), want * k)
