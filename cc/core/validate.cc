@@ -18,8 +18,8 @@ constexpr int64_t kMaxChunks = int64_t{1} << 28;
 constexpr int64_t kMaxTrees = int64_t{1} << 28;
 constexpr int64_t kMaxStepsPerRank = int64_t{1} << 28;
 // The symbolic check needs nranks * nchunks * ceil(nranks/64) words plus one
-// set per SEND; above this many words it is skipped (the Python validator
-// performs it anyway).
+// set per step; a schedule needing more cannot be proven and is refused
+// (docs/schedule_format.md, "Limits"; the Python validator refuses it too).
 constexpr int64_t kMaxSymbolicWords = int64_t{1} << 24;
 
 template <typename... Args>
@@ -524,7 +524,12 @@ std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_write) {
   const int64_t set_words = (s.nranks + 63) / 64;
   const int64_t state_words =
       s.nranks * s.nchunks * set_words + total * set_words;
-  if (state_words <= kMaxSymbolicWords) {
+  if (state_words > kMaxSymbolicWords) {
+    return Err("too large to verify: (nranks * nchunks + steps) * ceil(nranks / 64) = ",
+               state_words, " words of proof state, more than the limit of ",
+               kMaxSymbolicWords, " (use fewer ranks, chunks or steps)");
+  }
+  {
     std::vector<uint64_t> acc(s.nranks * s.nchunks * set_words, 0);
     std::vector<uint64_t> snap(total * set_words, 0);
     auto acc_at = [&](int64_t r, int64_t c) {

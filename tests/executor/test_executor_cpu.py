@@ -658,3 +658,15 @@ def test_ffi_call_missing_ranks_time_out_naming_them():
     # The process goes on.
     out = _ffi_allreduce(star_allreduce(8, 100, 1), np.ones((8, 100), np.float32), op_id=4242)
     np.testing.assert_array_equal(out, np.full((8, 100), 8.0, np.float32))
+
+
+def test_a_schedule_too_large_to_prove_is_refused():
+    """65,536 ranks and no steps (every rank would return its own input): the
+    proof state would exceed the documented limit, so it is refused rather
+    than accepted unproven."""
+    from jax_blink.schedule import Schedule
+
+    n = 1 << 16
+    sched = Schedule(n, n, "allreduce", -1, "float32", 1, ((0, n),), tuple(() for _ in range(n)))
+    with pytest.raises(ValueError, match="too large to verify"):
+        ext.validate_schedule(np.asarray(sched.encode()))
