@@ -66,9 +66,13 @@ inline xla::ffi::Error DecodeAttributes(int64_t op_id,
     return xla::ffi::Error::InvalidArgument(
         "jax_blink (op_id=" + std::to_string(op_id) + "): " + err);
   }
-  if (timeout_ms < 1) {
+  // At most a week (jax_blink.settings.MAX_TIMEOUT_S): deadlines are
+  // computed as now + timeout and must not overflow.
+  constexpr int64_t kMaxTimeoutMs = int64_t{7} * 24 * 3600 * 1000;
+  if (timeout_ms < 1 || timeout_ms > kMaxTimeoutMs) {
     return xla::ffi::Error::InvalidArgument(
-        "jax_blink: timeout_ms must be >= 1, got " + std::to_string(timeout_ms));
+        "jax_blink: timeout_ms must be in [1, " + std::to_string(kMaxTimeoutMs) + "], got " +
+        std::to_string(timeout_ms));
   }
   return xla::ffi::Error::Success();
 }
