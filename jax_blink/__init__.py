@@ -4,33 +4,43 @@ Public API only. Names are loaded lazily (PEP 562) so that the planning
 half (``Topology``, ``plan``, ``Schedule``, ``simulate``) can be imported
 without importing jax; only the ops (``psum``, ``pmean``, ``explain``) and the
 extension loader touch jax.
+
+The packages follow the data flow: :mod:`jax_blink.topo` (topologies and the
+link graph) -> :mod:`jax_blink.plan` (tree packing, the cost model) ->
+:mod:`jax_blink.schedule` (the contract with the executors) ->
+:mod:`jax_blink.sim` (simulation and baselines); none of them imports jax.
 """
 
 import importlib
+
+# The function jax_blink.plan shares its name with the package that defines
+# it. Importing a package binds it as an attribute of its parent, so the
+# function is bound here, once, after the package: every later import of a
+# jax_blink.plan submodule leaves the attribute alone. (Pure Python: no jax.)
+from .plan import plan
 
 __version__ = "0.1.0"
 
 # public name -> defining module (relative to this package)
 _EXPORTS = {
-    "Topology": "topology",
-    "Link": "topology",
-    "TopologyError": "topology",
-    "preset_names": "presets",
-    "plan": "planner",
-    "Plan": "planner",
-    "Tree": "planner",
-    "PlanError": "planner",
+    "Topology": "topo",
+    "Link": "topo",
+    "TopologyError": "topo",
+    "preset_names": "topo",
+    "Plan": "plan",
+    "Tree": "plan",
+    "PlanError": "plan",
     "Schedule": "schedule",
     "Step": "schedule",
     "ScheduleError": "schedule",
-    "simulate": "simulate",
+    "simulate": "sim",
     "psum": "ops",
     "pmean": "ops",
     "explain": "ops",
     "has_cuda_support": "_ffi",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted([*_EXPORTS, "plan"]) + ["__version__"]
 
 
 def __getattr__(name):

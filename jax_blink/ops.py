@@ -28,9 +28,9 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
-from jax_blink.planner import CUDA_LAUNCH_SECONDS, plan
+from jax_blink.plan import CUDA_LAUNCH_SECONDS, plan
 from jax_blink.schedule import DTYPES, lower_trees
-from jax_blink.topology import Topology, TopologyError
+from jax_blink.topo import Topology, TopologyError
 
 __all__ = ["psum", "pmean", "explain"]
 
@@ -83,7 +83,7 @@ def _detected_allocation(nranks):
     """``(topology, None)`` of this process's GPUs in ``jax.local_devices()``
     order (rank i = local GPU i, as in a mesh over ``jax.devices()``), or
     ``(None, why not)``."""
-    from jax_blink.detect import detect_allocation  # runs nvidia-smi once
+    from jax_blink.topo.detect import detect_allocation  # runs nvidia-smi once
 
     gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
     if len(gpus) != nranks:

@@ -181,7 +181,7 @@ def test_detected_allocation_covers_the_visible_gpus(cuda):
     """The real machine: each visible CUDA device, found by its PCI bus id
     among the GPUs nvidia-smi lists (tests/test_topology.py covers partial
     allocations of a recorded DGX-1)."""
-    from jax_blink import detect
+    from jax_blink.topo import detect
 
     n = cuda.device_count()
     bus_ids = [cuda.pci_bus_id(i) for i in range(n)]

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jax_blink.schedule import Schedule, ScheduleError, Step, lower_trees
+from numpy_executor import numpy_execute
 
 
 def random_tree(rng, n):
@@ -15,29 +16,6 @@ def random_tree(rng, n):
     rng.shuffle(perm)
     edges = [(perm[rng.randrange(i)], perm[i]) for i in range(1, n)]
     return Tree(root=perm[0], edges=edges, weight=rng.random() + 0.1)
-
-
-def numpy_execute(schedule, inputs):
-    """Run a schedule on numpy arrays, in list order, with value semantics."""
-    acc = [x.astype(np.float64).copy() for x in inputs]
-    sent, pos = {}, [0] * schedule.nranks
-    while any(p < len(s) for p, s in zip(pos, schedule.steps)):
-        progressed = False
-        for r, steps in enumerate(schedule.steps):
-            while pos[r] < len(steps):
-                s = steps[pos[r]]
-                lo, n = schedule.chunks[s.chunk]
-                if s.op == "SEND":
-                    sent[(r, s.peer, s.chunk)] = acc[r][lo:lo + n].copy()
-                elif (s.peer, r, s.chunk) in sent:
-                    v = sent[(s.peer, r, s.chunk)]
-                    acc[r][lo:lo + n] = acc[r][lo:lo + n] + v if s.op == "RECV_REDUCE" else v
-                else:
-                    break
-                pos[r] += 1
-                progressed = True
-        assert progressed, "deadlock"
-    return acc
 
 
 @settings(max_examples=60, deadline=None)
@@ -150,8 +128,12 @@ def test_docstring_examples_run():
 
     import importlib
 
-    names = ("schedule", "topology", "planner", "bounds", "simulate", "baselines", "bench_cli",
-             "detect")
+    names = ("topo.errors", "topo.presets", "topo.nvidia_smi", "topo.topology", "topo.graph", "topo.detect",
+             "plan.errors", "plan.cost", "plan.tree", "plan.result", "plan.packing", "plan.fewest",
+             "plan.bounds", "plan.rings", "plan.cache", "plan.planner",
+             "schedule.constants", "schedule.format", "schedule.validate", "schedule.lower",
+             "sim.model", "sim.simulator", "sim.tuning", "sim.baselines", "sim.comparison",
+             "bench_cli", "measure")
     for module in (importlib.import_module(f"jax_blink.{n}") for n in names):
         result = doctest.testmod(module)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"

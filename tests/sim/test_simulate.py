@@ -7,10 +7,10 @@ from types import SimpleNamespace as Tree
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jax_blink.baselines import ring_allreduce
 from jax_blink.schedule import lower_trees
-from jax_blink.simulate import Network, SimError, SimModel, simulate
-from jax_blink.topology import Topology
+from jax_blink.sim import SimError, SimModel, simulate
+from jax_blink.sim.baselines import ring_allreduce
+from jax_blink.topo import Topology
 
 IDEAL = dict(step_overhead_us=0.0, reduce_gbps=math.inf)
 
@@ -91,8 +91,8 @@ def test_full_duplex_directions_do_not_interfere():
 def test_a_hop_through_a_switch_uses_both_ports():
     # ranks 0, 1 send to rank 2 through a switch: rank 2's port is the bottleneck
     topo = Topology.from_links(3, [(r, 3, 10.0, "pcie") for r in range(3)], ["sw"])
-    net = Network(topo)
-    assert [net.arcs[a] for a in net.route(0, 2)] == [(0, 3), (3, 2)]
+    graph = topo.link_graph(topo.kinds())
+    assert [graph.arcs[a] for a in graph.route(0, 2)] == [(0, 3), (3, 2)]
     star = Tree(root=2, edges=[(2, 0), (2, 1)], weight=1.0)
     s = lower_trees([star], nranks=3, collective="reduce", root=2, count=2**20, dtype="float32")
     r = simulate(s, topo, model=SimModel(latency_us={"pcie": 0.0}, **IDEAL))
@@ -103,11 +103,11 @@ def test_a_hop_through_a_switch_uses_both_ports():
 
 def test_routes_prefer_direct_links_and_never_cross_ranks():
     topo = Topology.preset("dgx1-v100")
-    net = Network(topo)
-    assert len(net.route(0, 1)) == 1 and net.route_bandwidth_gbps(0, 1) == 50.0
-    path = [net.arcs[a] for a in net.route(0, 5)]  # no NVLink 0-5: PCIe and QPI
+    graph = topo.link_graph(topo.kinds())
+    assert len(graph.route(0, 1)) == 1 and graph.route_bandwidth_gbps(0, 1) == 50.0
+    path = [graph.arcs[a] for a in graph.route(0, 5)]  # no NVLink 0-5: PCIe and QPI
     assert all(v >= topo.n for _, v in path[:-1])
-    assert net.route_bandwidth_gbps(0, 5) == 16.0
+    assert graph.route_bandwidth_gbps(0, 5) == 16.0
 
 
 def test_size_override_scales_the_bandwidth_term():
@@ -146,15 +146,15 @@ def test_simulation_never_imports_jax(monkeypatch):
     for name in [m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jax_blink"))]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "jax", None)
-    import jax_blink.baselines
-    import jax_blink.simulate  # noqa: F401
+    import jax_blink.sim.baselines
+    import jax_blink.sim.comparison  # noqa: F401
 
 
 def test_sweeping_every_dgx1_allocation_is_fast():
     import itertools
     import time
 
-    from jax_blink.baselines import all_baselines
+    from jax_blink.sim.baselines import all_baselines
 
     topo = Topology.preset("dgx1-v100")
     start = time.perf_counter()
@@ -166,8 +166,8 @@ def test_sweeping_every_dgx1_allocation_is_fast():
 
 
 def test_tune_is_never_slower_than_the_plain_lowering():
-    from jax_blink.planner import plan
-    from jax_blink.simulate import tune
+    from jax_blink.plan import plan
+    from jax_blink.sim import tune
 
     topo = Topology.preset("dgx1-v100").subset([0, 1, 2, 3])
     p = plan(topo)
