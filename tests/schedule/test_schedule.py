@@ -1,5 +1,6 @@
 """The schedule contract: lowering, symbolic validation, JSON and flat encoding."""
 
+import dataclasses
 import random
 from types import SimpleNamespace as Tree
 
@@ -123,17 +124,50 @@ def test_non_spanning_tree_names_unreachable_ranks():
                     collective="allreduce", count=4, dtype="float32")
 
 
+def test_routes_ride_along_validate_and_survive_json_but_not_the_encoding():
+    # rank 0 reaches 1 directly and 2 through switch 3
+    star = Tree(root=0, edges=[(0, 1), (0, 2)], weight=1.0)
+    s = lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32",
+                    routes=[[(0, 1), (0, 3, 2)]]).validate()
+    assert s.routes == (((0, 1), (0, 3, 2)),)
+    assert Schedule.from_json(s.to_json()) == s
+    assert Schedule.decode(s.encode()).routes == ()
+    assert "routes" not in lower_trees([star], nranks=3, collective="allreduce", count=64,
+                                       dtype="float32").to_dict()
+
+
+@pytest.mark.parametrize("routes, message", [
+    ((((0, 1),),), "join no such pair"),                        # the 0-2 transfers have no route
+    ((((0, 1), (0, 1, 2)),), "does not join two ranks through switches"),  # through rank 1
+    ((((0, 1), (0, 3, 2)), ((0, 1),)), "routes lists 2 trees, ntrees is 1"),
+])
+def test_routes_that_do_not_carry_the_transfers_are_rejected(routes, message):
+    star = Tree(root=0, edges=[(0, 1), (0, 2)], weight=1.0)
+    s = lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32")
+    with pytest.raises(ScheduleError, match=message):
+        dataclasses.replace(s, routes=routes).validate()
+
+
+def test_lowering_rejects_routes_that_do_not_match_the_edges():
+    star = Tree(root=0, edges=[(0, 1), (0, 2)], weight=1.0)
+    with pytest.raises(ScheduleError, match="do not join the ends of its edges"):
+        lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32",
+                    routes=[[(0, 2), (0, 1)]])
+    with pytest.raises(ScheduleError, match="routes lists 2 trees"):
+        lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32",
+                    routes=[[(0, 1), (0, 2)], [(0, 1)]])
+
+
 def test_docstring_examples_run():
     import doctest
-
     import importlib
+    import pkgutil
 
-    names = ("topo.errors", "topo.presets", "topo.nvidia_smi", "topo.topology", "topo.graph", "topo.detect",
-             "plan.errors", "plan.cost", "plan.tree", "plan.result", "plan.packing", "plan.fewest",
-             "plan.bounds", "plan.rings", "plan.cache", "plan.planner",
-             "schedule.constants", "schedule.format", "schedule.validate", "schedule.lower",
-             "sim.model", "sim.simulator", "sim.tuning", "sim.baselines", "sim.comparison",
-             "bench_cli", "measure")
-    for module in (importlib.import_module(f"jax_blink.{n}") for n in names):
+    # every module of the planning packages, found on disk, plus the CLI/measurement helpers
+    packages = [importlib.import_module(f"jax_blink.{p}") for p in ("topo", "plan", "schedule", "sim")]
+    names = [f"{p.__name__}.{info.name}" for p in packages for info in pkgutil.iter_modules(p.__path__)]
+    assert len(names) >= 25
+    for name in names + ["jax_blink.bench_cli", "jax_blink.measure"]:
+        module = importlib.import_module(name)
         result = doctest.testmod(module)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"
