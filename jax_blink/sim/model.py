@@ -20,7 +20,7 @@ class SimError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class SimModel:
-    """Cost parameters of the simulation (see the module docstring).
+    """Cost parameters of the simulation (the model is described in :mod:`jax_blink.sim.simulator`).
 
     Attributes
     ----------
@@ -36,7 +36,7 @@ class SimModel:
         reduction reads two operands and writes one).
     channels : str
         ``"tree"``: one channel per (sender, receiver, tree); ``"link"``: one
-        per (sender, receiver). See the module docstring.
+        per (sender, receiver). See :mod:`jax_blink.sim.simulator`.
 
     Examples
     --------

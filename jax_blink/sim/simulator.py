@@ -65,7 +65,7 @@ Under this model a ring allreduce of ``S`` bytes over ``n`` ranks with
 ``step_overhead_s = 0`` and an infinitely fast reducer takes exactly
 ``2 (n - 1) alpha + 2 (n - 1) / n * S / B``, and a ``k``-chunk pipelined
 broadcast along a chain of ``P`` links (``P + 1`` ranks) takes
-``(P - 1 + k)(alpha + S / (k B))`` (``tests/test_simulate.py`` checks both).
+``(P - 1 + k)(alpha + S / (k B))`` (``tests/sim/test_simulate.py`` checks both).
 
 Examples
 --------
