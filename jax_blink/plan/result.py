@@ -121,10 +121,10 @@ class Plan:
             for (p, c), path in zip(tree.edges, tree.paths):
                 if path[0] != p or path[-1] != c or any(x < n for x in path[1:-1]):
                     raise PlanError(f"{where}: path {list(path)} does not join {p} to {c} through switches")
-                for x, y in zip(path, path[1:]):
-                    if (x, y) not in graph.index:
-                        raise PlanError(f"{where}: path {list(path)} uses {x}-{y}, which has no "
-                                        f"{'/'.join(self.link_kinds)} link")
+                try:
+                    graph.arcs_of_path(path)
+                except TopologyError as e:
+                    raise PlanError(f"{where}: {e}") from None
             load += tree.weight * graph.usage(tree.edges, tree.paths, DIRECTIONS[self.collective])
         over = load - graph.capacity_gbps * (1 + 1e-9) - 1e-9
         if over.max(initial=0) > 0:

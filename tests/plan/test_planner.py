@@ -207,6 +207,11 @@ def test_plan_json_round_trip_and_tampering_is_caught():
         Plan.from_json(data)
     with pytest.raises(PlanError, match="malformed plan JSON"):
         Plan.from_json("{oops")
+    data = p.to_dict()
+    tree = data["trees"][0]
+    tree["paths"][0] = [tree["edges"][0][0], 3, tree["edges"][0][1]]  # through a switch the plan may not use
+    with pytest.raises(PlanError, match="tree 0 .*which has no nvlink link"):
+        Plan.from_json(data)
 
 
 # ------------------------------------------------------------------ bad input
