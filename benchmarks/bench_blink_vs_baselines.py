@@ -4,7 +4,7 @@ Claims this script measures (issue 5):
 
 1. Over every allocation of 2..8 GPUs of ``dgx1-v100`` and ``dgx1-p100`` at
    256 MB: geometric mean and maximum speedup of the Blink plan (lowered by
-   :func:`jax_blink.simulate.tune`) over the NCCL-style ring baseline.
+   :func:`jax_blink.sim.tune`) over the NCCL-style ring baseline.
 2. How many allocations Blink is slower than any baseline, at 256 MB and 1 MB,
    before and after the per-call fallback to ``lax.psum`` (NCCL: the faster
    of its ring and double binary tree).
@@ -26,10 +26,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from tqdm import tqdm  # noqa: E402
+
 from _machine import machine  # noqa: E402
-from jax_blink.bench_cli import compare, format_size, parse_sizes, sweep_subsets  # noqa: E402
-from jax_blink.simulate import SimModel  # noqa: E402
-from jax_blink.topology import Topology  # noqa: E402
+from jax_blink.bench_cli import format_size, parse_sizes  # noqa: E402
+from jax_blink.sim import SimModel, compare, sweep_subsets  # noqa: E402
+from jax_blink.topo import Topology  # noqa: E402
 
 PRESETS = ("dgx1-v100", "dgx1-p100")
 SWEEP_SIZES = (2**20, 2**28)
@@ -100,10 +102,10 @@ def markdown(results, crossovers, info, model, seconds):
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']} ({info['note']}). "
         f"Model: `SimModel({', '.join(f'{k}={v!r}' for k, v in model.items())})` "
-        f"(per-kind latency defaults in `jax_blink.simulate.DEFAULT_LATENCY_US`). "
+        f"(per-kind latency defaults in `jax_blink.planning.cost.LATENCY_US`). "
         f"Run time {seconds / 60:.1f} min. Reproduce: `python benchmarks/bench_blink_vs_baselines.py`.",
         "",
-        "Speedup = baseline time / Blink time; Blink = `simulate.tune(plan(topology), size)`. "
+        "Speedup = baseline time / Blink time; Blink = `jax_blink.sim.tune(plan(topology), size)`. "
         "`#slower` counts allocations where some baseline is faster than Blink; "
         "`w/ fallback` after falling back to NCCL (`lax.psum`: the faster of ring and double binary tree) "
         "where the simulator predicts it faster.",
@@ -149,7 +151,9 @@ def main():
     start = time.perf_counter()
     results = {}
     for preset in PRESETS:
-        summary, rows = sweep_subsets(Topology.preset(preset), list(SWEEP_SIZES), model=model, jobs=args.jobs)
+        summary, rows = sweep_subsets(Topology.preset(preset), list(SWEEP_SIZES), model=model, jobs=args.jobs,
+                                      progress=lambda it, total: tqdm(it, total=total, desc=preset, file=sys.stderr,
+                                                                      leave=False))
         results[preset] = {"summary": {str(k): v for k, v in summary.items()}, "allocations": rows}
         print(preset, json.dumps(summary, indent=1), flush=True)
     crossovers = {}

@@ -86,7 +86,7 @@ def main(argv=None):
     cuda = load_cuda()
 
     import jax_blink
-    from jax_blink.planner import CUDA_LAUNCH_SECONDS
+    from jax_blink.planning import CUDA_LAUNCH_SECONDS
 
     code = DTYPE_CODES[args.dtype]
     size = int(args.mbytes * 1e6) // ITEMSIZE[args.dtype] * ITEMSIZE[args.dtype]

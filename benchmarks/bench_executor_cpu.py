@@ -25,8 +25,8 @@ import time
 import numpy as np
 
 from jax_blink import _ffi
-from jax_blink.planner import plan
-from jax_blink.presets import shm
+from jax_blink.planning import plan
+from jax_blink.topo import Topology
 
 
 def numpy_copy_seconds(nbytes, rounds):
@@ -52,7 +52,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     harness = _ffi.load_testing()
     n = args.ranks
-    p = plan(shm(n), "allreduce")
+    p = plan(Topology.preset(f"shm:{n}"), "allreduce")
     itemsize = np.dtype(args.dtype).itemsize
     rows = []
     print(f"# executor alone: {n} ranks, {args.dtype}, {os.cpu_count()} cores, "

@@ -43,8 +43,8 @@ def _init_worker(cache_dir):
 
 def plan_case(case):
     """Plan one (preset, ranks, collective, root) case cold; return the measurements."""
-    from jax_blink.planner import plan
-    from jax_blink.topology import Topology
+    from jax_blink.planning import plan
+    from jax_blink.topo import Topology
 
     preset, ranks, collective, root = case
     full = Topology.preset(preset)
@@ -71,7 +71,7 @@ def subset_cases(preset):
 
 
 def full_cases():
-    from jax_blink.topology import Topology
+    from jax_blink.topo import Topology
 
     cases = []
     for preset in FULL_PRESETS:
@@ -84,22 +84,22 @@ def full_cases():
 def warm_times(cache_dir):
     """Median warm lookup times (process cache and disk cache) in seconds."""
     os.environ["JAX_BLINK_CACHE_DIR"] = cache_dir
-    from jax_blink import planner
-    from jax_blink.topology import Topology
+    from jax_blink.planning import clear_memory_cache, plan
+    from jax_blink.topo import Topology
 
     memory, disk = [], []
     for preset in ("dgx1-v100", "dgx1-p100", "dgx2", "shm:8"):
         for ranks in (None, [0, 1, 4, 5], [0, 2, 5]):
             t = Topology.preset(preset)
             t = t if ranks is None or preset == "dgx2" else t.subset(ranks)
-            planner.plan(t)  # fill both caches
+            plan(t)  # fill both caches
             for _ in range(5):
                 start = time.perf_counter()
-                planner.plan(t)
+                plan(t)
                 memory.append(time.perf_counter() - start)
-                planner.clear_memory_cache()
+                clear_memory_cache()
                 start = time.perf_counter()
-                planner.plan(t)
+                plan(t)
                 disk.append(time.perf_counter() - start)
     return {"memory_median_s": statistics.median(memory), "memory_max_s": max(memory),
             "disk_median_s": statistics.median(disk), "disk_max_s": max(disk), "lookups": len(memory)}
@@ -107,8 +107,8 @@ def warm_times(cache_dir):
 
 def tree_counts():
     """Trees after minimisation per preset: allreduce at the optimum and at 99%, broadcast from 0."""
-    from jax_blink.planner import plan
-    from jax_blink.topology import Topology
+    from jax_blink.planning import plan
+    from jax_blink.topo import Topology
 
     out = {}
     for preset in FULL_PRESETS:

@@ -4,6 +4,11 @@ Public API only. Names are loaded lazily (PEP 562) so that the planning
 half (``Topology``, ``plan``, ``Schedule``, ``simulate``) can be imported
 without importing jax; only the ops (``psum``, ``pmean``, ``explain``) and the
 extension loader touch jax.
+
+The packages follow the data flow: :mod:`jax_blink.topo` (topologies and the
+link graph) -> :mod:`jax_blink.planning` (tree packing, the cost model) ->
+:mod:`jax_blink.schedule` (the contract with the executors) ->
+:mod:`jax_blink.sim` (simulation and baselines); none of them imports jax.
 """
 
 import importlib
@@ -12,18 +17,18 @@ __version__ = "0.1.0"
 
 # public name -> defining module (relative to this package)
 _EXPORTS = {
-    "Topology": "topology",
-    "Link": "topology",
-    "TopologyError": "topology",
-    "preset_names": "presets",
-    "plan": "planner",
-    "Plan": "planner",
-    "Tree": "planner",
-    "PlanError": "planner",
+    "Topology": "topo",
+    "Link": "topo",
+    "TopologyError": "topo",
+    "preset_names": "topo",
+    "plan": "planning",
+    "Plan": "planning",
+    "Tree": "planning",
+    "PlanError": "planning",
     "Schedule": "schedule",
     "Step": "schedule",
     "ScheduleError": "schedule",
-    "simulate": "simulate",
+    "simulate": "sim",
     "psum": "ops",
     "pmean": "ops",
     "explain": "ops",

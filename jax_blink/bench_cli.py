@@ -1,9 +1,10 @@
 """``python -m jax_blink bench``: Blink plans against baselines, simulated or real.
 
 Simulated (the default; never imports jax): for each message size, the
-allreduce is planned (:func:`jax_blink.plan`), lowered latency-aware
-(:func:`jax_blink.simulate.tune`), and simulated next to every baseline of
-:mod:`jax_blink.baselines` on the same topology. Rows carry nccl-tests'
+allreduce is planned (:func:`jax_blink.planning`), lowered latency-aware
+(:func:`jax_blink.sim.tune`), and simulated next to every baseline of
+:mod:`jax_blink.sim.baselines` on the same topology (:func:`jax_blink.sim.compare`,
+:func:`jax_blink.sim.sweep_subsets`). Rows carry nccl-tests'
 columns -- size, time_us, algbw, busbw (GB/s, busbw = algbw * 2(n-1)/n) --
 and the Blink row the speedup over the fastest baseline.
 
@@ -18,14 +19,16 @@ with the same columns plus ``#wrong``: elements that differ from numpy's sum.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
 import os
 import re
 import sys
 
-__all__ = ["add_parser", "parse_size", "parse_sizes", "compare", "sweep_subsets", "format_size"]
+from jax_blink.measure import run_devices
+from jax_blink.sim import SimModel, compare, sweep_subsets
+from jax_blink.topo import load_topology
+
+__all__ = ["add_parser", "parse_size", "parse_sizes", "format_size"]
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -128,7 +131,6 @@ def main(args) -> int:
 
 # -------------------------------------------------------------- simulate
 def _model(args):
-    from jax_blink.simulate import SimModel
 
     kwargs = {}
     if args.step_overhead_us is not None:
@@ -138,47 +140,11 @@ def _model(args):
     return SimModel(**kwargs)
 
 
-def _topology(name):
-    from jax_blink.topology import Topology
-
-    if os.path.exists(name) or name.lower().endswith(".json"):
-        return Topology.from_json(name)
-    return Topology.preset(name)
-
-
 def _ranks(text):
     try:
         return [int(r) for r in text.split(",") if r.strip()]
     except ValueError:
         raise ValueError(f"--gpus {text!r}: expected comma-separated rank numbers, e.g. 0,1,2,5") from None
-
-
-def compare(topology, size_bytes: int, dtype="float32", model=None) -> dict:
-    """Simulate Blink and every baseline on ``topology`` at ``size_bytes``.
-
-    Returns
-    -------
-    dict
-        ``{algorithm: row}``, Blink first then :data:`jax_blink.baselines.BASELINES`;
-        each row holds ``time_us``, ``algbw_gbps``, ``busbw_gbps``; Blink's also
-        ``speedup`` (fastest baseline's time / Blink's), ``vs_ring`` (NCCL-style
-        ring's time / Blink's), ``trees`` and ``chunks`` of the lowering used.
-    """
-    from jax_blink.baselines import all_baselines
-    from jax_blink.planner import plan
-    from jax_blink.simulate import simulate, tune
-
-    tuned = tune(plan(topology, "allreduce"), size_bytes, dtype, model=model)
-    results = {"blink": tuned.result}
-    for name, schedule in all_baselines(topology, size_bytes, dtype, model=model).items():
-        results[name] = simulate(schedule, topology, model=model)
-    rows = {name: {"time_us": r.time_us, "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps}
-            for name, r in results.items()}
-    best = min(r["time_us"] for name, r in rows.items() if name != "blink")
-    rows["blink"].update(speedup=best / rows["blink"]["time_us"],
-                         vs_ring=rows["nccl-ring"]["time_us"] / rows["blink"]["time_us"],
-                         trees=tuned.num_trees, chunks=list(tuned.chunks))
-    return rows
 
 
 def _print_table(rows_by_size, n, out=sys.stdout):
@@ -216,13 +182,16 @@ def _plot(rows_by_size, title, path):
 
 
 def _simulated_main(args):
-    topology = _topology(args.topology)
+    topology = load_topology(args.topology)
     model = _model(args)
     if args.all_subsets:
         if args.gpus:
             raise ValueError("--all-subsets sweeps every allocation; drop --gpus")
         sizes = args.sizes or [2**20, 2**28]
-        summary, rows = sweep_subsets(topology, sizes, args.dtype, model, args.min_gpus, args.jobs)
+        if args.min_gpus < 2:
+            raise ValueError(f"--min-gpus must be >= 2, got {args.min_gpus}")
+        summary, rows = sweep_subsets(topology, sizes, args.dtype, model, args.min_gpus, args.jobs,
+                                      progress=_progress("allocations"))
         _print_summary(topology, summary)
         if args.json:
             _write_json(args.json, {"topology": topology.name, "dtype": args.dtype, "model": _model_dict(model),
@@ -233,10 +202,8 @@ def _simulated_main(args):
     if topology.n < 2:
         raise ValueError(f"{topology.name} has one rank; an allreduce needs at least two")
     sizes = args.sizes or parse_sizes("1K:1G")
-    from tqdm import tqdm
-
     rows_by_size = [(size, compare(topology, size, args.dtype, model))
-                    for size in tqdm(sizes, desc="simulating", unit="size", file=sys.stderr, leave=False)]
+                    for size in _progress("simulating")(sizes, total=len(sizes))]
     print(f"# allreduce on {topology.name} ({topology.n} ranks), {args.dtype}, simulated")
     _print_table(rows_by_size, topology.n)
     if args.png:
@@ -245,6 +212,13 @@ def _simulated_main(args):
         _write_json(args.json, {"topology": topology.name, "dtype": args.dtype, "model": _model_dict(model),
                                 "rows": [{"size_bytes": s, **{k: v for k, v in r.items()}} for s, r in rows_by_size]})
     return 0
+
+
+def _progress(what):
+    """A progress bar on stderr for ``what``: ``wrap(iterable, total=n)``."""
+    from tqdm import tqdm
+
+    return lambda iterable, total: tqdm(iterable, total=total, desc=what, file=sys.stderr, leave=False)
 
 
 def _model_dict(model):
@@ -256,70 +230,6 @@ def _model_dict(model):
 def _write_json(path, data):
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
-
-
-def _one_allocation(job):
-    topology, ranks, sizes, dtype, model = job
-    sub = topology.subset(ranks)
-    return ranks, {size: compare(sub, size, dtype, model) for size in sizes}
-
-
-def sweep_subsets(topology, sizes, dtype="float32", model=None, min_gpus=2, jobs=1):
-    """Blink against the baselines on every allocation of ``min_gpus`` or more ranks.
-
-    Returns
-    -------
-    (summary, rows)
-        ``summary[size]``: allocations, geometric mean and max of Blink's
-        speedup over the NCCL-style ring (``vs_ring``) and over the fastest
-        baseline, how many allocations Blink is slower than some baseline
-        (``slower``), and how many it is still slower after falling back to
-        ``lax.psum`` -- NCCL, which picks the faster of its ring and double
-        binary tree -- where the simulator predicts that to be faster
-        (``slower_with_fallback``). ``rows``: per allocation and size, the
-        rows of :func:`compare`.
-    """
-    from tqdm import tqdm
-
-    if min_gpus < 2:
-        raise ValueError(f"--min-gpus must be >= 2, got {min_gpus}")
-    allocations = [list(c) for k in range(min_gpus, topology.n + 1)
-                   for c in itertools.combinations(range(topology.n), k)]
-    work = [(topology, ranks, sizes, dtype, model) for ranks in allocations]
-    if jobs > 1:
-        import multiprocessing
-
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            results = list(tqdm(pool.imap(_one_allocation, work), total=len(work), desc="allocations",
-                                file=sys.stderr, leave=False))
-    else:
-        results = [_one_allocation(w) for w in tqdm(work, desc="allocations", file=sys.stderr, leave=False)]
-    summary = {}
-    for size in sizes:
-        vs_ring, vs_best, slower, slower_fb, worst = [], [], 0, 0, (-math.inf, None)
-        for ranks, by_size in results:
-            rows = by_size[size]
-            blink = rows["blink"]
-            vs_ring.append(blink["vs_ring"])
-            vs_best.append(blink["speedup"])
-            if blink["speedup"] < 1:
-                slower += 1
-                nccl = min(rows["nccl-ring"]["time_us"], rows["nccl-dbtree"]["time_us"])
-                best = min(r["time_us"] for name, r in rows.items() if name != "blink")
-                if min(blink["time_us"], nccl) > best:
-                    slower_fb += 1
-            if blink["vs_ring"] > worst[0]:
-                worst = (blink["vs_ring"], ranks)
-        summary[size] = {
-            "allocations": len(results),
-            "geomean_vs_ring": math.exp(sum(math.log(x) for x in vs_ring) / len(vs_ring)),
-            "max_vs_ring": max(vs_ring), "max_vs_ring_allocation": worst[1],
-            "geomean_vs_best": math.exp(sum(math.log(x) for x in vs_best) / len(vs_best)),
-            "min_vs_best": min(vs_best),
-            "slower": slower, "slower_with_fallback": slower_fb,
-        }
-    rows = [{"ranks": ranks, "sizes": {str(size): r for size, r in by_size.items()}} for ranks, by_size in results]
-    return summary, rows
 
 
 def _print_summary(topology, summary, out=sys.stdout):
@@ -361,71 +271,3 @@ def _devices_main(args):
         _write_json(args.json, {"devices": devices, "dtype": args.dtype, "iters": args.iters,
                                 "rows": [{"size_bytes": s, **r} for s, r in rows_by_size]})
     return 0 if all(r["wrong"] == 0 for _, rows in rows_by_size for r in rows.values()) else 1
-
-
-def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
-    """Time ``jax_blink.psum`` and ``lax.psum`` over all present devices.
-
-    Each size is the per-device message in bytes. Inputs are small integers
-    (exact in every dtype), so a correct sum equals numpy's exactly; ``wrong``
-    counts elements that differ, over all devices.
-
-    Returns
-    -------
-    (rows_by_size, devices)
-        ``rows_by_size``: ``[(size, {"jax_blink.psum": row, "lax.psum": row})]``,
-        rows as in :func:`compare` plus ``wrong``; ``devices``: a description.
-    """
-    import time
-
-    import jax
-    import numpy as np
-    from jax import lax
-    from jax.sharding import Mesh, PartitionSpec as P
-    from tqdm import tqdm
-
-    import jax_blink
-    from jax_blink.simulate import bus_factor
-
-    devices = jax.devices()
-    n = len(devices)
-    if n < 2:
-        raise ValueError(f"--devices needs at least 2 devices, found {n}; try --cpu-devices 8")
-    mesh = Mesh(np.array(devices), ("i",))
-    np_dtype = np.dtype(dtype) if dtype != "bfloat16" else jax.numpy.bfloat16
-    kwargs = {} if min_bytes is None else {"min_bytes": min_bytes}
-    fns = {
-        "jax_blink.psum": lambda v: jax_blink.psum(v, "i", **kwargs),
-        "lax.psum": lambda v: lax.psum(v, "i"),
-    }
-    compiled = {name: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-                for name, f in fns.items()}
-    itemsize = np.dtype(np_dtype).itemsize
-    out = []
-    progress = tqdm(total=len(sizes) * len(fns), desc="measuring", file=sys.stderr, leave=False)
-    for size in sizes:
-        if size % itemsize:
-            raise ValueError(f"size {size} is not a multiple of the {dtype} item size {itemsize}")
-        count = size // itemsize
-        host = np.random.default_rng(size).integers(-8, 8, (n, count)).astype(np_dtype)
-        expected = host.astype(np.float64).sum(axis=0)
-        x = jax.device_put(host.reshape(n * count), jax.sharding.NamedSharding(mesh, P("i")))
-        rows = {}
-        for name, f in compiled.items():
-            result = f(x)
-            result.block_until_ready()
-            got = np.asarray(result, dtype=np.float64).reshape(n, count)
-            wrong = int((got != expected[None, :]).sum())
-            times = []
-            for _ in range(iters):
-                start = time.perf_counter()
-                f(x).block_until_ready()
-                times.append(time.perf_counter() - start)
-            t = float(np.median(times))
-            rows[name] = {"time_us": t * 1e6, "algbw_gbps": size / t / 1e9,
-                          "busbw_gbps": size / t / 1e9 * bus_factor("allreduce", n), "wrong": wrong}
-            progress.update()
-        rows["jax_blink.psum"]["speedup"] = rows["lax.psum"]["time_us"] / rows["jax_blink.psum"]["time_us"]
-        out.append((size, rows))
-    progress.close()
-    return out, f"{n} x {devices[0].platform} ({devices[0].device_kind})"

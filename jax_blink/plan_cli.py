@@ -1,28 +1,22 @@
 """``python -m jax_blink plan``: plan a collective and show the trees.
 
 Prints the trees, the rate against the certified bound and the ring
-baseline, the family and the planning time; ``--json`` prints one JSON
-object instead, ``--png`` draws the topology with each tree in its own colour.
+baseline, the family and the planning time; ``--json`` prints the plan's JSON
+instead (:meth:`jax_blink.Plan.to_dict`, which ``Plan.from_json`` reads back,
+plus ``"gpus"``: the machine's GPU at each rank), ``--png`` draws the topology
+with each tree in its own colour.
 Pure Python: never imports jax.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from jax_blink.planner import COLLECTIVES, PlanError, plan
-from jax_blink.topology import Topology, TopologyError
+from jax_blink.planning import COLLECTIVES, PlanError, plan
+from jax_blink.topo import TopologyError, load_topology
 
-__all__ = ["add_parser", "run", "load_topology"]
-
-
-def load_topology(spec: str) -> Topology:
-    """A preset name or the path of a topology JSON file."""
-    if os.path.exists(spec) or spec.endswith(".json"):
-        return Topology.from_json(spec)
-    return Topology.preset(spec)
+__all__ = ["add_parser", "run"]
 
 
 def _parse_gpus(text: str) -> list:
@@ -60,13 +54,7 @@ def run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({
-            "topology": full.name, "gpus": gpus, "collective": result.collective, "root": result.root,
-            "family": result.family, "rate_gbps": result.rate_gbps, "bound_gbps": result.bound_gbps,
-            "ring_rate_gbps": result.ring_rate_gbps, "link_kinds": list(result.link_kinds),
-            "trees": [{"weight": t.weight, "root": t.root, "edges": [list(e) for e in t.edges]}
-                      for t in result.trees],
-            "plan_seconds": result.plan_seconds}))
+        print(json.dumps({**result.to_dict(), "gpus": gpus}))
     else:
         print(result.summary())
         if args.gpus:

@@ -22,9 +22,9 @@ import numpy as np
 import jax
 
 from jax_blink import _ffi, settings
-from jax_blink.planner import CUDA_LAUNCH_SECONDS, plan
+from jax_blink.planning import CUDA_LAUNCH_SECONDS, plan
 from jax_blink.schedule import DTYPES, lower_trees
-from jax_blink.topology import Topology, TopologyError
+from jax_blink.topo import Topology, TopologyError
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
            "topology_for", "schedule_for", "launch_s", "record", "recent", "SUPPORTED_DTYPES"]
@@ -127,7 +127,7 @@ def _detected_allocation(nranks):
     """``(topology, None)`` of this process's GPUs in ``jax.local_devices()``
     order (rank i = local GPU i, as in a mesh over ``jax.devices()``), or
     ``(None, why not)``."""
-    from jax_blink.detect import detect_allocation  # runs nvidia-smi once
+    from jax_blink.topo.detect import detect_allocation  # runs nvidia-smi once
 
     gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
     if len(gpus) != nranks:

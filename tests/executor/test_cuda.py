@@ -181,9 +181,10 @@ def test_psum_equals_lax_psum_on_several_gpus(jax_gpus, monkeypatch, dtype):
 
 def test_detected_allocation_covers_the_visible_gpus(cuda):
     """The real machine: each visible CUDA device, found by its PCI bus id
-    among the GPUs nvidia-smi lists (tests/test_topology.py covers partial
+    among the GPUs nvidia-smi lists (tests/topo/test_topology.py covers partial
     allocations of a recorded DGX-1)."""
-    from jax_blink import _blink_cuda, detect
+    from jax_blink import _blink_cuda
+    from jax_blink.topo import detect
 
     n = _blink_cuda.device_count()
     bus_ids = [_blink_cuda.pci_bus_id(i) for i in range(n)]

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from jax_blink import _ffi
-from jax_blink.baselines import BASELINES, baseline
-from jax_blink.planner import plan
+from jax_blink.planning import plan
 from jax_blink.schedule import Schedule, Step, lower_trees
-from jax_blink.topology import Topology
+from jax_blink.sim.baselines import BASELINES, baseline
+from jax_blink.topo import Topology
 from reference import NP_DTYPES, assert_bit_identical, check_sum, lowered, make_inputs
 
 ext = _ffi.load_extension()

@@ -1,13 +1,14 @@
 """Baseline collective schedules to compare Blink plans against.
 
 Every baseline is a :class:`~jax_blink.schedule.Schedule` on the same
-topology as the plan, so :func:`jax_blink.simulate.simulate` (or an executor)
+topology as the plan, so :func:`jax_blink.simulate` (or an executor)
 runs it exactly as it runs a plan. Transfers between ranks with no direct link
-are routed through the topology's switches (PCIe switches, CPUs, NVSwitch),
-as NCCL's P2P/SHM transports do.
+take the link graph's default routes through the topology's switches (PCIe
+switches, CPUs, NVSwitch: :meth:`jax_blink.topo.LinkGraph.route`), as
+NCCL's P2P/SHM transports do.
 
 ``nccl-ring``
-    NCCL's ring algorithm. The rings are :func:`jax_blink.bounds.best_rings`:
+    NCCL's ring algorithm. The rings are :func:`jax_blink.planning.rings.best_rings`:
     the best fractional packing of directed Hamiltonian rings on the NVLinks,
     each ring carrying a share of the data proportional to its bandwidth.
     Where the NVLinks form no ring -- as on many partial DGX-1 allocations --
@@ -36,61 +37,30 @@ as NCCL's P2P/SHM transports do.
     all ranks to its head, broadcast back along it, in pipelined chunks. The
     chain is the best NVLink ring cut open, else rank order.
 
-Every baseline splits its data into pipeline chunks chosen by
-:func:`pipeline_chunks`, the same latency/bandwidth trade-off Blink's lowering
-makes, so the comparison does not hinge on a badly tuned baseline.
+Every baseline splits its data into pipeline chunks chosen by the cost
+model's :func:`~jax_blink.planning.cost.pipeline_chunks`, the same
+latency/bandwidth trade-off Blink's lowering makes, so the comparison does not
+hinge on a badly tuned baseline.
 
 Pure Python: never imports jax.
 """
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
-from jax_blink.bounds import best_rings
-from jax_blink.schedule import DTYPES, Schedule, ScheduleError, Step, dtype_name, lower_trees
-from jax_blink.simulate import Network, SimModel
+from ..planning.cost import pipeline_chunks
+from ..planning.rings import best_rings
+from ..planning.tree import tree_depth
+from ..schedule import DTYPES, Schedule, ScheduleError, Step, dtype_name, lower_trees
+from ..schedule.lower import split_proportional
+from .model import SimModel
 
 __all__ = ["BASELINES", "baseline", "all_baselines", "ring_allreduce", "double_binary_tree",
-           "rs_ag", "chain", "pipeline_chunks", "MAX_CHUNKS"]
+           "rs_ag", "chain"]
 
 #: Baseline names, in the order reports list them.
 BASELINES = ("nccl-ring", "nccl-dbtree", "rs-ag", "chain")
-
-#: Upper bound on pipeline chunks per tree or ring (keeps schedules and
-#: simulations small; at 1 GB over 8 ranks it still means sub-MB chunks, the
-#: order of NCCL's own slices).
-MAX_CHUNKS = 64
-
-
-def pipeline_chunks(depth: int, size_bytes: float, bandwidth_gbps: float, alpha_s: float,
-                    max_chunks: int = MAX_CHUNKS) -> int:
-    """Chunk count ``k`` minimising ``(depth + k - 1)(alpha + size / (k B))``.
-
-    The pipelining model of DESIGN.md section 3: the optimum is
-    ``sqrt((depth - 1) size / (alpha B))``, rounded to whichever neighbouring
-    integer is faster and clamped to ``[1, max_chunks]``.
-
-    Examples
-    --------
-    >>> pipeline_chunks(8, 4e6, 25.0, 2e-6)  # sqrt(7 * 4e6 / (2e-6 * 25e9)) = 23.7
-    24
-    >>> pipeline_chunks(1, 64e6, 25.0, 2e-6)
-    1
-    """
-    if depth <= 1 or size_bytes <= 0:
-        return 1
-    bytes_per_s = bandwidth_gbps * 1e9
-    if alpha_s <= 0:
-        return max_chunks
-    best = math.sqrt((depth - 1) * size_bytes / (alpha_s * bytes_per_s))
-
-    def cost(k):
-        return (depth + k - 1) * (alpha_s + size_bytes / (k * bytes_per_s))
-
-    candidates = {min(max(k, 1), max_chunks) for k in (math.floor(best), math.ceil(best))}
-    return min(sorted(candidates), key=cost)
 
 
 def _count(size_bytes, dtype):
@@ -112,15 +82,20 @@ def _ring_orders(topology):
     rings = best_rings(topology)
     if rings.rings:
         return [tuple(r) for r in rings.rings], list(rings.weights_gbps), True
-    net = Network(topology)
+    graph = _graph(topology)
     order = tuple(range(topology.n))
-    width = min(net.route_bandwidth_gbps(u, v) for u, v in zip(order, order[1:] + order[:1]))
+    width = min(graph.route_bandwidth_gbps(u, v) for u, v in zip(order, order[1:] + order[:1]))
     return [order], [width], False
 
 
-def _route_alpha_s(net, model, pairs):
+def _graph(topology):
+    """The link graph over every kind of link: the routes baselines' data takes."""
+    return topology.link_graph(topology.kinds())
+
+
+def _route_alpha_s(graph, model, pairs):
     """Largest start-up cost (step overhead + route latency) over ``pairs``."""
-    return model.step_overhead_us * 1e-6 + max(net.route_latency_s(u, v, model) for u, v in pairs)
+    return model.step_overhead_us * 1e-6 + max(model.route_latency_s(graph, graph.route(u, v)) for u, v in pairs)
 
 
 def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, loops=None,
@@ -149,7 +124,7 @@ def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, lo
 
     Examples
     --------
-    >>> from jax_blink.topology import Topology
+    >>> from jax_blink.topo import Topology
     >>> s = ring_allreduce(Topology.preset("dgx1-v100").subset([0, 1, 2, 3]), 2**20)
     >>> s.validate().ntrees, s.collective  # four NVLink rings of 25 GB/s
     (4, 'allreduce')
@@ -157,7 +132,7 @@ def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, lo
     _need_ranks(topology, "a ring allreduce")
     count, dtype = _count(size_bytes, dtype)
     model = SimModel() if model is None else model
-    net = Network(topology)
+    graph = _graph(topology)
     n = topology.n
     if rings is None:
         orders, weights, _ = _ring_orders(topology)
@@ -175,7 +150,7 @@ def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, lo
         hops = list(zip(order, order[1:] + order[:1]))
         k = loops
         if k is None:
-            alpha = _route_alpha_s(net, model, hops + [(v, u) for u, v in hops])
+            alpha = _route_alpha_s(graph, model, hops + [(v, u) for u, v in hops])
             k = pipeline_chunks(2, share * itemsize / n, weight_gbps, alpha)
         loop_counts = [c for c in _split(share, [1.0] * max(1, min(k, share // n)), n) if c]
         for loop, loop_count in enumerate(loop_counts):
@@ -203,11 +178,7 @@ def _split(total, weights, minimum):
         if not small or len(small) == sum(w > 0 for w in weights):
             break
         weights[min(small, key=lambda i: exact[i])] = 0.0
-    parts = [int(e) for e in exact]
-    order = sorted(range(len(weights)), key=lambda i: (parts[i] - exact[i], i))
-    for i in order[: total - sum(parts)]:
-        parts[i] += 1
-    return parts
+    return split_proportional(total, [max(w, 0.0) for w in weights])
 
 
 def _ring_loop(rank_steps, order, base, tree, loop):
@@ -286,29 +257,17 @@ def _best_order(topology):
     return tuple(range(topology.n))
 
 
-def _tree_depth(root, edges):
-    children = {}
-    for p, c in edges:
-        children.setdefault(p, []).append(c)
-    depth, frontier = 0, [root]
-    while True:
-        frontier = [c for v in frontier for c in children.get(v, ())]
-        if not frontier:
-            return depth
-        depth += 1
-
-
 def _lower(trees, topology, count, dtype, model, collective, root, bandwidth_share):
     """Lower trees with per-tree pipeline chunks from :func:`pipeline_chunks`."""
-    net = Network(topology)
+    graph = _graph(topology)
     itemsize = DTYPES[dtype][1]
     wsum = sum(t.weight for t in trees)
     chunks = []
     for t in trees:
         hops = [(p, c) for p, c in t.edges]
-        alpha = _route_alpha_s(net, model, hops + [(c, p) for p, c in hops])
-        width = min(net.route_bandwidth_gbps(p, c) for p, c in hops) * bandwidth_share
-        depth = _tree_depth(t.root, t.edges) * (2 if collective == "allreduce" else 1)
+        alpha = _route_alpha_s(graph, model, hops + [(c, p) for p, c in hops])
+        width = min(graph.route_bandwidth_gbps(p, c) for p, c in hops) * bandwidth_share
+        depth = tree_depth(t.root, t.edges) * (2 if collective == "allreduce" else 1)
         chunks.append(pipeline_chunks(depth, count * itemsize * t.weight / wsum, width, alpha))
     return lower_trees(trees, nranks=topology.n, collective=collective, root=root, count=count,
                        dtype=dtype, chunks=chunks)
@@ -330,7 +289,7 @@ def double_binary_tree(topology, size_bytes: int, dtype="float32", *, order=None
 
     Examples
     --------
-    >>> from jax_blink.topology import Topology
+    >>> from jax_blink.topo import Topology
     >>> double_binary_tree(Topology.preset("dgx1-p100"), 2**20).validate().ntrees
     2
     """
@@ -350,7 +309,7 @@ def rs_ag(topology, size_bytes: int, dtype="float32", *, model: SimModel | None 
 
     Examples
     --------
-    >>> from jax_blink.topology import Topology
+    >>> from jax_blink.topo import Topology
     >>> rs_ag(Topology.preset("shm:4"), 4096).validate().ntrees
     4
     """
@@ -386,7 +345,7 @@ def chain(topology, size_bytes: int, dtype="float32", *, collective: str = "allr
 
     Examples
     --------
-    >>> from jax_blink.topology import Topology
+    >>> from jax_blink.topo import Topology
     >>> s = chain(Topology.preset("dgx1-v100"), 2**20, collective="broadcast", root=3)
     >>> s.validate().root
     3

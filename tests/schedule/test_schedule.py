@@ -1,5 +1,6 @@
 """The schedule contract: lowering, symbolic validation, JSON and flat encoding."""
 
+import dataclasses
 import random
 from types import SimpleNamespace as Tree
 
@@ -8,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jax_blink.schedule import Schedule, ScheduleError, Step, lower_trees
+from numpy_executor import numpy_execute
 
 
 def random_tree(rng, n):
@@ -15,29 +17,6 @@ def random_tree(rng, n):
     rng.shuffle(perm)
     edges = [(perm[rng.randrange(i)], perm[i]) for i in range(1, n)]
     return Tree(root=perm[0], edges=edges, weight=rng.random() + 0.1)
-
-
-def numpy_execute(schedule, inputs):
-    """Run a schedule on numpy arrays, in list order, with value semantics."""
-    acc = [x.astype(np.float64).copy() for x in inputs]
-    sent, pos = {}, [0] * schedule.nranks
-    while any(p < len(s) for p, s in zip(pos, schedule.steps)):
-        progressed = False
-        for r, steps in enumerate(schedule.steps):
-            while pos[r] < len(steps):
-                s = steps[pos[r]]
-                lo, n = schedule.chunks[s.chunk]
-                if s.op == "SEND":
-                    sent[(r, s.peer, s.chunk)] = acc[r][lo:lo + n].copy()
-                elif (s.peer, r, s.chunk) in sent:
-                    v = sent[(s.peer, r, s.chunk)]
-                    acc[r][lo:lo + n] = acc[r][lo:lo + n] + v if s.op == "RECV_REDUCE" else v
-                else:
-                    break
-                pos[r] += 1
-                progressed = True
-        assert progressed, "deadlock"
-    return acc
 
 
 @settings(max_examples=60, deadline=None)
@@ -145,13 +124,50 @@ def test_non_spanning_tree_names_unreachable_ranks():
                     collective="allreduce", count=4, dtype="float32")
 
 
+def test_routes_ride_along_validate_and_survive_json_but_not_the_encoding():
+    # rank 0 reaches 1 directly and 2 through switch 3
+    star = Tree(root=0, edges=[(0, 1), (0, 2)], weight=1.0)
+    s = lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32",
+                    routes=[[(0, 1), (0, 3, 2)]]).validate()
+    assert s.routes == (((0, 1), (0, 3, 2)),)
+    assert Schedule.from_json(s.to_json()) == s
+    assert Schedule.decode(s.encode()).routes == ()
+    assert "routes" not in lower_trees([star], nranks=3, collective="allreduce", count=64,
+                                       dtype="float32").to_dict()
+
+
+@pytest.mark.parametrize("routes, message", [
+    ((((0, 1),),), "join no such pair"),                        # the 0-2 transfers have no route
+    ((((0, 1), (0, 1, 2)),), "does not join two ranks through switches"),  # through rank 1
+    ((((0, 1), (0, 3, 2)), ((0, 1),)), "routes lists 2 trees, ntrees is 1"),
+])
+def test_routes_that_do_not_carry_the_transfers_are_rejected(routes, message):
+    star = Tree(root=0, edges=[(0, 1), (0, 2)], weight=1.0)
+    s = lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32")
+    with pytest.raises(ScheduleError, match=message):
+        dataclasses.replace(s, routes=routes).validate()
+
+
+def test_lowering_rejects_routes_that_do_not_match_the_edges():
+    star = Tree(root=0, edges=[(0, 1), (0, 2)], weight=1.0)
+    with pytest.raises(ScheduleError, match="do not join the ends of its edges"):
+        lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32",
+                    routes=[[(0, 2), (0, 1)]])
+    with pytest.raises(ScheduleError, match="routes lists 2 trees"):
+        lower_trees([star], nranks=3, collective="allreduce", count=64, dtype="float32",
+                    routes=[[(0, 1), (0, 2)], [(0, 1)]])
+
+
 def test_docstring_examples_run():
     import doctest
-
     import importlib
+    import pkgutil
 
-    names = ("schedule", "topology", "planner", "bounds", "simulate", "baselines", "bench_cli",
-             "detect")
-    for module in (importlib.import_module(f"jax_blink.{n}") for n in names):
+    # every module of the planning packages, found on disk, plus the CLI/measurement helpers
+    packages = [importlib.import_module(f"jax_blink.{p}") for p in ("topo", "planning", "schedule", "sim")]
+    names = [f"{p.__name__}.{info.name}" for p in packages for info in pkgutil.iter_modules(p.__path__)]
+    assert len(names) >= 25
+    for name in names + ["jax_blink.bench_cli", "jax_blink.measure"]:
+        module = importlib.import_module(name)
         result = doctest.testmod(module)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"

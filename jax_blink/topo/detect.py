@@ -1,7 +1,7 @@
 """Topology of the live machine: the only module of jax_blink that touches hardware.
 
 It runs ``nvidia-smi`` when the tool exists: ``nvidia-smi topo -m`` for the
-link matrix (parsed by :meth:`jax_blink.topology.Topology.from_nvidia_smi`)
+link matrix (parsed by :meth:`jax_blink.topo.Topology.from_nvidia_smi`)
 and ``nvidia-smi --query-gpu=index,pci.bus_id,uuid`` to find which of the
 machine's GPUs a job was given. ``nvidia-smi`` lists every GPU of the
 machine whatever ``CUDA_VISIBLE_DEVICES`` says, so a partial allocation (the
@@ -17,7 +17,8 @@ import shutil
 import subprocess
 from typing import Optional, Sequence
 
-from jax_blink.topology import Topology, TopologyError
+from .errors import TopologyError
+from .topology import Topology
 
 __all__ = ["detect", "detect_allocation", "gpu_table", "parse_gpu_table", "normalize_bus_id",
            "smi_indices"]
@@ -50,7 +51,7 @@ def detect(timeout_s: float = 10.0, **bandwidths) -> Optional[Topology]:
 
     Raises
     ------
-    jax_blink.topology.TopologyError
+    jax_blink.topo.TopologyError
         If ``nvidia-smi`` ran but printed a matrix that cannot be parsed.
     """
     text = _nvidia_smi(["topo", "-m"], timeout_s)
@@ -121,7 +122,7 @@ def smi_indices(ordinals: Sequence[int], table: Sequence[tuple], *,
 
     Raises
     ------
-    jax_blink.topology.TopologyError
+    jax_blink.topo.TopologyError
         If a device cannot be found among the machine's GPUs.
 
     Examples
@@ -177,7 +178,7 @@ def detect_allocation(ordinals: Sequence[int], *, bus_ids: Optional[Sequence[str
 
     Raises
     ------
-    jax_blink.topology.TopologyError
+    jax_blink.topo.TopologyError
         If ``nvidia-smi``'s output cannot be parsed or a device is not found.
     """
     machine = detect(timeout_s, **bandwidths)

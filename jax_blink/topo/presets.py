@@ -12,17 +12,22 @@ Bandwidths are nominal, in GB/s per direction per link (or per switch port):
 | `pcie` | 8 | none | PCIe gen3 x16 (16 GB/s) tree: 2 GPUs per PCIe switch, 2 switches per CPU, CPUs joined by QPI (38.4 GB/s) |
 | `shm:N` | N | none | one "host memory" switch node, 10 GB/s shm port per device (memory copy bandwidth of one core) |
 
-The DGX-1 NVLink pairs are DESIGN.md's reference wiring; real machines may
-number GPUs differently, which :mod:`jax_blink.detect` reads from
-``nvidia-smi``. Pure Python: never imports jax.
+Each preset is a plain function returning a :class:`PresetSpec` (the
+arguments of :class:`~jax_blink.topo.Topology`), which
+``Topology.preset(name)`` builds. The DGX-1 NVLink pairs are DESIGN.md's
+reference wiring; real machines may number GPUs differently, which
+:mod:`jax_blink.topo.detect` reads from ``nvidia-smi``. Pure Python: never
+imports jax.
 """
 
 from __future__ import annotations
 
-from .topology import Topology, TopologyError
+from typing import NamedTuple
 
-__all__ = ["preset", "preset_names", "dgx1_p100", "dgx1_v100", "dgx2", "dgx_a100", "hgx_h100",
-           "pcie", "shm"]
+from .errors import TopologyError
+
+__all__ = ["PresetSpec", "preset_spec", "preset_names", "dgx1_p100", "dgx1_v100", "dgx2", "dgx_a100",
+           "hgx_h100", "pcie", "shm"]
 
 #: The 16 NVLink pairs of a DGX-1 (hybrid cube-mesh).
 DGX1_PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3), (4, 5), (4, 6), (4, 7), (5, 6),
@@ -33,6 +38,26 @@ DGX1V_DOUBLE_PAIRS = ((0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6
 PCIE_GEN3_X16_GBPS = 16.0
 QPI_GBPS = 38.4
 SHM_PORT_GBPS = 10.0
+
+
+class PresetSpec(NamedTuple):
+    """A machine as plain data: the arguments of :class:`~jax_blink.topo.Topology`.
+
+    Attributes
+    ----------
+    n : int
+        Ranks.
+    links : list of tuple
+        ``(u, v, gbps, kind)``.
+    switches : list of str
+        Names of the switch nodes ``n, n+1, ...``.
+    name : str
+    """
+
+    n: int
+    links: list
+    switches: list
+    name: str
 
 
 def _pcie_tree_8gpu():
@@ -56,50 +81,49 @@ def _dgx1(name, gbps_per_link, double_pairs):
     for u, v in DGX1_PAIRS:
         count = 2 if (u, v) in double_pairs else 1
         links.append((u, v, count * gbps_per_link, "nvlink"))
-    return Topology.from_links(8, links, switches, name)
+    return PresetSpec(8, links, switches, name)
 
 
-def dgx1_p100() -> Topology:
+def dgx1_p100() -> PresetSpec:
     """DGX-1 with P100s: NVLink1 (20 GB/s per link) cube-mesh plus PCIe."""
     return _dgx1("dgx1-p100", 20.0, ())
 
 
-def dgx1_v100() -> Topology:
+def dgx1_v100() -> PresetSpec:
     """DGX-1 with V100s: NVLink2 (25 GB/s per link, 8 doubled pairs) cube-mesh plus PCIe."""
     return _dgx1("dgx1-v100", 25.0, DGX1V_DOUBLE_PAIRS)
 
 
 def _nvswitch(name, n, port_gbps):
-    return Topology.from_links(n, [(g, n, port_gbps, "nvlink") for g in range(n)], ["nvswitch"], name)
+    return PresetSpec(n, [(g, n, port_gbps, "nvlink") for g in range(n)], ["nvswitch"], name)
 
 
-def dgx2() -> Topology:
+def dgx2() -> PresetSpec:
     """DGX-2: 16 V100s on an NVSwitch fabric, 150 GB/s per GPU port."""
     return _nvswitch("dgx2", 16, 150.0)
 
 
-def dgx_a100() -> Topology:
+def dgx_a100() -> PresetSpec:
     """DGX A100: 8 A100s on NVSwitch, 300 GB/s per GPU port."""
     return _nvswitch("dgx-a100", 8, 300.0)
 
 
-def hgx_h100() -> Topology:
+def hgx_h100() -> PresetSpec:
     """HGX H100: 8 H100s on NVSwitch, 450 GB/s per GPU port."""
     return _nvswitch("hgx-h100", 8, 450.0)
 
 
-def pcie() -> Topology:
+def pcie() -> PresetSpec:
     """8 GPUs under PCIe gen3 switches on two CPUs, no NVLink."""
     switches, links = _pcie_tree_8gpu()
-    return Topology.from_links(8, links, switches, "pcie")
+    return PresetSpec(8, links, switches, "pcie")
 
 
-def shm(n: int) -> Topology:
+def shm(n: int) -> PresetSpec:
     """``n`` devices sharing host memory: one switch node, 10 GB/s per port."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TopologyError(f"shm needs a positive number of devices, got {n!r}")
-    return Topology.from_links(n, [(d, n, SHM_PORT_GBPS, "shm") for d in range(n)], ["host memory"],
-                               f"shm:{n}")
+    return PresetSpec(n, [(d, n, SHM_PORT_GBPS, "shm") for d in range(n)], ["host memory"], f"shm:{n}")
 
 
 _PRESETS = {
@@ -113,12 +137,23 @@ _PRESETS = {
 
 
 def preset_names() -> list:
-    """Names :func:`preset` accepts (``shm:N`` takes any positive N)."""
+    """Names :func:`preset_spec` accepts (``shm:N`` takes any positive N).
+
+    Examples
+    --------
+    >>> preset_names()[-2:]
+    ['pcie', 'shm:N']
+    """
     return sorted(_PRESETS) + ["shm:N"]
 
 
-def preset(name: str) -> Topology:
-    """The preset called ``name``.
+def preset_spec(name: str) -> PresetSpec:
+    """The preset called ``name``, as plain data.
+
+    Examples
+    --------
+    >>> preset_spec("shm:2")
+    PresetSpec(n=2, links=[(0, 2, 10.0, 'shm'), (1, 2, 10.0, 'shm')], switches=['host memory'], name='shm:2')
 
     Raises
     ------

@@ -5,8 +5,7 @@ import math
 
 import pytest
 
-from jax_blink import detect, presets
-from jax_blink.topology import Link, Topology, TopologyError
+from jax_blink.topo import Link, Topology, TopologyError, detect, presets
 
 DGX1V_SMI = """\
         GPU0    GPU1    GPU2    GPU3    GPU4    GPU5    GPU6    GPU7    mlx5_0  CPU Affinity    NUMA Affinity

@@ -7,10 +7,10 @@ from types import SimpleNamespace as Tree
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jax_blink.baselines import ring_allreduce
 from jax_blink.schedule import lower_trees
-from jax_blink.simulate import Network, SimError, SimModel, simulate
-from jax_blink.topology import Topology
+from jax_blink.sim import SimError, SimModel, simulate
+from jax_blink.sim.baselines import ring_allreduce
+from jax_blink.topo import Topology
 
 IDEAL = dict(step_overhead_us=0.0, reduce_gbps=math.inf)
 
@@ -91,23 +91,14 @@ def test_full_duplex_directions_do_not_interfere():
 def test_a_hop_through_a_switch_uses_both_ports():
     # ranks 0, 1 send to rank 2 through a switch: rank 2's port is the bottleneck
     topo = Topology.from_links(3, [(r, 3, 10.0, "pcie") for r in range(3)], ["sw"])
-    net = Network(topo)
-    assert [net.arcs[a] for a in net.route(0, 2)] == [(0, 3), (3, 2)]
+    graph = topo.link_graph(topo.kinds())
+    assert [graph.arcs[a] for a in graph.route(0, 2)] == [(0, 3), (3, 2)]
     star = Tree(root=2, edges=[(2, 0), (2, 1)], weight=1.0)
     s = lower_trees([star], nranks=3, collective="reduce", root=2, count=2**20, dtype="float32")
     r = simulate(s, topo, model=SimModel(latency_us={"pcie": 0.0}, **IDEAL))
     assert r.time_s == pytest.approx(2 * 4 * 2**20 / 10e9)
     assert r.link_utilisation[(3, 2)] == pytest.approx(1.0)
     assert r.link_utilisation[(0, 3)] == pytest.approx(0.5)
-
-
-def test_routes_prefer_direct_links_and_never_cross_ranks():
-    topo = Topology.preset("dgx1-v100")
-    net = Network(topo)
-    assert len(net.route(0, 1)) == 1 and net.route_bandwidth_gbps(0, 1) == 50.0
-    path = [net.arcs[a] for a in net.route(0, 5)]  # no NVLink 0-5: PCIe and QPI
-    assert all(v >= topo.n for _, v in path[:-1])
-    assert net.route_bandwidth_gbps(0, 5) == 16.0
 
 
 def test_size_override_scales_the_bandwidth_term():
@@ -127,6 +118,36 @@ def test_bus_bandwidth_follows_nccl_tests():
     assert r.algbw_gbps == pytest.approx(2**24 / r.time_s / 1e9)
 
 
+def test_the_simulator_follows_the_routes_a_schedule_carries():
+    # ranks 0 and 1: a direct 10 GB/s link, and 100 GB/s ports on a switch (node 2)
+    topo = Topology.from_links(2, [(0, 1, 10.0), (0, 2, 100.0), (1, 2, 100.0)], ["sw"])
+    edge = Tree(root=0, edges=[(0, 1)], weight=1.0)
+    size = 4 * 2**20
+    model = SimModel(latency_us={"nvlink": 0.0}, **IDEAL)
+    plain = lower_trees([edge], nranks=2, collective="broadcast", root=0, count=size // 4, dtype="float32")
+    routed = lower_trees([edge], nranks=2, collective="broadcast", root=0, count=size // 4, dtype="float32",
+                         routes=[[(0, 2, 1)]]).validate()
+    assert simulate(plain, topo, model=model).time_s == pytest.approx(size / 10e9)  # default: the direct link
+    r = simulate(routed, topo, model=model)
+    assert r.time_s == pytest.approx(size / 100e9)  # the carried route through the switch
+    assert r.link_bytes[(0, 2)] == r.link_bytes[(2, 1)] == size and r.link_bytes[(0, 1)] == 0
+    reduce = lower_trees([edge], nranks=2, collective="reduce", root=0, count=size // 4, dtype="float32",
+                         routes=[[(0, 2, 1)]])
+    assert simulate(reduce, topo, model=model).link_bytes[(1, 2)] == size  # child to parent: reversed
+
+
+def test_a_plans_schedule_is_simulated_on_the_plans_routes():
+    from jax_blink.planning import plan
+
+    topo = Topology.preset("dgx1-v100").subset([0, 5])  # no NVLink: the plan routes over PCIe and QPI
+    p = plan(topo)
+    schedule = p.lower(2**20, "float32")
+    assert schedule.routes and all(len(path) > 2 for paths in schedule.routes for path in paths)
+    used = {arc for arc, nbytes in simulate(schedule, topo).link_bytes.items() if nbytes}
+    planned = {(x, y) for t in p.trees for path in t.paths for x, y in zip(path, path[1:])}
+    assert used == planned | {(y, x) for x, y in planned}
+
+
 def test_bad_inputs_raise_clear_errors():
     topo = ring_topology(4, 25.0)
     s = ring_allreduce(topo, 4096, rings=[((0, 1, 2, 3), 25.0)], loops=1)
@@ -140,21 +161,26 @@ def test_bad_inputs_raise_clear_errors():
         SimModel(reduce_gbps=0)
     with pytest.raises(SimError, match="no latency for link kind"):
         SimModel(latency_us={}).latency_s("carrier-pigeon")
+    chain = Tree(root=0, edges=[(0, 1), (1, 2), (2, 3)], weight=1.0)
+    elsewhere = lower_trees([chain], nranks=4, collective="broadcast", root=0, count=1024, dtype="float32",
+                            routes=[[(0, 1), (1, 2), (2, 3)]])
+    with pytest.raises(SimError, match="uses 1-2, which has no nvlink link"):  # a route the topology lacks
+        simulate(elsewhere, Topology.from_links(4, [(0, 1, 1.0), (1, 3, 1.0), (3, 2, 1.0)]))
 
 
 def test_simulation_never_imports_jax(monkeypatch):
     for name in [m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jax_blink"))]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "jax", None)
-    import jax_blink.baselines
-    import jax_blink.simulate  # noqa: F401
+    import jax_blink.sim.baselines
+    import jax_blink.sim.comparison  # noqa: F401
 
 
 def test_sweeping_every_dgx1_allocation_is_fast():
     import itertools
     import time
 
-    from jax_blink.baselines import all_baselines
+    from jax_blink.sim.baselines import all_baselines
 
     topo = Topology.preset("dgx1-v100")
     start = time.perf_counter()
@@ -166,8 +192,8 @@ def test_sweeping_every_dgx1_allocation_is_fast():
 
 
 def test_tune_is_never_slower_than_the_plain_lowering():
-    from jax_blink.planner import plan
-    from jax_blink.simulate import tune
+    from jax_blink.planning import plan
+    from jax_blink.sim import tune
 
     topo = Topology.preset("dgx1-v100").subset([0, 1, 2, 3])
     p = plan(topo)

@@ -3,25 +3,31 @@
 :func:`simulate` plays a schedule over the links of a topology and returns
 its completion time, how busy every directed link was, and when each tree and
 rank finished. It is the instrument that compares Blink plans with the
-baselines of :mod:`jax_blink.baselines` on the same topology, and it is pure
+baselines of :mod:`jax_blink.sim.baselines` on the same topology, and it is pure
 Python + numpy: it never imports jax.
 
 The model
 ---------
-Every parameter lives in :class:`SimModel`; times below are seconds, sizes
-bytes, and a bandwidth of ``b`` GB/s moves ``b * 1e9`` bytes per second.
+Every parameter lives in :class:`~jax_blink.sim.SimModel`; times below are
+seconds, sizes bytes, and a bandwidth of ``b`` GB/s moves ``b * 1e9`` bytes per
+second.
 
-**Links.** Each link of the topology is full duplex: a link ``u``-``v`` of
-``b`` GB/s is two independent directed *arcs* ``u->v`` and ``v->u`` of ``b``
-GB/s each. Parallel links between the same pair add up into one arc.
+**Links.** The arcs are those of the topology's
+:class:`~jax_blink.topo.LinkGraph` over all its link kinds: a link ``u``-``v``
+of ``b`` GB/s is two independent directed *arcs* ``u->v`` and ``v->u`` of
+``b`` GB/s each, and parallel links between the same pair add up into one arc.
 
-**Routes.** A transfer from rank ``u`` to rank ``v`` uses the direct arc when
-there is one; otherwise it is routed through switch nodes only (GPUs never
-forward in hardware), over the path with the fewest hops and, among those, the
-widest bottleneck. A logical rank-to-rank hop through a switch therefore
-consumes capacity on every arc of its path -- the sender's uplink port *and*
-the receiver's downlink port -- at the same time. Two ranks joined neither by
-a link nor through switches cannot exchange data: :class:`SimError`.
+**Routes.** A transfer of tree ``t`` from rank ``u`` to rank ``v`` follows
+the route the schedule carries for that tree and pair
+(:attr:`Schedule.routes <jax_blink.schedule.Schedule.routes>`: the planner's
+choice). Without one it takes the link graph's default route
+(:meth:`~jax_blink.topo.LinkGraph.route`): the direct arc when there is one,
+else the path through switch nodes only (GPUs never forward in hardware) with
+the fewest hops and, among those, the widest bottleneck. A logical
+rank-to-rank hop through a switch therefore consumes capacity on every arc of
+its path -- the sender's uplink port *and* the receiver's downlink port -- at
+the same time. Two ranks joined neither by a link nor through switches cannot
+exchange data: :class:`~jax_blink.sim.SimError`.
 
 **Channels.** SENDs are issued on *channels*, one transfer at a time per
 channel, in the sender's list order, each once its dependencies are done; a
@@ -59,21 +65,13 @@ Under this model a ring allreduce of ``S`` bytes over ``n`` ranks with
 ``step_overhead_s = 0`` and an infinitely fast reducer takes exactly
 ``2 (n - 1) alpha + 2 (n - 1) / n * S / B``, and a ``k``-chunk pipelined
 broadcast along a chain of ``P`` links (``P + 1`` ranks) takes
-``(P - 1 + k)(alpha + S / (k B))`` (``tests/test_simulate.py`` checks both).
-
-Latency-aware lowering
-----------------------
-A plan maximises bandwidth; at small sizes fewer trees and fewer chunks cost
-less latency. :func:`tune` lowers a plan with its heaviest ``m`` trees for
-every ``m`` and a few chunk counts around the pipelining model's, simulates
-each, and returns the fastest (the simulation of a 1 MB schedule takes
-milliseconds).
+``(P - 1 + k)(alpha + S / (k B))`` (``tests/sim/test_simulate.py`` checks both).
 
 Examples
 --------
 >>> from types import SimpleNamespace as T
 >>> from jax_blink.schedule import lower_trees
->>> from jax_blink.topology import Topology
+>>> from jax_blink.topo import Topology
 >>> chain = T(root=0, edges=[(0, 1), (1, 2)], weight=1.0)
 >>> s = lower_trees([chain], nranks=3, collective="broadcast", root=0,
 ...                 count=2**20, dtype="float32", chunks=4)
@@ -93,162 +91,13 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from .schedule import Schedule
+from ..schedule import Schedule
+from ..topo import TopologyError
+from .model import SimError, SimModel
 
-__all__ = ["simulate", "tune", "Tuned", "SimModel", "SimResult", "SimError", "bus_factor", "Network",
-           "DEFAULT_LATENCY_US"]
+__all__ = ["simulate", "SimResult", "bus_factor"]
 
 _GB = 1e9
-
-
-class SimError(ValueError):
-    """The schedule cannot run on the topology, or the model is invalid."""
-
-
-#: Nominal one-way latency of one arc, by link kind, in microseconds.
-DEFAULT_LATENCY_US = {"nvlink": 0.7, "pcie": 1.0, "net": 5.0, "shm": 0.5}
-
-
-@dataclasses.dataclass(frozen=True)
-class SimModel:
-    """Cost parameters of the simulation (see the module docstring).
-
-    Attributes
-    ----------
-    latency_us : dict
-        Latency (alpha) of one arc by link kind, in microseconds; a route
-        through switches pays the sum over its arcs. Kinds missing here use
-        ``DEFAULT_LATENCY_US``.
-    step_overhead_us : float
-        Fixed cost of every step (kernel launch, flag polling, dispatch).
-    reduce_gbps : float
-        Reduction throughput of one rank in GB/s of chunk data (``inf``: free).
-        The default, 300 GB/s, is a third of a V100's HBM bandwidth (a
-        reduction reads two operands and writes one).
-    channels : str
-        ``"tree"``: one channel per (sender, receiver, tree); ``"link"``: one
-        per (sender, receiver). See the module docstring.
-
-    Examples
-    --------
-    >>> SimModel().latency_s("pcie")
-    1e-06
-    """
-
-    latency_us: dict = dataclasses.field(default_factory=dict)
-    step_overhead_us: float = 1.0
-    reduce_gbps: float = 300.0
-    channels: str = "tree"
-
-    def __post_init__(self):
-        if self.channels not in ("tree", "link"):
-            raise SimError(f"SimModel.channels must be 'tree' or 'link', got {self.channels!r}")
-        if not self.step_overhead_us >= 0:
-            raise SimError(f"SimModel.step_overhead_us must be >= 0, got {self.step_overhead_us}")
-        if not self.reduce_gbps > 0:
-            raise SimError(f"SimModel.reduce_gbps must be > 0, got {self.reduce_gbps}")
-        for kind, value in self.latency_us.items():
-            if not value >= 0:
-                raise SimError(f"SimModel.latency_us[{kind!r}] must be >= 0, got {value}")
-
-    def latency_s(self, kind: str) -> float:
-        """Latency of one arc of link kind ``kind``, in seconds."""
-        if kind in self.latency_us:
-            return self.latency_us[kind] * 1e-6
-        if kind not in DEFAULT_LATENCY_US:
-            raise SimError(f"no latency for link kind {kind!r}; give SimModel(latency_us={{{kind!r}: ...}})")
-        return DEFAULT_LATENCY_US[kind] * 1e-6
-
-    def alpha_s(self, kind: str = "nvlink") -> float:
-        """Start-up cost of one transfer over one arc of ``kind``: step overhead + latency.
-
-        This is the ``alpha`` of the pipelining model that picks chunk counts.
-        """
-        return self.step_overhead_us * 1e-6 + self.latency_s(kind)
-
-
-class Network:
-    """Directed arcs of a topology and the routes the simulator sends data on.
-
-    Each full-duplex link gives two arcs; parallel links between one pair add
-    up (the arc's kind is that of the first link listed). Nodes ``0..n-1`` are
-    ranks, higher ids are switches. :mod:`jax_blink.baselines` uses the same
-    routes to size its pipelines.
-
-    Examples
-    --------
-    >>> from jax_blink.topology import Topology
-    >>> net = Network(Topology.preset("dgx1-v100"))
-    >>> net.route_bandwidth_gbps(0, 1), net.route_bandwidth_gbps(0, 5)
-    (50.0, 16.0)
-    >>> len(net.route(0, 5))  # 0 -> PCIe switch -> CPU0 -> CPU1 -> PCIe switch -> 5
-    5
-    """
-
-    def __init__(self, topology):
-        self.nranks = topology.n
-        index = {}
-        self.arcs, self.bandwidth_gbps, self.kind = [], [], []
-        for link in topology.links:
-            for arc in ((link.u, link.v), (link.v, link.u)):
-                if arc in index:
-                    self.bandwidth_gbps[index[arc]] += link.bandwidth_gbps
-                else:
-                    index[arc] = len(self.arcs)
-                    self.arcs.append(arc)
-                    self.bandwidth_gbps.append(float(link.bandwidth_gbps))
-                    self.kind.append(link.kind)
-        self.out_arcs = defaultdict(list)
-        for a, (u, _) in enumerate(self.arcs):
-            self.out_arcs[u].append(a)
-        self._routes = {}
-
-    def route(self, src: int, dst: int) -> tuple:
-        """Arc indices from rank ``src`` to rank ``dst``: the direct arc, else
-        the fewest-hop path through switches only, widest among equals.
-
-        Raises
-        ------
-        SimError
-            If no link or switch path joins them.
-        """
-        key = (src, dst)
-        if key not in self._routes:
-            self._routes[key] = self._find_route(src, dst)
-        return self._routes[key]
-
-    def path(self, src: int, dst: int) -> list:
-        """Node path of the route from ``src`` to ``dst``."""
-        return [src] + [self.arcs[a][1] for a in self.route(src, dst)]
-
-    def route_bandwidth_gbps(self, src: int, dst: int) -> float:
-        """Bottleneck bandwidth of the route from ``src`` to ``dst``."""
-        return min(self.bandwidth_gbps[a] for a in self.route(src, dst))
-
-    def route_latency_s(self, src: int, dst: int, model: "SimModel") -> float:
-        """Sum of the arc latencies along the route from ``src`` to ``dst``."""
-        return sum(model.latency_s(self.kind[a]) for a in self.route(src, dst))
-
-    def _find_route(self, src, dst):
-        best = {src: (math.inf, ())}  # node -> (bottleneck GB/s, arcs)
-        frontier = [src]
-        while frontier and dst not in best:
-            nxt = {}
-            for node in frontier:
-                width, path = best[node]
-                for a in self.out_arcs[node]:
-                    w = self.arcs[a][1]
-                    if w in best or (w < self.nranks and w != dst):
-                        continue  # ranks do not forward
-                    cand = (min(width, self.bandwidth_gbps[a]), path + (a,))
-                    if w not in nxt or cand[0] > nxt[w][0]:
-                        nxt[w] = cand
-            best.update(nxt)
-            frontier = sorted(nxt)
-        if dst not in best:
-            raise SimError(f"ranks {src} and {dst} are joined by no link and no switch path, "
-                           f"but the schedule sends from {src} to {dst}")
-        return best[dst][1]
 
 
 def bus_factor(collective: str, nranks: int) -> float:
@@ -331,129 +180,26 @@ def simulate(schedule: Schedule, topology, size_bytes: int | None = None,
     Raises
     ------
     SimError
-        If the rank counts differ, ``size_bytes`` is not positive, or a
-        transfer joins two ranks with no route between them.
+        If the rank counts differ, ``size_bytes`` is not positive, a
+        transfer joins two ranks with no route between them, or a route the
+        schedule carries uses a link the topology lacks.
     """
     model = SimModel() if model is None else model
-    net = Network(topology)
-    if net.nranks != schedule.nranks:
-        raise SimError(f"the schedule has {schedule.nranks} ranks but the topology has {net.nranks}")
+    if topology.n != schedule.nranks:
+        raise SimError(f"the schedule has {schedule.nranks} ranks but the topology has {topology.n}")
     if size_bytes is None:
         size_bytes = schedule.size_bytes
     if not size_bytes > 0:
         raise SimError(f"size_bytes must be > 0, got {size_bytes}")
-    return _Simulation(schedule, net, int(size_bytes), model).run()
-
-
-@dataclasses.dataclass(frozen=True)
-class Tuned:
-    """The fastest lowering :func:`tune` found.
-
-    Attributes
-    ----------
-    schedule : Schedule
-    result : SimResult
-        Its simulation.
-    num_trees : int
-        How many of the plan's trees (the heaviest) it uses.
-    chunks : tuple of int
-        Pipeline chunks per tree used.
-    candidates : int
-        How many lowerings were simulated.
-    """
-
-    schedule: Schedule
-    result: SimResult
-    num_trees: int
-    chunks: tuple
-    candidates: int
-
-
-def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
-         max_chunks: int = 64, stars: bool = True) -> Tuned:
-    """The fastest lowering of ``plan`` at ``size_bytes``, by simulation.
-
-    Candidates:
-
-    * the plan's ``m`` heaviest trees (weights kept, so the data splits among
-      them as in the plan), for ``m = len(plan.trees)`` down to 1. A subset
-      whose bandwidth alone (``size / sum of weights``) cannot beat the best
-      time so far is skipped, so large sizes cost few simulations;
-    * with ``stars`` (allreduce only), the shallowest tree packing: every rank
-      roots a star over its routes to all others and carries ``1/n`` of the
-      data (the reduce-scatter + all-gather family at depth one: two hops, the
-      fewest any allreduce needs). It has less bandwidth than the plan but
-      wins at small sizes on well-connected allocations.
-
-    Each candidate starts from the pipelining model's chunk counts
-    (``Plan.chunks_for``) and scales them by powers of two -- doubling, then
-    halving -- while that makes the simulation faster.
-
-    Parameters
-    ----------
-    plan : jax_blink.Plan
-    size_bytes : int
-    dtype : str or numpy dtype
-    model : SimModel, optional
-    max_chunks : int
-        Upper bound on chunks per tree.
-    stars : bool
-        Whether the star packing is a candidate.
-
-    Returns
-    -------
-    Tuned
-    """
-    if max_chunks < 1:
-        raise SimError(f"max_chunks must be >= 1, got {max_chunks}")
-    trees = sorted(plan.trees, key=lambda t: -t.weight)
-    candidates = [dataclasses.replace(plan, trees=tuple(trees[:m])) for m in range(len(trees), 0, -1)]
-    if stars and plan.collective == "allreduce":
-        net = Network(plan.topology)
-        n = plan.topology.n
-        others = [[i for i in range(n) if i != j] for j in range(n)]
-        # weight: a star's share of its root's slowest route (only its chunking uses it)
-        candidates.append(dataclasses.replace(plan, link_kinds=plan.topology.kinds(), trees=tuple(
-            type(trees[0])(min(net.route_bandwidth_gbps(j, i) for i in others[j]) / (n - 1), j,
-                           tuple((j, i) for i in others[j]), tuple(tuple(net.path(j, i)) for i in others[j]))
-            for j in range(n))))
-    best, tried = None, 0
-    for index, sub in enumerate(candidates):
-        subset = sub.trees
-        bandwidth_s = size_bytes / (sum(t.weight for t in subset) * _GB)
-        if best is not None and index < len(trees) and bandwidth_s >= best.result.time_s:
-            continue  # a subset of the plan's trees too narrow to win
-        base = sub.chunks_for(size_bytes)
-
-        def run(scale):
-            chunks = tuple(min(max(round(k * scale), 1), max_chunks) for k in base)
-            schedule = sub.lower(size_bytes, dtype, chunks=list(chunks))
-            return Tuned(schedule, simulate(schedule, plan.topology, model=model), len(subset),
-                         chunks, 0)
-
-        here = {1.0: run(1.0)}
-        for step in (2.0, 0.5):
-            scale = 1.0
-            while True:
-                nxt = scale * step
-                if nxt not in here:
-                    here[nxt] = run(nxt)
-                if (here[nxt].result.time_s >= here[scale].result.time_s
-                        or here[nxt].chunks == here[scale].chunks):
-                    break
-                scale = nxt
-        tried += len(here)
-        fastest = min(here.values(), key=lambda t: t.result.time_s)
-        if best is None or fastest.result.time_s < best.result.time_s:
-            best = fastest
-    return dataclasses.replace(best, candidates=tried)
+    graph = topology.link_graph(topology.kinds())
+    return _Simulation(schedule, graph, int(size_bytes), model).run()
 
 
 class _Simulation:
     """One run of the event loop. Steps are numbered globally (rank-major)."""
 
-    def __init__(self, schedule, net, size_bytes, model):
-        self.schedule, self.net, self.model = schedule, net, model
+    def __init__(self, schedule, graph, size_bytes, model):
+        self.schedule, self.graph, self.model = schedule, graph, model
         self.size_bytes = size_bytes
         scale = size_bytes / (schedule.count * schedule.itemsize)
         self.chunk_bytes = [length * schedule.itemsize * scale for _, length in schedule.chunks]
@@ -461,10 +207,15 @@ class _Simulation:
         nranks = schedule.nranks
 
         # capacity (bytes/s) of every arc, then one reducer "arc" per rank
-        self.capacity = [bw * _GB for bw in net.bandwidth_gbps]
+        self.capacity = [float(bw) * _GB for bw in graph.capacity_gbps]
         self.reducer = len(self.capacity)
         self.capacity += [model.reduce_gbps * _GB] * nranks
-        self.arc_latency_s = [model.latency_s(kind) for kind in net.kind]
+        self.route_cache = {}  # (src, dst, tree) -> (arcs, latency)
+        self.carried = defaultdict(dict)  # tree -> {(src, dst): node path}
+        for t, paths in enumerate(schedule.routes):
+            for path in paths:
+                self.carried[t][path[0], path[-1]] = tuple(path)
+                self.carried[t][path[-1], path[0]] = tuple(path[::-1])
 
         # flatten the steps
         base, g = [], 0
@@ -556,10 +307,27 @@ class _Simulation:
             return
         gid = queue.popleft()
         self.channel_busy[channel] = True
-        arcs = self.net.route(channel[0], channel[1])
-        latency = sum(self.arc_latency_s[a] for a in arcs)
+        arcs, latency = self.route(self.rank[gid], self.peer[gid], self.tree[gid])
         self.push(now + self.overhead_s + latency, "start_flow",
                   (arcs, self.chunk_bytes[self.chunk[gid]], gid))
+
+    def route(self, src, dst, tree):
+        """Arcs and latency of a transfer of ``tree`` from ``src`` to ``dst``: the
+        route the schedule carries, else the link graph's default route."""
+        key = (src, dst, tree)
+        if key not in self.route_cache:
+            try:
+                if not self.schedule.routes:
+                    arcs = self.graph.route(src, dst)
+                elif (src, dst) in self.carried[tree]:
+                    arcs = self.graph.arcs_of_path(self.carried[tree][src, dst])
+                else:
+                    raise SimError(f"tree {tree} sends from {src} to {dst} but carries no route between "
+                                   f"them (validate() the schedule)")
+            except TopologyError as e:
+                raise SimError(f"the schedule sends from {src} to {dst} (tree {tree}), but {e}") from None
+            self.route_cache[key] = (arcs, self.model.route_latency_s(self.graph, arcs))
+        return self.route_cache[key]
 
     def start_flow(self, payload, now):
         arcs, nbytes, owner = payload
@@ -613,7 +381,7 @@ class _Simulation:
 
     # -------------------------------------------------------------- result
     def result(self):
-        s, net = self.schedule, self.net
+        s, graph = self.schedule, self.graph
         time_s = max(self.done_at, default=0.0)
         done = np.asarray(self.done_at)
         rank = np.asarray(self.rank, dtype=np.int64)
@@ -624,7 +392,7 @@ class _Simulation:
             np.maximum.at(rank_finish, rank, done)
             np.maximum.at(tree_finish, tree, done)
         util, nbytes = {}, {}
-        for a, arc in enumerate(net.arcs):
+        for a, arc in enumerate(graph.arcs):
             nbytes[arc] = self.arc_bytes[a]
             util[arc] = self.arc_bytes[a] / (self.capacity[a] * time_s) if time_s > 0 else 0.0
         return SimResult(time_s, self.size_bytes, s.collective, s.nranks, util, nbytes,

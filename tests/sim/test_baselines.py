@@ -5,13 +5,13 @@ import itertools
 import numpy as np
 import pytest
 
-from jax_blink.baselines import (BASELINES, all_baselines, baseline, chain, double_binary_tree,
-                                 pipeline_chunks, ring_allreduce, rs_ag)
-from jax_blink.bounds import best_rings
+from jax_blink.planning.rings import best_rings
 from jax_blink.schedule import Schedule, ScheduleError
-from jax_blink.simulate import SimModel, simulate
-from jax_blink.topology import Topology
-from test_schedule import numpy_execute
+from jax_blink.sim import SimModel, simulate
+from jax_blink.sim.baselines import (BASELINES, all_baselines, baseline, chain, double_binary_tree,
+                                     ring_allreduce, rs_ag)
+from jax_blink.topo import Topology
+from numpy_executor import numpy_execute
 
 
 @pytest.mark.parametrize("preset", ["dgx1-v100", "dgx1-p100"])
@@ -90,15 +90,6 @@ def test_chain_pipelines_along_nvlinks():
     assert s.root == 2 and len(s.chunks) > 1
     senders = {(r, st.peer) for r, steps in enumerate(s.steps) for st in steps if st.op == "SEND"}
     assert all(any(l.kind == "nvlink" and {l.u, l.v} == set(p) for l in topo.links) for p in senders)
-
-
-def test_pipeline_chunks_minimises_the_model():
-    def cost(k, depth=6, size=3e7, gbps=20.0, alpha=3e-6):
-        return (depth + k - 1) * (alpha + size / (k * gbps * 1e9))
-
-    best = pipeline_chunks(6, 3e7, 20.0, 3e-6, max_chunks=10**6)
-    assert all(cost(best) <= cost(k) for k in range(1, 500))
-    assert pipeline_chunks(6, 3e9, 20.0, 3e-6) == 64  # clamped to MAX_CHUNKS
 
 
 def test_chunk_choice_follows_the_model():

@@ -1,0 +1,25 @@
+"""Planning: pack weighted spanning trees into a topology's links, certify and cache them.
+
+Modules: :mod:`~jax_blink.planning.planner` (:func:`plan`, the driver),
+:mod:`~jax_blink.planning.result` (:class:`Plan`: invariants, JSON, lowering),
+:mod:`~jax_blink.planning.tree` (:class:`Tree`, tree depth),
+:mod:`~jax_blink.planning.packing` (the LP by column generation),
+:mod:`~jax_blink.planning.fewest` (the MILP choosing few trees),
+:mod:`~jax_blink.planning.bounds` (certified bounds),
+:mod:`~jax_blink.planning.rings` (the NCCL-style ring baseline),
+:mod:`~jax_blink.planning.cost` (the one cost model: latencies, step costs,
+pipelining), :mod:`~jax_blink.planning.cache` (process and disk cache),
+:mod:`~jax_blink.planning.errors` (:class:`PlanError`). Pure Python: never
+imports jax.
+"""
+
+from ..schedule.constants import COLLECTIVES
+from .cache import cache_dir, clear_memory_cache
+from .cost import CUDA_LAUNCH_SECONDS, LATENCY_US, MAX_CHUNKS_PER_TREE
+from .errors import PlanError
+from .planner import plan
+from .result import Plan
+from .tree import Tree
+
+__all__ = ["plan", "Plan", "Tree", "PlanError", "COLLECTIVES", "CUDA_LAUNCH_SECONDS", "LATENCY_US",
+           "MAX_CHUNKS_PER_TREE", "cache_dir", "clear_memory_cache"]

@@ -1,0 +1,104 @@
+"""The one cost model: link latencies, executor step costs and the pipelining formula.
+
+Every part of jax_blink that estimates time uses these numbers: the
+lowering's chunk counts (:meth:`jax_blink.planning.Plan.chunks_for`), the
+baselines' chunk counts and the simulator's default latencies
+(:mod:`jax_blink.sim`).
+
+A transfer of ``S`` bytes over a route of bandwidth ``B`` costs
+``alpha + S / B``, where ``alpha`` is the executor's per-step cost plus the
+latency of the links crossed. Pipelining (Linear Pipelining, arXiv
+1611.04255): a tree of depth ``D`` moving ``S`` bytes in ``k`` chunks takes
+about ``(D + k - 1)(alpha + S / (k B))``, minimal near
+``k = sqrt((D - 1) S / (alpha B))`` (:func:`pipeline_chunks`).
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["LATENCY_US", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
+           "pipeline_chunks"]
+
+#: One-way latency of one link (one arc of a route) by link kind, in
+#: microseconds. ``nvlink``, ``pcie`` and ``net`` are nominal wire latencies.
+#: ``shm`` is measured, not a wire latency: with 8 device threads on 2 cores
+#: a step that waits on a peer waits for that peer's thread to be scheduled,
+#: and more pipeline chunks did not pay off at any size
+#: (``benchmarks/bench_psum_cpu.py --chunks 1,4,12``), so the lowering picks
+#: one chunk per tree up to ~4 MB per device and few above; the simulator,
+#: which uses the same table, therefore models shared memory as slow.
+LATENCY_US = {"nvlink": 0.7, "pcie": 1.0, "net": 5.0, "shm": 2000.0}
+#: Host cost (seconds) of one pipeline step on the CUDA executor, added to the
+#: link latency: a step is about two CUDA API calls (a kernel or copy, and an
+#: event record or wait) at ~3.3 us each, measured with 8 ranks enqueueing
+#: concurrently on one H100 (``benchmarks/bench_cuda.py --mbytes 1``).
+CUDA_LAUNCH_SECONDS = 7e-6
+#: Upper clamp on the pipeline chunks the lowering chooses per tree for the
+#: executors.
+MAX_CHUNKS_PER_TREE = 32
+#: Upper clamp on pipeline chunks per tree or ring of the baselines and of the
+#: simulator's search (keeps schedules and simulations small; at 1 GB over 8
+#: ranks it still means sub-MB chunks, the order of NCCL's own slices).
+MAX_CHUNKS = 64
+
+
+def latency_s(kind: str) -> float:
+    """Latency of one link of ``kind`` (see :data:`LATENCY_US`), in seconds.
+
+    Raises
+    ------
+    KeyError
+        If ``kind`` has no latency in the table.
+
+    Examples
+    --------
+    >>> latency_s("pcie")
+    1e-06
+    """
+    return LATENCY_US[kind] * 1e-6
+
+
+def pipeline_chunks(depth: int, size_bytes: float, bandwidth_gbps: float, alpha_s: float,
+                    max_chunks: int = MAX_CHUNKS) -> int:
+    """Chunk count ``k`` minimising ``(depth + k - 1)(alpha + size / (k B))``.
+
+    The optimum is ``sqrt((depth - 1) size / (alpha B))``, rounded to
+    whichever neighbouring integer is faster and clamped to
+    ``[1, max_chunks]``.
+
+    Parameters
+    ----------
+    depth : int
+        Hops from the first sender to the last receiver (both phases of an
+        allreduce counted).
+    size_bytes : float
+        Bytes the tree (or ring) carries.
+    bandwidth_gbps : float
+        Its bandwidth ``B``.
+    alpha_s : float
+        Start-up cost of one transfer: the executor's step cost plus link
+        latency.
+    max_chunks : int
+
+    Examples
+    --------
+    >>> pipeline_chunks(8, 4e6, 25.0, 2e-6)  # sqrt(7 * 4e6 / (2e-6 * 25e9)) = 23.7
+    24
+    >>> pipeline_chunks(1, 64e6, 25.0, 2e-6)
+    1
+    """
+    if depth <= 1 or size_bytes <= 0:
+        return 1
+    bytes_per_s = bandwidth_gbps * 1e9
+    if alpha_s <= 0:
+        return max_chunks
+    best = math.sqrt((depth - 1) * size_bytes / (alpha_s * bytes_per_s))
+
+    def cost(k):
+        return (depth + k - 1) * (alpha_s + size_bytes / (k * bytes_per_s))
+
+    candidates = {min(max(k, 1), max_chunks) for k in (math.floor(best), math.ceil(best))}
+    return min(sorted(candidates), key=cost)

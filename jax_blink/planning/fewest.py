@@ -1,0 +1,95 @@
+"""Fewest trees: the MILP that keeps a target rate with as few (then as shallow) trees as possible.
+
+Every tree costs streams, kernel launches and latency. After the LP,
+:func:`fewest_trees` picks the fewest columns of a
+:class:`~jax_blink.planning.packing.Packer` whose weights still reach the target
+rate (cvxpy with HiGHS, time-limited), and :func:`exact_weights` solves the
+LP on the chosen columns for their final weights.
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from .errors import PlanError
+from .tree import Tree
+
+__all__ = ["fewest_trees", "exact_weights", "MILP_TIME_LIMIT_S"]
+
+#: Time limit of each MILP solve; the solver keeps its best incumbent.
+MILP_TIME_LIMIT_S = 1.0
+
+
+def fewest_trees(packer, target: float, max_trees: int | None) -> list:
+    """Fewest (then shallowest) columns of ``packer`` reaching ``target``; returns their indices.
+
+    With ``max_trees``, the rate is maximised under that count first and
+    the target lowered to what it reaches.
+    """
+    import cvxpy as cp
+
+    cols = packer.columns
+    m = len(cols)
+    matrix = packer.matrix(cols)
+    big = np.array([np.min(packer.graph.capacity_gbps[c.use > 0] / c.use[c.use > 0]) for c in cols])
+    z = cp.Variable(m, boolean=True)
+    w = cp.Variable(m, nonneg=True)
+    base = [matrix @ w <= packer.graph.capacity_gbps, w <= cp.multiply(big, z)]
+    if max_trees is not None:
+        base.append(cp.sum(z) <= max_trees)
+    if packer.family == "rsag":
+        t = cp.Variable()
+        base.append(packer.root_matrix(cols) @ w >= t / packer.n)
+        rate = t
+    else:
+        rate = cp.sum(w)
+    opts = dict(solver=cp.HIGHS, time_limit=MILP_TIME_LIMIT_S)
+    if max_trees is not None:
+        best = cp.Problem(cp.Maximize(rate), base)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+            best.solve(**opts)
+        if best.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or best.value is None:
+            raise PlanError(f"internal error: the tree-count MILP ended {best.status}")
+        target = min(target, float(best.value) * (1 - 1e-9))
+    depth = np.array([c.depth for c in cols], dtype=float)
+    epsilon = 1.0 / (m * (depth.max() + 1) + 1)  # depth only breaks ties of the count
+    problem = cp.Problem(cp.Minimize(cp.sum(z) + epsilon * depth @ z), base + [rate >= target])
+    with warnings.catch_warnings():  # a time-limited MILP keeps its best incumbent
+        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+        problem.solve(**opts)
+    if z.value is None:
+        raise PlanError(f"internal error: the tree-count MILP ended {problem.status}")
+    return [j for j in range(m) if z.value[j] > 0.5]
+
+
+def exact_weights(packer, chosen) -> tuple:
+    """Exact weights on the chosen columns, cleared of solver slop.
+
+    Returns
+    -------
+    (float, tuple of Tree)
+        The rate and the trees of positive weight.
+    """
+    cols = [packer.columns[j] for j in chosen]
+    rate, weights, _, _ = packer.solve_lp(cols)
+    # remove solver slop: scale into capacity, then equalise rsag roots
+    load = packer.matrix(cols) @ weights
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(load > 0, packer.graph.capacity_gbps / load, np.inf)
+    weights = weights * min(1.0, float(ratio.min()))
+    if packer.family == "rsag":
+        per_root = packer.root_matrix(cols) @ weights
+        share = float(per_root.min())
+        weights = weights * np.array([share / per_root[c.root] for c in cols])
+    keep = [j for j, wt in enumerate(weights) if wt > 1e-9 * max(weights.max(), 1e-300)]
+    trees = tuple(Tree(float(weights[j]), cols[j].root, cols[j].edges, cols[j].paths) for j in keep)
+    if packer.family == "rsag":
+        rate = packer.n * float(sum(t.weight for t in trees if t.root == 0))
+    else:
+        rate = float(sum(t.weight for t in trees))
+    return rate, trees

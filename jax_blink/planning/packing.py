@@ -1,0 +1,273 @@
+"""Packing spanning trees: the tree-packing LP solved exactly by column generation.
+
+A :class:`Packer` holds the candidate trees (columns) of one family of one
+collective on a :class:`~jax_blink.topo.LinkGraph`. The restricted master LP
+(cvxpy + HiGHS) maximises the rate over the columns under arc capacities;
+its duals price a new column, the cheapest spanning tree or arborescence
+under them (:meth:`~jax_blink.topo.LinkGraph.cheapest_tree`); when no tree
+has negative reduced cost the LP is optimal. :meth:`Packer.carve` and
+:meth:`Packer.widest` add heavy trees, so that few columns reach the optimum.
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import numpy as np
+
+from ..topo import LinkGraph
+from . import bounds
+from .errors import PlanError
+from .tree import DIRECTIONS, tree_depth
+
+__all__ = ["Packer", "Column", "orient", "PRICE_TOL"]
+
+#: Column generation stops when no tree is this much cheaper than 1.
+PRICE_TOL = 1e-7
+
+
+@dataclasses.dataclass
+class Column:
+    """A candidate tree: its root, edges and routes, how often it crosses each arc, its depth."""
+
+    root: int
+    edges: tuple
+    paths: tuple
+    use: np.ndarray
+    depth: int
+
+
+def orient(edges, paths, root):
+    """Re-orient an undirected tree (edges with paths) away from ``root``."""
+    adjacency = defaultdict(list)
+    for (p, c), path in zip(edges, paths):
+        adjacency[p].append((c, path))
+        adjacency[c].append((p, path[::-1]))
+    out_edges, out_paths, seen, frontier = [], [], {root}, [root]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w, path in sorted(adjacency[v]):
+                if w not in seen:
+                    seen.add(w)
+                    out_edges.append((v, w))
+                    out_paths.append(path)
+                    nxt.append(w)
+        frontier = nxt
+    return tuple(out_edges), tuple(out_paths)
+
+
+class Packer:
+    """The candidate trees (columns) of one family of one collective, and the LP over them.
+
+    :meth:`generate` solves the packing LP to optimality by column
+    generation; :meth:`carve` and :meth:`widest` add heavy trees, which let
+    :mod:`jax_blink.planning.fewest` reach the optimum with few trees.
+
+    Attributes
+    ----------
+    graph : LinkGraph
+    collective, family : str
+    root : int or None
+    directions : str
+        Arc directions a tree loads (:data:`~jax_blink.planning.tree.DIRECTIONS`).
+    columns : list of Column
+    """
+
+    def __init__(self, graph: LinkGraph, collective: str, family: str, root: int | None):
+        self.graph = graph
+        self.n = graph.n
+        self.collective = collective
+        self.family = family
+        self.root = root
+        self.directions = DIRECTIONS[collective]
+        self.columns: list = []
+        self.keys: set = set()
+
+    # -- columns
+    def add(self, root, edges, paths) -> bool:
+        """Add a tree as a column unless an equivalent one is there; return whether it was added."""
+        if self.family == "tree" and self.collective == "allreduce":
+            # the reduction may end anywhere: root the tree at its centre
+            root = min(range(self.n), key=lambda r: (tree_depth(r, orient(edges, paths, r)[0]), r))
+        edges, paths = orient(edges, paths, root)
+        key = (root if self.family == "rsag" or self.collective != "allreduce" else None,
+               frozenset(zip(edges, paths)) if self.directions != "both"
+               else frozenset(min(path, path[::-1]) for path in paths))  # routes matter, not direction
+        if key in self.keys:
+            return False
+        self.keys.add(key)
+        use = self.graph.usage(edges, paths, self.directions)
+        self.columns.append(Column(root, edges, paths, use, tree_depth(root, edges)))
+        return True
+
+    def seed(self):
+        """Shallow starting columns: a breadth-first tree from each root."""
+        routes = self.graph.routes(np.ones(len(self.graph.arcs)))
+        roots = range(self.n) if self.collective == "allreduce" else [self.root]
+        for r in roots:
+            edges, paths, seen, frontier = [], [], {r}, [r]
+            while frontier:
+                nxt = []
+                for v in frontier:
+                    for w in range(self.n):
+                        pair = (v, w) if self.directions != "up" else (w, v)
+                        if w not in seen and pair in routes:
+                            arcs = routes[pair][1]
+                            path = self.graph.path_of(arcs)
+                            seen.add(w)
+                            edges.append((v, w))
+                            paths.append(path if path[0] == v else path[::-1])
+                            nxt.append(w)
+                frontier = nxt
+            self.add(r, tuple(edges), tuple(paths))
+
+    def price(self, arc_price, root_price=None, tol=PRICE_TOL) -> int:
+        """Add the cheapest tree if its reduced cost is negative; return how many columns were added."""
+        if self.collective == "allreduce":
+            found = self.graph.cheapest_tree(arc_price, "both", 0)
+        else:
+            found = self.graph.cheapest_tree(arc_price, self.directions, self.root)
+        cost, edges, paths = found
+        added = 0
+        if self.family == "rsag":
+            for r in range(self.n):
+                if cost < root_price[r] - tol:
+                    added += self.add(r, tuple(edges), tuple(paths))
+        elif cost < 1.0 - tol:
+            added += self.add(self.root if self.root is not None else 0, tuple(edges), tuple(paths))
+        return added
+
+    # -- LPs
+    def matrix(self, columns):
+        """Arc-by-column usage matrix."""
+        return np.column_stack([c.use for c in columns])
+
+    def root_matrix(self, columns):
+        """Rank-by-column indicator of the columns' roots."""
+        g = np.zeros((self.n, len(columns)))
+        for j, c in enumerate(columns):
+            g[c.root, j] = 1.0
+        return g
+
+    def solve_lp(self, columns, capacity_gbps=None):
+        """Max rate over ``columns``: returns (rate, weights, arc duals, root duals)."""
+        import cvxpy as cp
+
+        w = cp.Variable(len(columns), nonneg=True)
+        cap = self.graph.capacity_gbps if capacity_gbps is None else capacity_gbps
+        capacity = self.matrix(columns) @ w <= cap
+        if self.family == "rsag":
+            t = cp.Variable()
+            per_root = self.root_matrix(columns) @ w >= t / self.n
+            problem = cp.Problem(cp.Maximize(t), [capacity, per_root])
+        else:
+            problem = cp.Problem(cp.Maximize(cp.sum(w)), [capacity])
+        problem.solve(solver=cp.HIGHS)
+        if problem.status != cp.OPTIMAL:
+            raise PlanError(f"internal error: the tree-packing LP ended {problem.status}")
+        root_price = np.asarray(per_root.dual_value) if self.family == "rsag" else None
+        return (float(problem.value), np.maximum(np.asarray(w.value), 0.0),
+                np.asarray(capacity.dual_value), root_price)
+
+    def generate(self, capacity_gbps=None, max_rounds=500):
+        """Column generation to LP optimality; returns (rate, weights of the columns, arc duals)."""
+        if not self.columns:
+            self.seed()
+        for _ in range(max_rounds):
+            rate, weights, arc_price, root_price = self.solve_lp(self.columns, capacity_gbps)
+            if not self.price(arc_price, root_price):
+                return rate, weights, arc_price
+        raise PlanError(f"internal error: column generation did not converge in {max_rounds} rounds")
+
+    def _propose(self, residual, rng):
+        """A spanning tree over the widest residual arcs (ties broken at random), or None."""
+        cap = self.graph.capacity_gbps
+        excluded = 1e6
+        root = 0 if self.collective == "allreduce" else self.root
+        for level in np.unique(residual[residual > 1e-9 * cap.max()])[::-1]:
+            price = np.where(residual >= level * (1 - 1e-9), rng.uniform(1.0, 2.0, len(cap)), excluded)
+            cost, edges, paths = self.graph.cheapest_tree(price, self.directions, root)
+            if cost < excluded:
+                return root, tuple(edges), tuple(paths)
+        return None
+
+    def _oracle(self, residual):
+        """Optimal rate on ``residual`` capacities by a closed form, with the
+        tight cut: (rate, crossing mask, divisor), or None without one. The
+        mask is over links for allreduce (one arc per link), else over arcs."""
+        if self.family != "tree":
+            return None
+        if self.collective == "allreduce":
+            if self.graph.has_switches or self.n > bounds.MAX_PARTITION_RANKS:
+                return None
+            value, mask, parts = bounds.min_partition(self.graph, residual)
+            return value, mask[0::2], parts - 1.0
+        value, mask = bounds.min_cut(self.graph, self.root, residual, toward_root=self.collective == "reduce")
+        return value, mask, 1.0
+
+    def carve(self, rate, tries=4):
+        """Carve an optimal packing one heavy tree at a time (Edmonds / Nash-Williams style).
+
+        Each step solves the LP on the residual capacities (adding columns
+        as needed) and gives one of its heaviest trees the largest weight
+        ``w`` for which the residual still carries the rest of ``rate``,
+        checked exactly by min cut or min partition: the residual optimum is
+        concave in ``w``, so Newton steps on the tight cut find it. Trees of
+        an optimal LP solution cross every tight cut once, so each step makes
+        progress. The trees carved this way usually number far fewer than a
+        basic LP solution's. Does nothing where no closed form applies.
+        """
+        residual = self.graph.capacity_gbps.copy()
+        remaining = rate
+        tol = 1e-9 * rate
+        if self._oracle(residual) is None:
+            return
+        step = slice(0, None, 2) if self.collective == "allreduce" else slice(None)
+        while remaining > tol * 10:
+            _, weights, _ = self.generate(residual)
+            order = [j for j in np.argsort(-weights)[:tries] if weights[j] > tol]
+            best = None
+            for j in order:
+                col = self.columns[j]
+                use = col.use
+                weight = min(float(np.min(residual[use > 0] / use[use > 0])), remaining)
+                for _ in range(30):
+                    value, mask, divisor = self._oracle(np.maximum(residual - weight * use, 0.0))
+                    if value >= remaining - weight - tol:
+                        break
+                    # the tight cut is linear in the weight: (C - weight * U) / divisor
+                    slope = float(use[step][mask].sum()) / divisor
+                    cut_value = float(residual[step][mask].sum()) / divisor
+                    weight = max(float(weights[j]), (cut_value - remaining) / (slope - 1.0)) \
+                        if slope > 1.0 else float(weights[j])
+                else:
+                    weight = float(weights[j])
+                if best is None or weight > best[0]:
+                    best = (weight, use)
+            if best is None:
+                return
+            weight, use = best
+            residual = np.maximum(residual - weight * use, 0.0)
+            remaining -= weight
+
+    def widest(self, runs, seed=0):
+        """Add trees of large weight: greedy packings of widest trees.
+
+        Each run repeatedly takes a widest spanning tree of the residual
+        capacities and subtracts it at its full width, until the residual
+        graph no longer spans. Used where :meth:`carve` has no closed form.
+        """
+        rng = np.random.default_rng(seed)
+        for _ in range(runs):
+            residual = self.graph.capacity_gbps.copy()
+            while (proposal := self._propose(residual, rng)) is not None:
+                root, edges, paths = proposal
+                use = self.graph.usage(edges, paths, self.directions)
+                weight = float(np.min(residual[use > 0] / use[use > 0]))
+                residual = np.maximum(residual - weight * use, 0.0)
+                for r in (range(self.n) if self.family == "rsag" else [root]):
+                    self.add(r, edges, paths)

@@ -1,0 +1,181 @@
+"""The planner's entry point :func:`plan`: weighted spanning trees that maximise throughput.
+
+Given a :class:`~jax_blink.topo.Topology`, :func:`plan` solves the
+tree-packing LP exactly by column generation (cvxpy + HiGHS; a new tree is a
+minimum spanning tree or minimum arborescence under the dual link prices),
+certifies the rate against bounds computed without the LP
+(:mod:`jax_blink.planning.bounds`), then picks the fewest trees that keep the optimal
+rate (or a rate within ``tolerance``) with a MILP, shallow trees breaking ties.
+
+Collectives and families:
+
+* broadcast / reduce: arborescences from / into the root;
+* allreduce, family ``"tree"`` (Blink): undirected spanning trees, each
+  reduced up to its root and broadcast back down, so a tree edge loads both
+  directions of its link;
+* allreduce, family ``"rsag"`` (reduce-scatter + all-gather): every rank roots
+  trees of equal total weight, carrying its own 1/N slice up and down them.
+  Both families load links alike, so their optimal rates agree; the planner
+  computes both, keeps the faster, and on a tie prefers ``"rsag"`` when its
+  trees are no deeper (every rank then does an equal share of the reduction,
+  e.g. N depth-1 stars on shared memory).
+
+Slow links (PCIe, network) are used only when the fast ones (NVLink) do not
+join all ranks; ``Plan.link_kinds`` records which kinds a plan uses, and
+``bound_gbps`` bounds throughput over those links.
+
+This module is the driver: it checks the arguments, consults the cache
+(:mod:`jax_blink.planning.cache`), packs each family (:mod:`jax_blink.planning.packing`,
+:mod:`jax_blink.planning.fewest`), chooses between them, certifies the rate and
+returns a checked :class:`~jax_blink.planning.result.Plan`.
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from ..schedule.constants import COLLECTIVES
+from ..topo import Topology
+from . import cache as plan_cache
+from .bounds import certified_bound
+from .errors import PlanError
+from .fewest import exact_weights, fewest_trees
+from .packing import Packer
+from .result import RATE_RTOL, Plan
+from .rings import best_rings
+
+__all__ = ["plan"]
+
+
+def plan(topology: Topology, collective: str = "allreduce", root: int | None = None,
+         max_trees: int | None = None, tolerance: float = 0.0, cache: bool = True) -> Plan:
+    """Pack weighted spanning trees for ``collective`` on ``topology``.
+
+    Parameters
+    ----------
+    topology : Topology
+        At least two ranks, all joined by links.
+    collective : {"allreduce", "broadcast", "reduce"}
+    root : int, optional
+        Root of a broadcast/reduce (default 0); must be None for allreduce.
+    max_trees : int, optional
+        Use at most this many trees (the rate may then fall below the bound).
+    tolerance : float
+        Accept a rate this fraction below the optimum if it saves trees
+        (``0 <= tolerance < 1``).
+    cache : bool
+        Look up and store the plan in the process and disk caches.
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    PlanError
+        For bad arguments or a topology whose ranks are not all connected.
+
+    Examples
+    --------
+    >>> p = plan(Topology.preset("dgx1-v100"), "broadcast", root=0)
+    >>> round(p.rate_gbps, 6), p.bound_gbps
+    (150.0, 150.0)
+    """
+    if not isinstance(topology, Topology):
+        raise PlanError(f"plan() needs a jax_blink.Topology, got {type(topology).__name__}")
+    if collective not in COLLECTIVES:
+        raise PlanError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+    n = topology.n
+    if n < 2:
+        raise PlanError(f"{topology.name} has {n} rank; a collective needs no plan for one rank")
+    if collective == "allreduce":
+        if root is not None:
+            raise PlanError(f"allreduce has no root; pass root=None (got {root!r})")
+    else:
+        root = 0 if root is None else root
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < n:
+            raise PlanError(f"root {root!r} is out of range: {topology.name} has ranks 0..{n - 1}")
+        root = int(root)
+    if max_trees is not None and (isinstance(max_trees, bool) or not isinstance(max_trees, (int, np.integer))
+                                  or max_trees < 1):
+        raise PlanError(f"max_trees must be a positive integer or None, got {max_trees!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        raise PlanError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
+    max_trees = None if max_trees is None else int(max_trees)
+    tolerance = float(tolerance)
+
+    options = (collective, root, max_trees, tolerance)
+    if cache:
+        cached = plan_cache.lookup(topology, options)
+        if cached is not None:
+            return cached if cached.topology is topology else dataclasses.replace(cached, topology=topology)
+
+    result = _plan_uncached(topology, collective, root, max_trees, tolerance)
+    if cache:
+        plan_cache.store(result, options)
+    return result
+
+
+def _plan_uncached(topology, collective, root, max_trees, tolerance) -> Plan:
+    """Plan afresh: pack each family, keep the faster, certify it."""
+    import cvxpy  # noqa: F401  (imported here, once per process, so plan_seconds is planning only)
+    import networkx  # noqa: F401
+
+    start = time.perf_counter()
+    unreachable = topology.unreachable()
+    if unreachable:
+        raise PlanError(f"{topology.name} is disconnected: rank(s) {unreachable} cannot be reached from "
+                        f"rank 0 over any link; add the missing links or plan on a connected subset")
+    kinds = topology.planning_kinds()
+    graph = topology.link_graph(kinds)
+    # rsag needs a tree rooted at every rank
+    rsag = collective == "allreduce" and (max_trees is None or max_trees >= topology.n)
+    families = ("tree", "rsag") if rsag else ("tree",)
+    results = {}
+    for family in families:
+        _, rate, trees, arc_price = _pack(graph, collective, family, root, max_trees, tolerance)
+        results[family] = (rate, trees, arc_price)
+    family = "tree"
+    if "rsag" in results:
+        tree_rate, rsag_rate = results["tree"][0], results["rsag"][0]
+        tie = math.isclose(tree_rate, rsag_rate, rel_tol=RATE_RTOL)
+        rsag_depth = max(t.depth for t in results["rsag"][1])
+        trees_depth = max(t.depth for t in results["tree"][1])
+        if rsag_rate > tree_rate and not tie or tie and rsag_depth <= trees_depth:
+            family = "rsag"
+    rate, trees, _ = results[family]
+    bound = certified_bound(graph, collective, root, [r[2] for r in results.values()])
+    rings = best_rings(topology)
+    result = Plan(collective, root, family, rate, bound, rings.rate_gbps(collective), trees,
+                  time.perf_counter() - start, topology, kinds)
+    return result.check()
+
+
+def _pack(graph, collective, family, root, max_trees, tolerance):
+    """Pack one family: its LP-optimal rate, the rate and trees after minimising the tree
+    count, and the LP's arc duals (for the certificate)."""
+    packer = Packer(graph, collective, family, root)
+    lp_rate, _, arc_price = packer.generate()
+    if family == "tree":  # rsag's per-root balance already forces one tree per rank
+        packer.carve(lp_rate)
+        packer.widest(runs=2)
+    target = lp_rate * (1.0 - tolerance) * (1 - 1e-9)
+    candidates = []
+    for attempt in range(4):  # add columns until the MILP reaches the target
+        candidates.append(exact_weights(packer, fewest_trees(packer, target, max_trees)))
+        if candidates[-1][0] >= target or max_trees is None:
+            break
+        packer.widest(runs=2, seed=attempt + 1)
+    if tolerance > 0 and max_trees is None:
+        # the time-limited MILP may do better aiming at the optimum itself
+        candidates.append(exact_weights(packer, fewest_trees(packer, lp_rate * (1 - 1e-9), None)))
+    reaching = [c for c in candidates if c[0] >= target]
+    best = (min(reaching, key=lambda c: (len(c[1]), -c[0])) if reaching
+            else max(candidates, key=lambda c: (c[0], -len(c[1]))))
+    return lp_rate, best[0], best[1], arc_price

@@ -1,0 +1,241 @@
+"""The result of planning: :class:`Plan`, its invariants, its JSON, and its lowering.
+
+A :class:`Plan` holds the weighted spanning trees :func:`jax_blink.planning`
+packed for one collective on one topology, with the rate they reach, the
+certified bound and the ring baseline. It checks its own invariants
+(:meth:`Plan.check`), dumps and loads as JSON, and lowers into a chunked,
+pipelined :class:`~jax_blink.schedule.Schedule` with chunk counts from the
+cost model (:mod:`jax_blink.planning.cost`).
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from .._jsonio import read_document
+from ..schedule import DTYPES, dtype_name, lower_trees
+from ..schedule.constants import COLLECTIVES
+from ..topo import Topology, TopologyError
+from . import cost
+from .errors import PlanError
+from .tree import DIRECTIONS, Tree
+
+__all__ = ["Plan", "FORMAT_VERSION", "RATE_RTOL"]
+
+FORMAT_VERSION = 1
+#: Relative tolerance of rate comparisons: ties, equal rsag roots, the certificate.
+RATE_RTOL = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Weighted spanning trees for one collective on one topology.
+
+    Attributes
+    ----------
+    collective : str
+        ``"allreduce"``, ``"broadcast"`` or ``"reduce"``.
+    root : int or None
+        Root of a broadcast/reduce; None for allreduce.
+    family : str
+        ``"tree"`` or ``"rsag"`` (allreduce); ``"tree"`` for broadcast/reduce.
+    rate_gbps : float
+        Algorithm bandwidth (size / time) for large messages in the link model.
+    bound_gbps : float
+        Certified upper bound on any tree packing's rate for this collective
+        over the same links.
+    ring_rate_gbps : float
+        Algorithm bandwidth of the best NCCL-style rings on the fast links
+        (0 where they form no ring).
+    trees : tuple of Tree
+    plan_seconds : float
+        Wall time the planning took (when it was computed, not looked up).
+    topology : Topology
+    link_kinds : tuple of str
+        Link kinds the trees may use.
+    """
+
+    collective: str
+    root: int | None
+    family: str
+    rate_gbps: float
+    bound_gbps: float
+    ring_rate_gbps: float
+    trees: tuple
+    plan_seconds: float
+    topology: Topology
+    link_kinds: tuple
+
+    # ------------------------------------------------------------ invariants
+    def check(self) -> "Plan":
+        """Check the plan's invariants; return ``self``.
+
+        Every tree spans the ranks from its root along routes that exist
+        (interior nodes are switches), no arc carries more than its capacity,
+        broadcast/reduce trees start at the root, ``"rsag"`` roots equal
+        weight at every rank, and the rate follows from the weights and does
+        not exceed the bound.
+
+        Raises
+        ------
+        PlanError
+            Naming the first violation.
+        """
+        n = self.topology.n
+        if self.collective not in COLLECTIVES:
+            raise PlanError(f"unknown collective {self.collective!r}; expected one of {COLLECTIVES}")
+        if not self.trees:
+            raise PlanError("a plan needs at least one tree")
+        graph = self.topology.link_graph(self.link_kinds)
+        load = np.zeros(len(graph.arcs))
+        for i, tree in enumerate(self.trees):
+            where = f"tree {i} (root {tree.root})"
+            if not tree.weight > 0:
+                raise PlanError(f"{where}: weight must be positive, got {tree.weight}")
+            if self.collective != "allreduce" and tree.root != self.root:
+                raise PlanError(f"{where}: a {self.collective} tree must be rooted at {self.root}")
+            reached, parent = {tree.root}, {}
+            for (p, c) in tree.edges:
+                if c in parent or c == tree.root or not 0 <= c < n or not 0 <= p < n:
+                    raise PlanError(f"{where}: edge {p}->{c} is not a tree edge over ranks 0..{n - 1}")
+                parent[c] = p
+            children = defaultdict(list)
+            for p, c in tree.edges:
+                children[p].append(c)
+            stack = [tree.root]
+            while stack:
+                for c in children[stack.pop()]:
+                    reached.add(c)
+                    stack.append(c)
+            if len(reached) != n or not 0 <= tree.root < n:
+                raise PlanError(f"{where}: does not span the ranks; unreached {sorted(set(range(n)) - reached)}")
+            if len(tree.paths) != len(tree.edges):
+                raise PlanError(f"{where}: {len(tree.paths)} paths for {len(tree.edges)} edges")
+            for (p, c), path in zip(tree.edges, tree.paths):
+                if path[0] != p or path[-1] != c or any(x < n for x in path[1:-1]):
+                    raise PlanError(f"{where}: path {list(path)} does not join {p} to {c} through switches")
+                try:
+                    graph.arcs_of_path(path)
+                except TopologyError as e:
+                    raise PlanError(f"{where}: {e}") from None
+            load += tree.weight * graph.usage(tree.edges, tree.paths, DIRECTIONS[self.collective])
+        over = load - graph.capacity_gbps * (1 + 1e-9) - 1e-9
+        if over.max(initial=0) > 0:
+            a = int(np.argmax(over))
+            u, v = graph.arcs[a]
+            raise PlanError(f"link {u}->{v} carries {load[a]:.6g} GB/s, over its capacity "
+                            f"{graph.capacity_gbps[a]:.6g} GB/s")
+        if self.family == "rsag":
+            per_root = np.zeros(n)
+            for tree in self.trees:
+                per_root[tree.root] += tree.weight
+            if not np.allclose(per_root, per_root.mean(), rtol=RATE_RTOL, atol=0):
+                raise PlanError(f"rsag plan: ranks root unequal weights {per_root.tolist()}")
+            rate = n * per_root.min()
+        elif self.family == "tree":
+            rate = sum(t.weight for t in self.trees)
+        else:
+            raise PlanError(f"unknown family {self.family!r}; expected 'tree' or 'rsag'")
+        if not math.isclose(rate, self.rate_gbps, rel_tol=1e-9):
+            raise PlanError(f"rate_gbps {self.rate_gbps} does not match the tree weights ({rate})")
+        if self.rate_gbps > self.bound_gbps * (1 + RATE_RTOL):
+            raise PlanError(f"rate {self.rate_gbps} GB/s exceeds the certified bound {self.bound_gbps} GB/s")
+        return self
+
+    # --------------------------------------------------------------- output
+    def to_dict(self) -> dict:
+        return {"format": "jax_blink.plan", "version": FORMAT_VERSION,
+                "collective": self.collective, "root": self.root, "family": self.family,
+                "rate_gbps": self.rate_gbps, "bound_gbps": self.bound_gbps,
+                "ring_rate_gbps": self.ring_rate_gbps, "plan_seconds": self.plan_seconds,
+                "link_kinds": list(self.link_kinds), "topology": self.topology.to_dict(),
+                "trees": [t.to_dict() for t in self.trees]}
+
+    def to_json(self, indent=None) -> str:
+        """JSON text that :meth:`from_json` reads back."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text) -> "Plan":
+        """Load a plan from JSON text, a dict or a file path, and check its invariants."""
+        d = read_document(text, fmt="jax_blink.plan", version=FORMAT_VERSION, error=PlanError,
+                          what="plan")
+        try:
+            topology = Topology.from_json(d["topology"])
+            result = cls(d["collective"], None if d["root"] is None else int(d["root"]), d["family"],
+                         float(d["rate_gbps"]), float(d["bound_gbps"]), float(d["ring_rate_gbps"]),
+                         tuple(Tree.from_dict(t) for t in d["trees"]), float(d["plan_seconds"]),
+                         topology, tuple(d["link_kinds"]))
+        except TopologyError as e:
+            raise PlanError(f"malformed plan JSON: its topology: {e}") from None
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise PlanError(f"malformed plan JSON: {type(e).__name__}: {e}") from None
+        return result.check()
+
+    # -------------------------------------------------------------- lowering
+    def chunks_for(self, size_bytes: int, launch_s: float = 0.0) -> list:
+        """Pipeline chunks per tree from the cost model.
+
+        Each tree gets :func:`jax_blink.planning.cost.pipeline_chunks` for its
+        depth (both phases counted for allreduce), its share of
+        ``size_bytes`` and its weight as bandwidth, with ``alpha`` the largest
+        :data:`~jax_blink.planning.cost.LATENCY_US` of the link kinds the tree
+        uses plus ``launch_s``, the executor's host cost per step
+        (:data:`~jax_blink.planning.cost.CUDA_LAUNCH_SECONDS` on GPUs), clamped
+        to ``[1, MAX_CHUNKS_PER_TREE]``.
+        """
+        total = sum(t.weight for t in self.trees)
+        graph = self.topology.link_graph(self.link_kinds)
+        out = []
+        for tree in self.trees:
+            depth = tree.depth * (2 if self.collective == "allreduce" else 1)
+            kinds = {graph.arc_kind[graph.index[x, y]] for path in tree.paths for x, y in zip(path, path[1:])}
+            alpha = launch_s + (max(cost.latency_s(k) for k in kinds) if kinds
+                                else min(cost.latency_s(k) for k in cost.LATENCY_US))
+            out.append(cost.pipeline_chunks(depth, size_bytes * tree.weight / total, tree.weight, alpha,
+                                            cost.MAX_CHUNKS_PER_TREE))
+        return out
+
+    def lower(self, size_bytes: int, dtype, chunks=None, launch_s: float = 0.0):
+        """The :class:`~jax_blink.schedule.Schedule` moving ``size_bytes`` of ``dtype``.
+
+        Parameters
+        ----------
+        size_bytes : int
+            Message size; a positive multiple of the dtype's item size.
+        dtype : str or numpy dtype
+        chunks : int or sequence of int, optional
+            Pipeline chunks per tree (one int for all, or one per tree);
+            default: :meth:`chunks_for` (with ``launch_s``).
+        launch_s : float
+            The executor's host cost per pipeline step, for :meth:`chunks_for`.
+        """
+        itemsize = DTYPES[dtype_name(dtype)][1]
+        if isinstance(size_bytes, bool) or not isinstance(size_bytes, (int, np.integer)) \
+                or size_bytes < itemsize or size_bytes % itemsize:
+            raise PlanError(f"size_bytes must be a positive multiple of the {itemsize}-byte item size, "
+                            f"got {size_bytes!r}")
+        if chunks is None:
+            chunks = self.chunks_for(int(size_bytes), launch_s)
+        return lower_trees(self.trees, nranks=self.topology.n, collective=self.collective,
+                           root=-1 if self.root is None else self.root, count=int(size_bytes) // itemsize,
+                           dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees])
+
+    def summary(self) -> str:
+        """Human-readable description: rate against bound and ring, then the trees."""
+        lines = [f"{self.collective} on {self.topology.name} ({self.topology.n} ranks)"
+                 + (f", root {self.root}" if self.root is not None else "")
+                 + f": family {self.family}, {len(self.trees)} tree(s) over {'/'.join(self.link_kinds)} links",
+                 f"  rate {self.rate_gbps:.4g} GB/s   bound {self.bound_gbps:.4g} GB/s   "
+                 f"ring {self.ring_rate_gbps:.4g} GB/s   planned in {self.plan_seconds * 1e3:.0f} ms"]
+        for i, t in enumerate(self.trees):
+            edges = " ".join(f"{p}->{c}" for p, c in t.edges)
+            lines.append(f"  tree {i}: weight {t.weight:.4g} GB/s, root {t.root}, depth {t.depth}: {edges}")
+        return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""The schedule format's vocabulary: version, magic word, op/collective/dtype codes, error type.
+
+``docs/schedule_format.md`` is the specification; ``cc/`` reads the same
+codes. Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "HEADER_WORDS", "OPS", "OP_CODE", "COLLECTIVES", "COLLECTIVE_CODE",
+           "DTYPES", "DTYPE_BY_CODE", "ScheduleError", "dtype_name"]
+
+FORMAT_VERSION = 1
+MAGIC = 0x4B4E494C42  # "BLINK" in ASCII, little-endian
+HEADER_WORDS = 9
+
+OPS = ("SEND", "RECV_REDUCE", "RECV_COPY")
+OP_CODE = {name: code for code, name in enumerate(OPS)}
+COLLECTIVES = ("allreduce", "broadcast", "reduce")
+COLLECTIVE_CODE = {name: code for code, name in enumerate(COLLECTIVES)}
+
+#: dtype name -> (code in the flat encoding, itemsize in bytes)
+DTYPES = {
+    "float32": (0, 4),
+    "float64": (1, 8),
+    "float16": (2, 2),
+    "bfloat16": (3, 2),
+    "int32": (4, 4),
+    "int64": (5, 8),
+    "uint32": (6, 4),
+}
+DTYPE_BY_CODE = {code: name for name, (code, _) in DTYPES.items()}
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed or does not compute its collective."""
+
+
+def dtype_name(dtype) -> str:
+    """Canonical name of ``dtype`` (a numpy/jax dtype, type or string).
+
+    Raises
+    ------
+    ScheduleError
+        If the dtype is not one a schedule can carry.
+
+    Examples
+    --------
+    >>> dtype_name(np.float32), dtype_name("bfloat16")
+    ('float32', 'bfloat16')
+    """
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(getattr(dtype, "name", dtype))
+    if name not in DTYPES:
+        raise ScheduleError(
+            f"unsupported dtype {name!r}: schedules carry one of {sorted(DTYPES)}"
+        )
+    return name

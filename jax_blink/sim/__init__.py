@@ -1,0 +1,19 @@
+"""Simulation: play schedules over a topology's links, tune lowerings, compare with baselines.
+
+Modules: :mod:`~jax_blink.sim.model` (:class:`SimModel`, :class:`SimError`),
+:mod:`~jax_blink.sim.simulator` (:func:`simulate`, the event loop),
+:mod:`~jax_blink.sim.tuning` (:func:`tune`, latency-aware lowering),
+:mod:`~jax_blink.sim.baselines` (NCCL-style ring, double binary tree,
+reduce-scatter + all-gather, chain), :mod:`~jax_blink.sim.comparison`
+(:func:`compare`, :func:`sweep_subsets`). Costs come from the one cost model,
+:mod:`jax_blink.planning.cost`; routes from :class:`jax_blink.topo.LinkGraph`.
+Pure Python: never imports jax.
+"""
+
+from .comparison import compare, sweep_subsets
+from .model import SimError, SimModel
+from .simulator import SimResult, bus_factor, simulate
+from .tuning import Tuned, tune
+
+__all__ = ["simulate", "SimModel", "SimResult", "SimError", "bus_factor", "tune", "Tuned", "compare",
+           "sweep_subsets"]

@@ -1,0 +1,123 @@
+"""Blink against the baselines: one topology at one size, or every allocation of a machine.
+
+:func:`compare` simulates the Blink plan (lowered by :func:`~jax_blink.sim.tune`)
+next to every baseline of :mod:`jax_blink.sim.baselines` and reports
+nccl-tests' columns; :func:`sweep_subsets` does so on every allocation of
+two or more ranks and summarises the speedups. The ``bench`` command and the
+benchmarks print what these return.
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from ..planning import plan
+from .baselines import all_baselines
+from .simulator import simulate
+from .tuning import tune
+
+__all__ = ["compare", "sweep_subsets"]
+
+
+def compare(topology, size_bytes: int, dtype="float32", model=None) -> dict:
+    """Simulate Blink and every baseline on ``topology`` at ``size_bytes``.
+
+    Returns
+    -------
+    dict
+        ``{algorithm: row}``, Blink first then :data:`jax_blink.sim.baselines.BASELINES`;
+        each row holds ``time_us``, ``algbw_gbps``, ``busbw_gbps``; Blink's also
+        ``speedup`` (fastest baseline's time / Blink's), ``vs_ring`` (NCCL-style
+        ring's time / Blink's), ``trees`` and ``chunks`` of the lowering used.
+    """
+    tuned = tune(plan(topology, "allreduce"), size_bytes, dtype, model=model)
+    results = {"blink": tuned.result}
+    for name, schedule in all_baselines(topology, size_bytes, dtype, model=model).items():
+        results[name] = simulate(schedule, topology, model=model)
+    rows = {name: {"time_us": r.time_us, "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps}
+            for name, r in results.items()}
+    best = min(r["time_us"] for name, r in rows.items() if name != "blink")
+    rows["blink"].update(speedup=best / rows["blink"]["time_us"],
+                         vs_ring=rows["nccl-ring"]["time_us"] / rows["blink"]["time_us"],
+                         trees=tuned.num_trees, chunks=list(tuned.chunks))
+    return rows
+
+
+def _one_allocation(job):
+    topology, ranks, sizes, dtype, model = job
+    sub = topology.subset(ranks)
+    return ranks, {size: compare(sub, size, dtype, model) for size in sizes}
+
+
+def sweep_subsets(topology, sizes, dtype="float32", model=None, min_gpus=2, jobs=1, progress=None):
+    """Blink against the baselines on every allocation of ``min_gpus`` or more ranks.
+
+    Parameters
+    ----------
+    topology : Topology
+    sizes : sequence of int
+        Message sizes in bytes.
+    dtype : str
+    model : SimModel, optional
+    min_gpus : int
+        Smallest allocation (at least 2).
+    jobs : int
+        Worker processes (forked) for the allocations.
+    progress : callable, optional
+        ``progress(iterable, total=n)`` wraps the allocations as they finish,
+        e.g. a ``tqdm`` progress bar.
+
+    Returns
+    -------
+    (summary, rows)
+        ``summary[size]``: allocations, geometric mean and max of Blink's
+        speedup over the NCCL-style ring (``vs_ring``) and over the fastest
+        baseline, how many allocations Blink is slower than some baseline
+        (``slower``), and how many it is still slower after falling back to
+        ``lax.psum`` -- NCCL, which picks the faster of its ring and double
+        binary tree -- where the simulator predicts that to be faster
+        (``slower_with_fallback``). ``rows``: per allocation and size, the
+        rows of :func:`compare`.
+    """
+    if min_gpus < 2:
+        raise ValueError(f"min_gpus must be >= 2, got {min_gpus}")
+    allocations = [list(c) for k in range(min_gpus, topology.n + 1)
+                   for c in itertools.combinations(range(topology.n), k)]
+    work = [(topology, ranks, sizes, dtype, model) for ranks in allocations]
+    track = progress or (lambda iterable, total: iterable)
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            results = list(track(pool.imap(_one_allocation, work), total=len(work)))
+    else:
+        results = list(track(map(_one_allocation, work), total=len(work)))
+    summary = {}
+    for size in sizes:
+        vs_ring, vs_best, slower, slower_fb, worst = [], [], 0, 0, (-math.inf, None)
+        for ranks, by_size in results:
+            rows = by_size[size]
+            blink = rows["blink"]
+            vs_ring.append(blink["vs_ring"])
+            vs_best.append(blink["speedup"])
+            if blink["speedup"] < 1:
+                slower += 1
+                nccl = min(rows["nccl-ring"]["time_us"], rows["nccl-dbtree"]["time_us"])
+                best = min(r["time_us"] for name, r in rows.items() if name != "blink")
+                if min(blink["time_us"], nccl) > best:
+                    slower_fb += 1
+            if blink["vs_ring"] > worst[0]:
+                worst = (blink["vs_ring"], ranks)
+        summary[size] = {
+            "allocations": len(results),
+            "geomean_vs_ring": math.exp(sum(math.log(x) for x in vs_ring) / len(vs_ring)),
+            "max_vs_ring": max(vs_ring), "max_vs_ring_allocation": worst[1],
+            "geomean_vs_best": math.exp(sum(math.log(x) for x in vs_best) / len(vs_best)),
+            "min_vs_best": min(vs_best),
+            "slower": slower, "slower_with_fallback": slower_fb,
+        }
+    rows = [{"ranks": ranks, "sizes": {str(size): r for size, r in by_size.items()}} for ranks, by_size in results]
+    return summary, rows

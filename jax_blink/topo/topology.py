@@ -1,0 +1,315 @@
+"""The link topology of a set of devices: ranks, switch nodes and full-duplex links.
+
+A :class:`Topology` holds ``n`` ranks (nodes ``0..n-1``), optional switch
+nodes (``n..n+s-1``: NVSwitch, PCIe switch, CPU root complex, host memory;
+they forward data but cannot reduce it) and full-duplex :class:`Link` s, each
+with a bandwidth in GB/s per direction and a kind (``nvlink``, ``pcie``,
+``net`` or ``shm``). Parallel links of one kind between the same two nodes add
+up. Topologies are built from links, presets, JSON, or the output of
+``nvidia-smi topo -m``, can be restricted to a subset of their ranks, and
+give the :class:`~jax_blink.topo.graph.LinkGraph` that plans are packed into
+and data is routed on.
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .._jsonio import read_document
+from . import presets
+from .errors import TopologyError
+from .graph import LinkGraph
+from .nvidia_smi import parse_topo_matrix
+
+__all__ = ["Topology", "Link", "LINK_KINDS", "FAST_KINDS", "load_topology"]
+
+#: Link kinds, fastest class first.
+LINK_KINDS = ("nvlink", "pcie", "net", "shm")
+#: Kinds a plan uses on their own whenever they connect all ranks.
+FAST_KINDS = ("nvlink",)
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A full-duplex link between two nodes.
+
+    Attributes
+    ----------
+    u, v : int
+        Node ids: ranks ``0..n-1`` or switches ``n..``.
+    bandwidth_gbps : float
+        Bandwidth in GB/s in each direction.
+    kind : str
+        One of :data:`LINK_KINDS`.
+    """
+
+    u: int
+    v: int
+    bandwidth_gbps: float
+    kind: str = "nvlink"
+
+
+def _as_link(item) -> Link:
+    if isinstance(item, Link):
+        return item
+    try:
+        fields = tuple(item)
+    except TypeError:
+        raise TopologyError(f"a link must be a Link or a tuple (u, v, gbps[, kind]), got {item!r}") from None
+    if len(fields) not in (3, 4):
+        raise TopologyError(f"a link must be (u, v, gbps) or (u, v, gbps, kind), got {item!r}")
+    return Link(*fields)
+
+
+class Topology:
+    """Ranks, switches and full-duplex links with per-direction bandwidths.
+
+    Use the constructors (:meth:`from_links`, :meth:`preset`,
+    :meth:`from_json`, :meth:`from_nvidia_smi`) rather than ``__init__``.
+
+    Attributes
+    ----------
+    n : int
+        Number of ranks (nodes ``0..n-1``).
+    name : str
+        Human-readable name (not part of :meth:`fingerprint`).
+    switches : tuple of str
+        Names of the switch nodes ``n, n+1, ...``.
+    links : tuple of Link
+        Canonical links: ``u < v``, one per (pair, kind) with parallel links
+        summed, sorted.
+
+    Examples
+    --------
+    >>> t = Topology.from_links(3, [(0, 1, 25), (1, 2, 25), (0, 1, 25)])
+    >>> t.links[0]
+    Link(u=0, v=1, bandwidth_gbps=50.0, kind='nvlink')
+    >>> t.subset([2, 1]).links
+    (Link(u=0, v=1, bandwidth_gbps=25.0, kind='nvlink'),)
+    """
+
+    def __init__(self, n: int, links: Iterable, switches: Sequence[str] = (), name: str = ""):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise TopologyError(f"the number of ranks must be a positive integer, got {n!r}")
+        self.n = int(n)
+        self.switches = tuple(str(s) for s in switches)
+        self.name = str(name) or f"custom-{self.n}"
+        total = self.n + len(self.switches)
+        merged = {}
+        for item in links:
+            link = _as_link(item)
+            for end in (link.u, link.v):
+                if isinstance(end, bool) or not isinstance(end, (int, np.integer)) or not 0 <= end < total:
+                    raise TopologyError(
+                        f"link {link.u}-{link.v}: node {end!r} is out of range; nodes are ranks "
+                        f"0..{self.n - 1}" + (f" and switches {self.n}..{total - 1}" if self.switches else ""))
+            if link.u == link.v:
+                raise TopologyError(f"link {link.u}-{link.v} connects a node to itself")
+            try:
+                gbps = float(link.bandwidth_gbps)
+            except (TypeError, ValueError):
+                raise TopologyError(f"link {link.u}-{link.v}: bandwidth {link.bandwidth_gbps!r} is not a number") from None
+            if not np.isfinite(gbps) or gbps <= 0:
+                raise TopologyError(
+                    f"link {link.u}-{link.v}: bandwidth must be a positive number of GB/s, got {link.bandwidth_gbps!r}")
+            if link.kind not in LINK_KINDS:
+                raise TopologyError(f"link {link.u}-{link.v}: unknown kind {link.kind!r}; expected one of {LINK_KINDS}")
+            key = (min(link.u, link.v), max(link.u, link.v), link.kind)
+            merged[key] = merged.get(key, 0.0) + gbps
+        self.links = tuple(Link(int(u), int(v), bw, kind) for (u, v, kind), bw in sorted(merged.items()))
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def from_links(cls, n: int, links: Iterable, switches: Sequence[str] = (), name: str = "") -> "Topology":
+        """Build a topology from links.
+
+        Parameters
+        ----------
+        n : int
+            Number of ranks.
+        links : iterable of Link or tuple
+            ``(u, v, gbps)`` or ``(u, v, gbps, kind)``; ``kind`` defaults to
+            ``"nvlink"``. Parallel links of one kind add up.
+        switches : sequence of str
+            Names of switch nodes, which get ids ``n, n+1, ...``. A switch's
+            per-port bandwidth is the bandwidth of the link to it.
+        name : str
+            Display name.
+        """
+        return cls(n, links, switches, name)
+
+    @classmethod
+    def preset(cls, name: str) -> "Topology":
+        """A named machine; see :func:`jax_blink.topo.presets.preset_names`.
+
+        Raises
+        ------
+        TopologyError
+            If ``name`` is unknown; the message lists the valid names.
+        """
+        return cls(*presets.preset_spec(name))
+
+    @classmethod
+    def from_json(cls, path_or_text) -> "Topology":
+        """Load from JSON text, a dict, or a path to a JSON file (see :meth:`to_json`)."""
+        data = read_document(path_or_text, fmt="jax_blink.topology", version=FORMAT_VERSION,
+                             error=TopologyError, what="topology")
+        for key in ("nranks", "links"):
+            if key not in data:
+                raise TopologyError(f"malformed topology JSON: missing key {key!r}")
+        if not isinstance(data["links"], list):
+            raise TopologyError("malformed topology JSON: 'links' must be a list of [u, v, gbps, kind]")
+        return cls(data["nranks"], data["links"], data.get("switches", []), data.get("name", ""))
+
+    @classmethod
+    def from_nvidia_smi(cls, text: str, *, nvlink_gbps: float = 25.0, pcie_gbps: float = 16.0,
+                        sys_gbps: float = 38.4, name: str = "nvidia-smi") -> "Topology":
+        """Build the topology printed by ``nvidia-smi topo -m``.
+
+        See :func:`jax_blink.topo.nvidia_smi.parse_topo_matrix` for how the
+        matrix's cells become NVLinks and a tree of PCIe switch nodes.
+
+        Raises
+        ------
+        TopologyError
+            If the text holds no GPU matrix or a cell is not understood.
+        """
+        n, links, switches = parse_topo_matrix(text, nvlink_gbps=nvlink_gbps, pcie_gbps=pcie_gbps,
+                                               sys_gbps=sys_gbps)
+        return cls(n, links, switches, name)
+
+    # --------------------------------------------------------------- exports
+    def to_dict(self) -> dict:
+        """The JSON object of :meth:`to_json`."""
+        return {"format": "jax_blink.topology", "version": FORMAT_VERSION, "name": self.name,
+                "nranks": self.n, "switches": list(self.switches),
+                "links": [[l.u, l.v, l.bandwidth_gbps, l.kind] for l in self.links]}
+
+    def to_json(self, indent=None) -> str:
+        """JSON text that :meth:`from_json` reads back."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def fingerprint(self) -> str:
+        """Stable hex digest of the canonical JSON (ranks, switches, links; not the name)."""
+        data = self.to_dict()
+        del data["name"]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    # ------------------------------------------------------------ operations
+    @property
+    def num_nodes(self) -> int:
+        """Ranks plus switches."""
+        return self.n + len(self.switches)
+
+    def subset(self, ranks: Sequence[int], name: str = "") -> "Topology":
+        """The topology induced by ``ranks``, re-indexed ``0..k-1`` in the given order.
+
+        Links between kept ranks and switches stay; dropped ranks and their
+        links go (a device outside the allocation forwards nothing). Switches
+        left as dead ends (at most one link) are dropped too.
+
+        Raises
+        ------
+        TopologyError
+            If a rank is out of range or repeated, or ``ranks`` is empty.
+        """
+        ranks = list(ranks)
+        if not ranks:
+            raise TopologyError("a subset needs at least one rank")
+        for r in ranks:
+            if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.n:
+                raise TopologyError(f"rank {r!r} in the subset is out of range: {self.name} has ranks 0..{self.n - 1}")
+        dup = sorted({r for r in ranks if ranks.count(r) > 1})
+        if dup:
+            raise TopologyError(f"rank(s) {dup} appear more than once in the subset {ranks}")
+        keep_switch = set(range(self.n, self.num_nodes))
+        kept = set(ranks)
+        while True:  # prune dead-end switches
+            links = [l for l in self.links
+                     if all(x in kept or x in keep_switch for x in (l.u, l.v))]
+            degree = {s: 0 for s in keep_switch}
+            for l in links:
+                for x in (l.u, l.v):
+                    if x in degree:
+                        degree[x] += 1
+            dead = {s for s, d in degree.items() if d <= 1}
+            if not dead:
+                break
+            keep_switch -= dead
+        new_id = {r: i for i, r in enumerate(ranks)}
+        for j, s in enumerate(sorted(keep_switch)):
+            new_id[s] = len(ranks) + j
+        return Topology(len(ranks), [(new_id[l.u], new_id[l.v], l.bandwidth_gbps, l.kind) for l in links],
+                        [self.switches[s - self.n] for s in sorted(keep_switch)],
+                        name or f"{self.name}[{','.join(map(str, ranks))}]")
+
+    def kinds(self) -> tuple:
+        """The link kinds present, fastest class first."""
+        present = {l.kind for l in self.links}
+        return tuple(k for k in LINK_KINDS if k in present)
+
+    def planning_kinds(self) -> tuple:
+        """The link kinds a plan uses: the fast kinds if they connect all
+        ranks, else every kind (slow links then bridge the fast islands)."""
+        fast = tuple(k for k in FAST_KINDS if k in self.kinds())
+        if fast and not self.unreachable(fast):
+            return fast
+        return self.kinds()
+
+    def unreachable(self, kinds: Sequence[str] | None = None, source: int = 0) -> list:
+        """Ranks that rank ``source`` cannot reach over links of ``kinds`` (all if None)."""
+        adjacency = {v: [] for v in range(self.num_nodes)}
+        for l in self.links:
+            if kinds is None or l.kind in kinds:
+                adjacency[l.u].append(l.v)
+                adjacency[l.v].append(l.u)
+        seen, stack = {source}, [source]
+        while stack:
+            for w in adjacency[stack.pop()]:
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        return [r for r in range(self.n) if r not in seen]
+
+    def link_graph(self, kinds: Sequence[str] | None = None) -> "LinkGraph":
+        """The directed capacity graph over links of ``kinds`` (default: :meth:`planning_kinds`)."""
+        return LinkGraph(self, self.planning_kinds() if kinds is None else tuple(kinds))
+
+    def __eq__(self, other):
+        return isinstance(other, Topology) and self.to_dict() == other.to_dict()
+
+    def __hash__(self):
+        return hash(self.fingerprint())
+
+    def __repr__(self):
+        return (f"Topology(name={self.name!r}, n={self.n}, switches={len(self.switches)}, "
+                f"links={len(self.links)})")
+
+
+def load_topology(spec: str) -> Topology:
+    """The topology named by ``spec``: a preset name, or the path of a topology JSON file.
+
+    ``spec`` is read as a file when it exists or ends in ``.json``.
+
+    Raises
+    ------
+    TopologyError
+        If the preset is unknown or the file cannot be read as a topology.
+
+    Examples
+    --------
+    >>> load_topology("shm:2").links
+    (Link(u=0, v=2, bandwidth_gbps=10.0, kind='shm'), Link(u=1, v=2, bandwidth_gbps=10.0, kind='shm'))
+    """
+    if os.path.exists(spec) or spec.lower().endswith(".json"):
+        return Topology.from_json(spec)
+    return Topology.preset(spec)
