@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tqdm import tqdm  # noqa: E402
 
 from _machine import machine  # noqa: E402
-from jax_blink.bench_cli import format_size, parse_sizes  # noqa: E402
+from jax_blink.cli.sizes import format_size, parse_sizes  # noqa: E402
 from jax_blink.sim import SimModel, compare, sweep_subsets  # noqa: E402
 from jax_blink.topo import Topology  # noqa: E402
 

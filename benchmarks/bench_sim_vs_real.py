@@ -1,7 +1,7 @@
 """The simulator against real jax_blink.psum runs on 8 virtual CPU devices.
 
 Measures ``jax_blink.psum`` (forced on with ``min_bytes=0``) with
-:func:`jax_blink.measure.run_devices`, simulates the schedule psum runs
+:func:`jax_blink.ops.measure.run_devices`, simulates the schedule psum runs
 (``plan(shm:8).lower(size)``) and reports the relative error of the predicted
 time:
 
@@ -32,8 +32,8 @@ import sys  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jax_blink.bench_cli import format_size, parse_sizes  # noqa: E402
-from jax_blink.measure import run_devices  # noqa: E402
+from jax_blink.cli.sizes import format_size, parse_sizes  # noqa: E402
+from jax_blink.ops.measure import run_devices  # noqa: E402
 from jax_blink.planning import plan  # noqa: E402
 from jax_blink.sim import SimModel, simulate  # noqa: E402
 from jax_blink.topo import Topology  # noqa: E402

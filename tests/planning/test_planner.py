@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jax_blink import plan_cli
 from jax_blink.planning import MAX_CHUNKS_PER_TREE, Plan, PlanError, bounds, cache_dir, clear_memory_cache, plan
 from jax_blink.planning.rings import best_rings
 from jax_blink.schedule import Schedule
@@ -246,7 +245,8 @@ def test_planning_never_imports_jax():
     code = textwrap.dedent("""
         import sys
         sys.modules["jax"] = None  # any import of jax now fails
-        from jax_blink import plan, plan_cli, bench_cli, measure
+        from jax_blink import plan
+        from jax_blink.cli import bench_cmd, plan_cmd, sizes
         from jax_blink.topo import Topology, detect, presets
         from jax_blink.sim import simulate, tune
         p = plan(Topology.preset("shm:3"), cache=False)
@@ -258,38 +258,3 @@ def test_planning_never_imports_jax():
                          env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
-
-
-def _cli(argv):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    plan_cli.add_parser(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-def test_cli_json_is_the_plans_json_plus_the_gpus(capsys, tmp_path):
-    png = tmp_path / "trees.png"
-    assert _cli(["plan", "--topology", "dgx1-v100", "--gpus", "0,1,4,5", "--json", "--png", str(png)]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert {"topology", "gpus", "collective", "family", "rate_gbps", "bound_gbps", "ring_rate_gbps",
-            "trees", "plan_seconds"} <= set(out)
-    assert out["gpus"] == [0, 1, 4, 5] and out["topology"]["name"] == "dgx1-v100[0,1,4,5]"
-    assert math.isclose(out["rate_gbps"], out["bound_gbps"], rel_tol=1e-6)
-    assert set(out["trees"][0]) == {"weight", "root", "edges", "paths"}
-    again = Plan.from_json(out)  # the printed plan loads back
-    assert again.topology == Topology.preset("dgx1-v100").subset([0, 1, 4, 5])
-    assert again.rate_gbps == out["rate_gbps"]
-    assert png.stat().st_size > 1000
-
-
-def test_cli_text_and_errors(capsys, tmp_path):
-    path = tmp_path / "t.json"
-    path.write_text(Topology.preset("shm:3").to_json())
-    assert _cli(["plan", "--topology", str(path), "--collective", "broadcast", "--root", "2"]) == 0
-    assert "rate" in capsys.readouterr().out
-    assert _cli(["plan", "--topology", "nope"]) == 2
-    assert "valid names" in capsys.readouterr().err
-    assert _cli(["plan", "--topology", "dgx1-v100", "--gpus", "0,9"]) == 2
-    assert "out of range" in capsys.readouterr().err

@@ -163,11 +163,11 @@ def test_docstring_examples_run():
     import importlib
     import pkgutil
 
-    # every module of the planning packages, found on disk, plus the CLI/measurement helpers
+    # every module of the planning packages, found on disk, plus the size parser and settings
     packages = [importlib.import_module(f"jax_blink.{p}") for p in ("topo", "planning", "schedule", "sim")]
     names = [f"{p.__name__}.{info.name}" for p in packages for info in pkgutil.iter_modules(p.__path__)]
     assert len(names) >= 25
-    for name in names + ["jax_blink.bench_cli", "jax_blink.measure"]:
+    for name in names + ["jax_blink.cli.sizes", "jax_blink.settings"]:
         module = importlib.import_module(name)
         result = doctest.testmod(module)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"

@@ -2,15 +2,22 @@
 
 :func:`run_devices` times both over every present device (CPU virtual
 devices or GPUs) per message size and counts wrong elements, with
-nccl-tests' columns. It imports jax inside the function only, so importing
-this module stays cheap.
+nccl-tests' columns (``python -m jax_blink bench --devices``).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
-from .sim import bus_factor
+import numpy as np
+
+import jax
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jax_blink.ops.psum import psum
+from jax_blink.sim import bus_factor
 
 __all__ = ["run_devices"]
 
@@ -28,15 +35,7 @@ def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
         ``rows_by_size``: ``[(size, {"jax_blink.psum": row, "lax.psum": row})]``,
         rows as in :func:`jax_blink.sim.compare` plus ``wrong``; ``devices``: a description.
     """
-    import time
-
-    import jax
-    import numpy as np
-    from jax import lax
-    from jax.sharding import Mesh, PartitionSpec as P
-    from tqdm import tqdm
-
-    import jax_blink
+    from tqdm import tqdm  # the examples' and tests' extra
 
     devices = jax.devices()
     n = len(devices)
@@ -46,7 +45,7 @@ def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
     np_dtype = np.dtype(dtype) if dtype != "bfloat16" else jax.numpy.bfloat16
     kwargs = {} if min_bytes is None else {"min_bytes": min_bytes}
     fns = {
-        "jax_blink.psum": lambda v: jax_blink.psum(v, "i", **kwargs),
+        "jax_blink.psum": lambda v: psum(v, "i", **kwargs),
         "lax.psum": lambda v: lax.psum(v, "i"),
     }
     compiled = {name: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))

@@ -1,0 +1,26 @@
+"""Command line interface: ``python -m jax_blink {plan,bench} ...``.
+
+Argument parsing and printing only; the work is done by the library
+packages. Each subcommand lives in its own module (:mod:`.plan_cmd`,
+:mod:`.bench_cmd`), which provides ``add_parser(subparsers)``; the parser it
+adds sets ``func``. :mod:`.sizes` parses message sizes (``1K:1G``).
+"""
+
+import argparse
+
+__all__ = ["main"]
+
+
+def main(argv=None) -> int:
+    """Runs ``python -m jax_blink`` with ``argv`` (default: the process's)."""
+    from jax_blink.cli import bench_cmd, plan_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="python -m jax_blink",
+        description="Topology-aware collectives for JAX: plan, inspect and benchmark.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
