@@ -123,7 +123,7 @@ def chunks(value=None) -> Optional[int]:
 
 
 def topology_source() -> Optional[str]:
-    """``JAX_BLINK_TOPOLOGY`` (a topology JSON file), or None."""
+    """``JAX_BLINK_TOPOLOGY`` (a preset name or a topology JSON file), or None."""
     return _env("JAX_BLINK_TOPOLOGY")
 
 

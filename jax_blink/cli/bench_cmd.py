@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
+from jax_blink.cli import allocations, output_path, plain, wrote
 from jax_blink.cli.sizes import format_size, parse_sizes
 from jax_blink.sim import SimModel, compare, sweep_subsets
 from jax_blink.topo import load_topology
@@ -33,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
         "bench", help="compare Blink with ring/tree baselines (simulated) or lax.psum (--devices)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", default="dgx1-v100",
                    help="preset name (see `python -m jax_blink plan --help`) or a topology JSON file "
                         "(default: dgx1-v100)")
@@ -67,6 +69,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(args) -> int:
     try:
+        output_path(args.png, "--png")
+        output_path(args.json, "--json")
         if args.devices:
             return _devices_main(args)
         return _simulated_main(args)
@@ -125,6 +129,7 @@ def _plot(rows_by_size, title, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    wrote(path, "the plot")
 
 
 def _simulated_main(args):
@@ -136,6 +141,11 @@ def _simulated_main(args):
         sizes = args.sizes or [2**20, 2**28]
         if args.min_gpus < 2:
             raise ValueError(f"--min-gpus must be >= 2, got {args.min_gpus}")
+        count = allocations(topology.n, args.min_gpus)
+        print(f"# {count} allocations x {len(sizes)} sizes: about "
+              f"{math.ceil(1.3 * count * len(sizes) / max(args.jobs, 1) / 60)} min with {args.jobs} "
+              "job(s) (planning and simulating take about 1.3 s per allocation and size)",
+              file=sys.stderr)
         summary, rows = sweep_subsets(topology, sizes, args.dtype, model, args.min_gpus, args.jobs,
                                       progress=_progress("allocations"))
         _print_summary(topology, summary)
@@ -176,6 +186,7 @@ def _model_dict(model):
 def _write_json(path, data):
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
+    wrote(path, "the rows")
 
 
 def _print_summary(topology, summary, out=sys.stdout):

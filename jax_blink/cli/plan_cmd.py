@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
+from jax_blink.cli import output_path, plain, wrote
 from jax_blink.planning import COLLECTIVES, PlanError, plan
 from jax_blink.topo import TopologyError, load_topology
 
@@ -29,7 +30,7 @@ def _parse_gpus(text: str) -> list:
 def add_parser(subparsers) -> None:
     """Add the ``plan`` subcommand to an argparse ``subparsers`` object."""
     p = subparsers.add_parser("plan", help="plan a collective on a topology and show the trees",
-                              description=__doc__.splitlines()[0])
+                              description=plain(__doc__.split("\n\n")[0]))
     p.add_argument("--topology", required=True, help="preset name (e.g. dgx1-v100, shm:8) or topology JSON file")
     p.add_argument("--gpus", help="comma-separated ranks to use (default: all), e.g. 0,1,4,5")
     p.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
@@ -45,12 +46,13 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     """Execute the ``plan`` subcommand; returns the exit status."""
     try:
+        output_path(args.png, "--png")
         full = load_topology(args.topology)
         gpus = _parse_gpus(args.gpus) if args.gpus else list(range(full.n))
         topology = full.subset(gpus, name=full.name if not args.gpus else "") if args.gpus else full
         result = plan(topology, args.collective, root=args.root, max_trees=args.max_trees,
                       tolerance=args.tolerance, cache=not args.no_cache)
-    except (TopologyError, PlanError) as e:
+    except (TopologyError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
@@ -61,6 +63,7 @@ def run(args) -> int:
             print("  (ranks are positions in --gpus: " + ", ".join(f"{i}=GPU{g}" for i, g in enumerate(gpus)) + ")")
     if args.png:
         draw(result, args.png, labels=[f"GPU{g}" for g in gpus])
+        wrote(args.png, "the trees")
     return 0
 
 
@@ -85,23 +88,29 @@ def draw(result, path: str, labels=None) -> None:
     for link in links:
         (x0, y0), (x1, y1) = pos[link.u], pos[link.v]
         ax.plot([x0, x1], [y0, y1], color="lightgray", lw=1 + link.bandwidth_gbps / 25, zorder=1)
-    colours = plt.get_cmap("tab20")
+    # distinct colours: tab10 while it lasts, then tab20
+    ntrees = len(result.trees)
+    cmap = plt.get_cmap("tab10" if ntrees <= 10 else "tab20")
+    colours = [cmap(i % cmap.N) for i in range(ntrees)]
+    name_of = (lambda r: labels[r]) if labels else (lambda r: str(r))
     for i, tree in enumerate(result.trees):
-        offset = 0.02 * (i - len(result.trees) / 2)
+        offset = 0.025 * (i - ntrees / 2)
         for path_nodes in tree.paths:
             for x, y in zip(path_nodes, path_nodes[1:]):
                 (x0, y0), (x1, y1) = pos[x], pos[y]
                 ax.annotate("", xy=(x1 + offset, y1 + offset), xytext=(x0 + offset, y0 + offset),
-                            arrowprops=dict(arrowstyle="->", color=colours(i % 20), lw=1.5), zorder=2)
-        ax.plot([], [], color=colours(i % 20), label=f"tree {i}: {tree.weight:.3g} GB/s, root {tree.root}")
+                            arrowprops=dict(arrowstyle="-|>", mutation_scale=16, color=colours[i],
+                                            lw=2, shrinkA=14, shrinkB=14), zorder=2)
+        ax.plot([], [], color=colours[i], lw=2,
+                label=f"tree {i}: {tree.weight:.3g} GB/s, root {name_of(tree.root)}")
     for node, (x, y) in pos.items():
         is_rank = node < n
-        name = (labels[node] if labels else str(node)) if is_rank else topology.switches[node - n]
-        ax.scatter([x], [y], s=500 if is_rank else 250, color="white", edgecolor="black",
+        name = name_of(node) if is_rank else topology.switches[node - n]
+        ax.scatter([x], [y], s=1100 if is_rank else 600, color="white", edgecolor="black",
                    marker="o" if is_rank else "s", zorder=3)
-        ax.text(x, y, name, ha="center", va="center", fontsize=8 if is_rank else 6, zorder=4)
+        ax.text(x, y, name, ha="center", va="center", fontsize=7 if is_rank else 5, zorder=4)
     ax.set_title(f"{result.collective} on {topology.name}: {result.rate_gbps:.4g} GB/s "
-                 f"(bound {result.bound_gbps:.4g}, ring {result.ring_rate_gbps:.4g}), family {result.family}")
+                 f"(bound {result.bound_gbps:.4g}, {result.ring_text()}), family {result.family}")
     ax.legend(loc="upper left", fontsize=7, bbox_to_anchor=(1.0, 1.0))
     ax.set_axis_off()
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -24,7 +24,7 @@ import jax
 from jax_blink import _ffi, settings
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, plan
 from jax_blink.schedule import DTYPES, lower_trees
-from jax_blink.topo import Topology, TopologyError
+from jax_blink.topo import Topology, TopologyError, load_topology
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
            "topology_for", "schedule_for", "launch_s", "record", "recent", "SUPPORTED_DTYPES"]
@@ -151,7 +151,7 @@ def topology_for(value, nranks: int) -> Topology:
     if value is None:
         source = settings.topology_source()
         if source:
-            value = Topology.from_json(source)
+            value = load_topology(source)  # a preset name or a JSON file
         elif jax.default_backend() == "gpu":
             value, why = _detected_allocation(nranks)
             if value is None:
@@ -193,7 +193,7 @@ def _describe(p, schedule) -> str:
     used = (f"{len(p.trees)} tree(s)" if schedule.ntrees == len(p.trees)
             else f"{schedule.ntrees} of {len(p.trees)} trees (the value is too small for more)")
     return (f"{p.family} plan on {p.topology.name}: {used}, "
-            f"rate {p.rate_gbps:.3g} GB/s (bound {p.bound_gbps:.3g}, ring {p.ring_rate_gbps:.3g}), "
+            f"rate {p.rate_gbps:.3g} GB/s (bound {p.bound_gbps:.3g}, {p.ring_text()}), "
             f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps")
 
 

@@ -47,9 +47,9 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         Not supported; raises NotImplementedError.
     topology : Topology, str or None
         The link topology of the reduced devices (a :class:`Topology` or a
-        preset name). Default: ``$JAX_BLINK_TOPOLOGY`` (a JSON file), else on
-        GPUs the detected allocation, else ``shm:N`` (devices sharing host
-        memory).
+        preset name). Default: ``$JAX_BLINK_TOPOLOGY`` (a preset name or a
+        topology JSON file), else on GPUs the detected allocation, else
+        ``shm:N`` (devices sharing host memory).
     min_bytes : int or None
         Per-device bytes (per dtype) below which ``lax.psum`` is used.
         Default: ``$JAX_BLINK_MIN_BYTES``, else 0 (only empty values).

@@ -34,6 +34,10 @@ FORMAT_VERSION = 1
 RATE_RTOL = 1e-6
 
 
+#: The plan families: how a tree's weight of data is reduced and broadcast.
+FAMILIES = {"tree": "each tree reduced up to its root and broadcast back down",
+            "rsag": "reduce-scatter + all-gather: every rank roots trees for its own slice"}
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Weighted spanning trees for one collective on one topology.
@@ -228,13 +232,26 @@ class Plan:
                            root=-1 if self.root is None else self.root, count=int(size_bytes) // itemsize,
                            dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees])
 
+    def ring_text(self) -> str:
+        """``"ring 85.7 GB/s"``, or ``"no NVLink/NVSwitch ring"`` where the fast
+        links join the ranks in no ring (the rings' rate is 0)."""
+        if self.ring_rate_gbps > 0:
+            return f"ring {self.ring_rate_gbps:.4g} GB/s"
+        return "no NVLink/NVSwitch ring"
+
+    def family_text(self) -> str:
+        """The family with what it means: ``"tree (reduce up, broadcast down)"``
+        or ``"rsag (reduce-scatter + all-gather)"``."""
+        return f"{self.family} ({FAMILIES.get(self.family, self.family)})"
+
     def summary(self) -> str:
         """Human-readable description: rate against bound and ring, then the trees."""
         lines = [f"{self.collective} on {self.topology.name} ({self.topology.n} ranks)"
                  + (f", root {self.root}" if self.root is not None else "")
-                 + f": family {self.family}, {len(self.trees)} tree(s) over {'/'.join(self.link_kinds)} links",
+                 + f": family {self.family_text()}, {len(self.trees)} tree(s) over "
+                 + f"{'/'.join(self.link_kinds)} links",
                  f"  rate {self.rate_gbps:.4g} GB/s   bound {self.bound_gbps:.4g} GB/s   "
-                 f"ring {self.ring_rate_gbps:.4g} GB/s   planned in {self.plan_seconds * 1e3:.0f} ms"]
+                 f"{self.ring_text()}   planned in {self.plan_seconds * 1e3:.0f} ms"]
         for i, t in enumerate(self.trees):
             edges = " ".join(f"{p}->{c}" for p, c in t.edges)
             lines.append(f"  tree {i}: weight {t.weight:.4g} GB/s, root {t.root}, depth {t.depth}: {edges}")

@@ -52,3 +52,27 @@ def test_python_dash_m_runs_both_commands():
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-2000:]
         assert res.stdout.strip(), argv
+
+
+def test_outputs_into_missing_folders_are_errors_before_any_work(capsys, tmp_path):
+    assert _cli(["plan", "--topology", "shm:4", "--png", str(tmp_path / "no" / "t.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_help_is_plain_text_and_the_png_path_is_printed(capsys, tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "jax_blink", "bench", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and ":func:" not in res.stdout and "``" not in res.stdout
+    png = tmp_path / "t.png"
+    assert _cli(["plan", "--topology", "shm:4", "--png", str(png)]) == 0
+    assert f"wrote the trees to {png}" in capsys.readouterr().err
+
+
+def test_no_ring_is_said_in_words(capsys):
+    assert _cli(["plan", "--topology", "shm:4"]) == 0
+    out = capsys.readouterr().out
+    assert "no NVLink/NVSwitch ring" in out and "ring 0 " not in out
+    assert "rsag (reduce-scatter + all-gather" in out or "tree (each tree reduced" in out

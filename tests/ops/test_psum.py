@@ -368,3 +368,18 @@ def test_a_function_called_several_times_pairs_each_call_with_itself():
     for _ in range(200):
         for k, out in enumerate(outer(*xs), 1):
             np.testing.assert_array_equal(np.asarray(out), want * k)
+
+
+def test_jax_blink_topology_takes_a_preset_name_or_a_file(monkeypatch, tmp_path):
+    x = jax.ShapeDtypeStruct((4096,), jnp.float32)
+    monkeypatch.setenv("JAX_BLINK_TOPOLOGY", "dgx1-v100")
+    assert "plan on dgx1-v100:" in jax_blink.explain(x, N)
+    path = tmp_path / "topo.json"
+    path.write_text(jax_blink.Topology.preset("pcie").to_json())
+    monkeypatch.setenv("JAX_BLINK_TOPOLOGY", str(path))
+    assert "plan on pcie:" in jax_blink.explain(x, N)
+
+
+def test_explain_words_instead_of_a_zero_ring():
+    text = jax_blink.explain(jax.ShapeDtypeStruct((4096,), jnp.float32), N)  # shm:8: no ring
+    assert "ring 0" not in text and "no NVLink/NVSwitch ring" in text
