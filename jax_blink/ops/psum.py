@@ -86,8 +86,14 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
                 f"{', '.join(_decide.SUPPORTED_DTYPES)} and bool. Use lax.psum for this value.")
         arrays.append(a)
 
-    reason = _decide.environment_reason(axes)
     nranks = lax.axis_size(axes)
+    if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        # Constants (Python numbers, numpy arrays) hold the same value on every
+        # device: as lax.psum does, multiply by the number of devices (weak
+        # types kept; no collective).
+        _decide.record(f"psum over {axes}: constants, multiplied by {nranks} as lax.psum does")
+        return treedef.unflatten([a * nranks for a in arrays])
+    reason = _decide.environment_reason(axes)
     if reason is not None:
         _decide.record(f"psum over {axes}: lax.psum ({reason})")
         return treedef.unflatten(lax.psum(arrays, axes))
@@ -100,8 +106,9 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         if missing:  # as lax.psum: a value not varying over an axis counts once per device
             a = lax.pcast(a, missing, to="varying")
         arrays[i] = a
-        by_type[(a.dtype, jax.typeof(a).manual_axis_type.varying)].append(i)
-    for (dtype, vma), idx in by_type.items():
+        aval = jax.typeof(a)  # weak-typed leaves stay apart so that they stay weak, as in lax
+        by_type[(a.dtype, aval.weak_type, aval.manual_axis_type.varying)].append(i)
+    for (dtype, _, vma), idx in by_type.items():
         count = sum(arrays[i].size for i in idx)
         decision = _decide.decide(count, np.dtype(dtype).name, nranks, topology=topology,
                                   min_bytes=min_bytes, chunks=chunks)

@@ -383,3 +383,22 @@ def test_jax_blink_topology_takes_a_preset_name_or_a_file(monkeypatch, tmp_path)
 def test_explain_words_instead_of_a_zero_ring():
     text = jax_blink.explain(jax.ShapeDtypeStruct((4096,), jnp.float32), N)  # shm:8: no ring
     assert "ring 0" not in text and "no NVLink/NVSwitch ring" in text
+
+
+def test_constants_and_weak_types_as_in_lax():
+    """Constants (Python numbers) are multiplied by the axis size, as lax.psum
+    does (so 8 x -0.0 stays -0.0), and weak-typed traced leaves stay weak
+    next to strong ones."""
+    mesh = mesh1d()
+    x = jax.device_put(np.ones((N, 4), np.int32), NamedSharding(mesh, P("x")))
+
+    def run(fn, tree):
+        f = jax.jit(jax.shard_map(lambda v: fn(tree(v), "x"), mesh=mesh, in_specs=P("x"),
+                                  out_specs=P()))
+        return jax.eval_shape(f, x), f(x)
+
+    for tree in (lambda v: (3, -0.0, 2.5), lambda v: (v, v[0] * 0 + 2, 3 + 0 * v[1])):
+        (ours_t, ours), (ref_t, ref) = run(jax_blink.psum, tree), run(lax.psum, tree)
+        assert [(t.dtype, t.weak_type) for t in ours_t] == [(t.dtype, t.weak_type) for t in ref_t]
+        for a, b in zip(ours, ref):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
