@@ -167,7 +167,6 @@ std::string StreamPlan::Build(const Schedule& s, uint32_t omit_bits) {
     item.op = st.op;
     item.link = st.peer;
     item.chunk = st.chunk;
-    item.step = i;
     item.base_input = st.first_write;
     item.src_begin = static_cast<int32_t>(R.srcs.size());
     for (int32_t m : group) R.srcs.push_back({rs.steps[m].peer, rs.steps[m].src_input});

@@ -144,7 +144,6 @@ struct StreamPlan {
     Op op = Op::kRecvCopy;
     int32_t link = -1;   // the peer whose link stream runs it
     int32_t chunk = -1;
-    int32_t step = -1;   // the (first) RECV step
     bool base_input = false;  // reduce: the base is the rank's input
     int32_t src_begin = 0, src_end = 0;    // into srcs, in summation order
     int32_t wait_begin = 0, wait_end = 0;  // into waits
