@@ -86,7 +86,12 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
                 f"{', '.join(_decide.SUPPORTED_DTYPES)} and bool. Use lax.psum for this value.")
         arrays.append(a)
 
-    nranks = lax.axis_size(axes)
+    try:
+        nranks = lax.axis_size(axes)
+    except NameError as e:
+        raise NameError(f"Found an unbound axis name in {axes}: {e}. jax_blink.psum is a "
+                        "collective: call it under `jax.shard_map` (or `jax.pmap`) with "
+                        "these axis names.") from None
     if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
         # Constants (Python numbers, numpy arrays) hold the same value on every
         # device: as lax.psum does, multiply by the number of devices (weak

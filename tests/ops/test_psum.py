@@ -402,3 +402,8 @@ def test_constants_and_weak_types_as_in_lax():
         assert [(t.dtype, t.weak_type) for t in ours_t] == [(t.dtype, t.weak_type) for t in ref_t]
         for a, b in zip(ours, ref):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_an_unbound_axis_says_to_call_it_under_shard_map():
+    with pytest.raises(NameError, match="call it under `jax.shard_map`"):
+        jax.jit(lambda v: jax_blink.psum(v, "nope"))(jnp.ones(3))
