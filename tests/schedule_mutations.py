@@ -26,7 +26,7 @@ import numpy as np
 from jax_blink.schedule import Schedule, ScheduleError, Step, lower_trees
 from jax_blink.schedule.constants import HEADER_WORDS, LIMITS, MAGIC
 
-__all__ = ["Layout", "seed_schedules", "mutate", "verdicts", "Verdict"]
+__all__ = ["Layout", "hand_built", "seed_schedules", "mutate", "mutated_cases", "verdicts", "Verdict"]
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 #: Values every field is tried with (the limits and their neighbours are added per field).
@@ -325,6 +325,15 @@ def mutate(rng: random.Random, s: Schedule) -> np.ndarray:
             w = _as_schedule_words(s)
             return _array(rng, _field_change(rng, s, w) if k < 0.85 else _truncate_or_extend(rng, w))
     return _array(rng, _as_schedule_words(s))
+
+
+def mutated_cases(seeds: dict, cases: int, seed: int):
+    """``(seed name, words)`` of ``cases`` mutations of randomly chosen ``seeds``, reproducibly from ``seed``."""
+    rng = random.Random(seed)
+    names = sorted(seeds)
+    for _ in range(cases):
+        name = rng.choice(names)
+        yield name, mutate(rng, seeds[name])
 
 
 # -------------------------------------------------------------- verdicts

@@ -19,12 +19,12 @@ import pytest
 from jax_blink import _ffi
 from jax_blink.schedule import Schedule, ScheduleError, Step
 from jax_blink.schedule.constants import LIMITS, MAGIC, MAX_COUNT, MAX_PROOF_WORDS, MAX_RANKS, MAX_TREES, MAX_WORDS
-from schedule_mutations import hand_built, mutate, seed_schedules, verdicts
+from schedule_mutations import hand_built, mutated_cases, seed_schedules, verdicts
 
 ext = _ffi.load_extension()
 
-#: mutated schedules per batch; four batches take a few seconds on a 2-core machine
-CASES = 1500
+#: mutated schedules per batch; the four batches take about 5 s on a 2-core machine
+CASES = 2000
 #: the last batch's seed changes every run (and is printed on failure); the others are fixed
 RANDOM_SEED = int(os.environ.get("JAX_BLINK_FUZZ_SEED", random.randrange(1 << 32)))
 
@@ -57,14 +57,10 @@ def test_seed_schedules_are_valid_on_both_sides(seeds):
         assert v.python is None and v.cpp is None, (name, v)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, RANDOM_SEED])
+@pytest.mark.parametrize("seed", [0, 1, 2, pytest.param(RANDOM_SEED, id="random")])
 def test_both_validators_give_the_same_verdict_on_mutated_schedules(seeds, seed):
-    rng = random.Random(seed)
-    names = sorted(seeds)
     disagreements, accepted = [], 0
-    for _ in range(CASES):
-        name = rng.choice(names)
-        words = mutate(rng, seeds[name])
+    for name, words in mutated_cases(seeds, CASES, seed):
         v = verdicts(words, ext)
         if not v.agree:
             disagreements.append((name, words.tolist()[:64], v))
@@ -179,6 +175,8 @@ def test_a_schedule_too_large_to_prove_is_refused_before_its_state_is_allocated(
     bytes of bookkeeping (8 GiB) before refusing the schedule, the Python
     validator 8.6 billion list entries. In 4 GiB of address space both refuse
     it by the proof-state limit."""
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("AddressSanitizer reserves terabytes of address space: no address-space limit applies")
     path = tmp_path / "words.npy"
     np.save(path, header(1 << 16, 1 << 17, 1 << 17))
     code = textwrap.dedent(f"""
