@@ -19,6 +19,7 @@ import pytest
 from jax_blink import _ffi
 from jax_blink.schedule import Schedule, ScheduleError, Step
 from jax_blink.schedule.constants import LIMITS, MAGIC, MAX_COUNT, MAX_PROOF_WORDS, MAX_RANKS, MAX_TREES, MAX_WORDS
+from numpy_executor import numpy_execute
 from schedule_mutations import hand_built, mutated_cases, seed_schedules, verdicts
 
 ext = _ffi.load_extension()
@@ -84,6 +85,20 @@ def test_a_valid_order_need_not_be_the_list_order():
     each list strictly in order would deadlock, but the dependencies allow
     the input SENDs first, as the executors run them (Python used to refuse it)."""
     both_accept(hand_built()["out-of-order"].encode())
+
+
+@pytest.mark.parametrize("name", ["exchange", "out-of-order", "broadcast", "one-rank"])
+def test_hand_built_schedules_compute_their_collective_on_the_executor_and_in_numpy(name):
+    """The schedules Python used to refuse are right: the CPU executor and the
+    numpy reference both compute them."""
+    s = hand_built()[name]
+    inputs = [np.arange(s.count).astype(s.dtype) * (r + 2) + r for r in range(s.nranks)]
+    want = inputs[s.root] if s.collective == "broadcast" else np.sum(inputs, axis=0).astype(s.dtype)
+    outputs = [np.zeros_like(x) for x in inputs]
+    assert _ffi.load_testing().run_ranks(s.encode(), inputs, outputs, 20000) == [None] * s.nranks
+    for out, ref in zip(outputs, numpy_execute(s, inputs)):
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(ref, want)
 
 
 def test_a_write_waits_for_the_receivers_of_the_accumulator_sent_before_it():
