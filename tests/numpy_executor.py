@@ -1,21 +1,26 @@
 """A reference executor for the planning tests: a schedule run on numpy arrays.
 
-Steps run in each rank's list order with value semantics (a RECV gets the
-value its SEND had when sent), as ``docs/schedule_format.md`` specifies.
+Each rank runs, in list order among those ready, any step whose
+dependencies are done (a RECV once its SEND is done), with value semantics
+(a RECV gets the value its SEND had when sent), as
+``docs/schedule_format.md`` specifies.
 """
 
 import numpy as np
 
 
 def numpy_execute(schedule, inputs):
-    """Run a schedule on numpy arrays, in list order, with value semantics."""
+    """Run a schedule on numpy arrays, any ready step first, with value semantics."""
     acc = [x.astype(np.float64).copy() for x in inputs]
-    sent, pos = {}, [0] * schedule.nranks
-    while any(p < len(s) for p, s in zip(pos, schedule.steps)):
+    sent = {}
+    done = [[False] * len(s) for s in schedule.steps]
+    left = sum(len(s) for s in schedule.steps)
+    while left:
         progressed = False
         for r, steps in enumerate(schedule.steps):
-            while pos[r] < len(steps):
-                s = steps[pos[r]]
+            for i, s in enumerate(steps):
+                if done[r][i] or not all(done[r][d] for d in s.deps):
+                    continue
                 lo, n = schedule.chunks[s.chunk]
                 if s.op == "SEND":
                     sent[(r, s.peer, s.chunk)] = acc[r][lo:lo + n].copy()
@@ -23,8 +28,9 @@ def numpy_execute(schedule, inputs):
                     v = sent[(s.peer, r, s.chunk)]
                     acc[r][lo:lo + n] = acc[r][lo:lo + n] + v if s.op == "RECV_REDUCE" else v
                 else:
-                    break
-                pos[r] += 1
+                    continue
+                done[r][i] = True
+                left -= 1
                 progressed = True
         assert progressed, "deadlock"
     return acc

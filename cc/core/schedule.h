@@ -23,6 +23,21 @@ inline constexpr int64_t kScheduleMagic = 0x4B4E494C42;  // "BLINK"
 inline constexpr int64_t kScheduleVersion = 1;
 inline constexpr int64_t kHeaderWords = 9;
 
+// The limits of docs/schedule_format.md ("Limits"), the same as the Python
+// validator's (jax_blink/schedule/constants.py). DecodeSchedule refuses a
+// schedule beyond one before allocating anything sized by it. They keep
+// every index in int32 and every product in int64.
+inline constexpr int64_t kMaxRanks = int64_t{1} << 16;
+inline constexpr int64_t kMaxCount = int64_t{1} << 48;
+inline constexpr int64_t kMaxChunks = int64_t{1} << 28;
+inline constexpr int64_t kMaxTrees = int64_t{1} << 28;
+inline constexpr int64_t kMaxStepsPerRank = int64_t{1} << 28;
+// Words of the flat encoding (so a rank's dependency lists index in int32).
+inline constexpr int64_t kMaxWords = int64_t{1} << 28;
+// Words of the symbolic proof's state, (nranks * nchunks + steps) *
+// ceil(nranks / 64): a schedule needing more cannot be proven and is refused.
+inline constexpr int64_t kMaxProofWords = int64_t{1} << 24;
+
 enum class Op : uint8_t { kSend = 0, kRecvReduce = 1, kRecvCopy = 2 };
 enum class Collective : uint8_t { kAllReduce = 0, kBroadcast = 1, kReduce = 2 };
 const char* OpName(Op op);

@@ -11,17 +11,6 @@ namespace jax_blink {
 
 namespace {
 
-// Hard limits that keep every index in int32 and every product in int64.
-constexpr int64_t kMaxRanks = 1 << 16;
-constexpr int64_t kMaxCount = int64_t{1} << 48;
-constexpr int64_t kMaxChunks = int64_t{1} << 28;
-constexpr int64_t kMaxTrees = int64_t{1} << 28;
-constexpr int64_t kMaxStepsPerRank = int64_t{1} << 28;
-// The symbolic check needs nranks * nchunks * ceil(nranks/64) words plus one
-// set per step; a schedule needing more cannot be proven and is refused
-// (docs/schedule_format.md, "Limits"; the Python validator refuses it too).
-constexpr int64_t kMaxSymbolicWords = int64_t{1} << 24;
-
 template <typename... Args>
 std::string Err(Args&&... args) {
   std::ostringstream os;
@@ -187,6 +176,10 @@ std::string ExecutionOrder(const Schedule& s, const GuardWrites& guard_write,
 std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
   Schedule& s = *out;
   if (words == nullptr && n > 0) return Err("null data");
+  if (n > static_cast<size_t>(kMaxWords)) {
+    return Err("the encoding has ", n, " words, more than the limit of ",
+               kMaxWords);
+  }
   if (n < static_cast<size_t>(kHeaderWords)) {
     return Err("array has ", n, " words, the header alone needs ",
                kHeaderWords);
@@ -226,11 +219,11 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
     return Err("unknown dtype code ", dtype);
   s.dtype = static_cast<DType>(dtype);
   if (s.nchunks < 1 || s.nchunks > s.count || s.nchunks > kMaxChunks) {
-    return Err("nchunks = ", s.nchunks, " (must be in [1, count = ", s.count,
-               "])");
+    return Err("nchunks = ", s.nchunks, " (must be in [1, min(count = ",
+               s.count, ", ", kMaxChunks, ")])");
   }
   if (s.ntrees < 1 || s.ntrees > kMaxTrees) {
-    return Err("ntrees = ", s.ntrees, " (must be >= 1)");
+    return Err("ntrees = ", s.ntrees, " (must be in [1, ", kMaxTrees, "])");
   }
   size_t pos = kHeaderWords;
   const size_t table_words = 2 * static_cast<size_t>(s.nchunks);
@@ -263,20 +256,32 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
                ")");
   }
   std::vector<int64_t> nsteps(s.nranks);
+  // Every step takes at least 5 words, so the steps all ranks claim must fit
+  // in the words after the step counts.
+  const int64_t step_words = static_cast<int64_t>(n - pos) - s.nranks;
   int64_t total = 0;
   for (int64_t r = 0; r < s.nranks; ++r) {
     nsteps[r] = words[pos++];
     if (nsteps[r] < 0 || nsteps[r] > kMaxStepsPerRank) {
-      return Err("rank ", r, " has ", nsteps[r], " steps");
-    }
-    // Every step takes at least 5 words.
-    if (nsteps[r] > static_cast<int64_t>((n - pos) / 5)) {
-      return Err("rank ", r, " claims ", nsteps[r], " steps but only ", n - pos,
-                 " words remain");
+      return Err("rank ", r, " has ", nsteps[r], " steps (must be in [0, ",
+                 kMaxStepsPerRank, "])");
     }
     total += nsteps[r];
+    if (total > step_words / 5) {
+      return Err("ranks 0..", r, " claim ", total, " steps but only ",
+                 step_words, " words remain for them");
+    }
   }
   s.total_steps = total;
+  // The later phases' state is at most proof-state-sized: refuse here,
+  // before any of it is allocated.
+  const int64_t set_words = (s.nranks + 63) / 64;
+  const int64_t proof_words = (s.nranks * s.nchunks + total) * set_words;
+  if (proof_words > kMaxProofWords) {
+    return Err("too large to verify: (nranks * nchunks + steps) * ceil(nranks / 64) = ",
+               proof_words, " words of proof state, more than the limit of ",
+               kMaxProofWords, " (use fewer ranks, chunks or steps)");
+  }
   s.step_base.resize(s.nranks + 1);
   s.ranks.resize(s.nranks);
   for (int64_t r = 0; r < s.nranks; ++r) {
@@ -285,9 +290,11 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
   s.step_base[s.nranks] = total;
 
   // ---- Steps -------------------------------------------------------------
+  std::vector<int32_t> listed_by;  // per step: the last step listing it as a dep
   for (int64_t r = 0; r < s.nranks; ++r) {
     RankSteps& rs = s.ranks[r];
     rs.steps.resize(nsteps[r]);
+    listed_by.assign(nsteps[r], -1);
     for (int64_t i = 0; i < nsteps[r]; ++i) {
       if (n - pos < 5) {
         return Err("array ends inside rank ", r, " step ", i);
@@ -318,8 +325,8 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
       }
       if (ndeps < 0 || ndeps > i) {
         return Err("rank ", r, " step ", i, ": ndeps = ", ndeps,
-                   " (a step can only depend on the ", i,
-                   " earlier steps of its rank)");
+                   " (deps are distinct earlier steps of the rank, and it has ",
+                   i, ")");
       }
       if (static_cast<int64_t>(n - pos) < ndeps) {
         return Err("array ends inside the deps of rank ", r, " step ", i);
@@ -340,6 +347,11 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
                      " is not an earlier step of the rank (deps must point "
                      "backwards)");
         }
+        if (listed_by[d] == i) {
+          return Err("rank ", r, " step ", i, ": dependency ", d,
+                     " is listed twice (deps must be distinct)");
+        }
+        listed_by[d] = static_cast<int32_t>(i);
         rs.deps.push_back(static_cast<int32_t>(d));
       }
       st.deps_end = static_cast<int32_t>(rs.deps.size());
@@ -521,14 +533,8 @@ std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_write) {
   std::vector<int64_t> topo;
   std::string err = ExecutionOrder(s, guard_write, &topo);
   if (!err.empty()) return err;
+  // DecodeStructure refused a schedule whose state exceeds kMaxProofWords.
   const int64_t set_words = (s.nranks + 63) / 64;
-  const int64_t state_words =
-      s.nranks * s.nchunks * set_words + total * set_words;
-  if (state_words > kMaxSymbolicWords) {
-    return Err("too large to verify: (nranks * nchunks + steps) * ceil(nranks / 64) = ",
-               state_words, " words of proof state, more than the limit of ",
-               kMaxSymbolicWords, " (use fewer ranks, chunks or steps)");
-  }
   {
     std::vector<uint64_t> acc(s.nranks * s.nchunks * set_words, 0);
     std::vector<uint64_t> snap(total * set_words, 0);

@@ -1,5 +1,6 @@
 // The phases of DecodeSchedule (core/schedule.h), the same as the Python
-// validator's (jax_blink/schedule.py, Schedule.validate): structure,
+// validator's (jax_blink/schedule/validate.py, Schedule.validate), which
+// accepts exactly the same schedules: structure (with the limits),
 // matching SENDs to RECVs, the determinism rule, a symbolic run. DecodeSchedule
 // calls them in this order; each assumes that the earlier ones passed,
 // returns "" or the error ("invalid jax_blink schedule: ...") and fills in
@@ -22,9 +23,11 @@ namespace jax_blink {
 using GuardWrites = std::vector<std::vector<int32_t>>;
 
 // 1. Structure: decodes the header, the chunk table and the steps of `n`
-// words into *s, checking every field's range, the contiguous chunk
-// partition, dependencies that point backwards and the array's length; then
-// builds the successor lists. *s must be a default Schedule.
+// words into *s, checking the limits of schedule.h before allocating
+// anything sized by them, every field's range, the contiguous chunk
+// partition, dependencies that are distinct and point backwards and the
+// array's length; then builds the successor lists. *s must be a default
+// Schedule.
 std::string DecodeStructure(const int64_t* words, size_t n, Schedule* s);
 
 // 2. Matching: every (sender, receiver, chunk) has exactly one SEND and one
@@ -41,8 +44,8 @@ std::string CheckDeterminism(Schedule* s, GuardWrites* guard_writes);
 // 4. Symbolic run: the steps can all complete (no cycle through the
 // dependencies, the SEND->RECV matching and the guard waits), and executing
 // them on sets of contributing ranks counts every contribution exactly once
-// and leaves each rank with what the collective promises. The set execution
-// is skipped for schedules too large for it (the Python validator runs it).
+// and leaves each rank with what the collective promises. Its state is
+// bounded by kMaxProofWords (checked by DecodeStructure).
 std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_writes);
 
 }  // namespace jax_blink

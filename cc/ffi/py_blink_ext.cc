@@ -34,6 +34,20 @@ py::dict ValidateSchedule(const py::object& obj) {
   return d;
 }
 
+// The limits of docs/schedule_format.md, named as the Python validator's
+// jax_blink.schedule.constants.LIMITS (a test compares them).
+py::dict ScheduleLimits() {
+  py::dict d;
+  d["ranks"] = kMaxRanks;
+  d["count"] = kMaxCount;
+  d["chunks"] = kMaxChunks;
+  d["trees"] = kMaxTrees;
+  d["steps per rank"] = kMaxStepsPerRank;
+  d["words"] = kMaxWords;
+  d["proof state"] = kMaxProofWords;
+  return d;
+}
+
 void Configure(int64_t spin, int64_t yield_us, bool push, int64_t nt_bytes,
                int64_t hugepage_bytes, bool debug) {
   ExecTunables t;
@@ -83,6 +97,10 @@ PYBIND11_MODULE(_blink_ext, m) {
   m.def("validate_schedule", &ValidateSchedule, py::arg("schedule"),
         "Decodes and validates an encoded schedule (1-D int64). Returns a dict "
         "of its header fields; raises ValueError with the reason otherwise.");
+  m.def("schedule_limits", &ScheduleLimits,
+        "The limits the schedule validator enforces (docs/schedule_format.md, "
+        "\"Limits\"): {'ranks', 'count', 'chunks', 'trees', 'steps per rank', "
+        "'words', 'proof state'}.");
   m.def("configure", &Configure, py::kw_only(), py::arg("spin"), py::arg("yield_us"),
         py::arg("push"), py::arg("nt_bytes"), py::arg("hugepage_bytes"), py::arg("debug"),
         "Sets the CPU executor's settings (jax_blink's settings module passes them; "

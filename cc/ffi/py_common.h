@@ -38,21 +38,19 @@ inline pybind11::dict FfiTypes(const char* name, void* type_id, void* type_info)
   return d;
 }
 
-// The decoded and validated schedule of `obj` (a 1-D integer numpy array or
-// sequence). Raises TypeError for non-integer data, ValueError with the
-// validator's message otherwise.
+// The decoded and validated schedule of `obj` (a 1-D int64 numpy array, or a
+// sequence numpy reads as one). Raises TypeError for another dtype,
+// ValueError with the validator's message otherwise.
 inline Schedule ScheduleFromPython(const pybind11::handle& obj) {
   namespace py = pybind11;
   py::module_ np = py::module_::import("numpy");
   py::object arr = np.attr("asarray")(obj);
   py::object dtype = arr.attr("dtype");
+  // Only int64, as the Python decoder (Schedule.decode): uint64 would wrap,
+  // and no narrower type can hold the magic word.
   if (!dtype.equal(np.attr("dtype")("int64"))) {
-    if (py::str(dtype.attr("kind")).cast<std::string>() != "i" &&
-        py::str(dtype.attr("kind")).cast<std::string>() != "u") {
-      throw py::type_error("a schedule must be an int64 array, got dtype " +
-                           py::str(dtype).cast<std::string>());
-    }
-    arr = arr.attr("astype")("int64");
+    throw py::type_error("a schedule must be an int64 array, got dtype " +
+                         py::str(dtype).cast<std::string>());
   }
   if (py::cast<int>(arr.attr("ndim")) != 1) {
     throw py::value_error("a schedule must be a 1-D int64 array");

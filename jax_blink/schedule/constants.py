@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "HEADER_WORDS", "OPS", "OP_CODE", "COLLECTIVES", "COLLECTIVE_CODE",
-           "DTYPES", "DTYPE_BY_CODE", "ScheduleError", "dtype_name"]
+           "DTYPES", "DTYPE_BY_CODE", "MAX_RANKS", "MAX_COUNT", "MAX_CHUNKS", "MAX_TREES", "MAX_STEPS_PER_RANK",
+           "MAX_WORDS", "MAX_PROOF_WORDS", "LIMITS", "ScheduleError", "dtype_name"]
 
 FORMAT_VERSION = 1
 MAGIC = 0x4B4E494C42  # "BLINK" in ASCII, little-endian
@@ -31,6 +32,21 @@ DTYPES = {
     "uint32": (6, 4),
 }
 DTYPE_BY_CODE = {code: name for name, (code, _) in DTYPES.items()}
+
+# The limits of docs/schedule_format.md ("Limits"), the same in cc/core/validate.cc.
+# Both validators refuse a schedule beyond one before allocating anything sized by it.
+MAX_RANKS = 1 << 16
+MAX_COUNT = 1 << 48
+MAX_CHUNKS = 1 << 28
+MAX_TREES = 1 << 28
+MAX_STEPS_PER_RANK = 1 << 28
+#: length of the flat encoding (keeps every index into it, and every dependency list, in int32)
+MAX_WORDS = 1 << 28
+#: words of the symbolic proof's state: (nranks * nchunks + steps) * ceil(nranks / 64)
+MAX_PROOF_WORDS = 1 << 24
+#: the limits by the name error messages give them
+LIMITS = {"ranks": MAX_RANKS, "count": MAX_COUNT, "chunks": MAX_CHUNKS, "trees": MAX_TREES,
+          "steps per rank": MAX_STEPS_PER_RANK, "words": MAX_WORDS, "proof state": MAX_PROOF_WORDS}
 
 
 class ScheduleError(ValueError):

@@ -4,7 +4,7 @@ A :class:`Schedule` lists, for every rank, the ordered steps (send, receive-and-
 reduce, receive-and-copy of one chunk) that together perform one collective;
 it is the contract between the planner and the executors.
 ``docs/schedule_format.md`` is the specification; this module and
-``cc/schedule.cc`` both implement it. Validation lives in
+``cc/core/schedule.cc`` both implement it. Validation lives in
 :mod:`jax_blink.schedule.validate`, lowering trees into schedules in
 :mod:`jax_blink.schedule.lower`.
 
@@ -119,18 +119,22 @@ class Schedule:
     def validate(self) -> "Schedule":
         """Prove the schedule computes its collective; return ``self``.
 
-        Checks the structure (chunk partition, indices in range, dependencies
+        Checks the limits of ``docs/schedule_format.md`` and the structure
+        (chunk partition, indices in range, dependencies distinct and
         pointing backwards, one-to-one SEND/RECV matching), the determinism
-        rule of ``docs/schedule_format.md`` (steps of a rank touching the same
-        chunk are ordered by dependencies unless both are SENDs), the routes
-        if any, then executes the schedule symbolically, each rank running its
-        steps in list order and waiting, as the executors do, until receivers
-        have read a chunk before overwriting it. Each accumulator is the set
-        of ranks whose input it contains; a ``RECV_REDUCE`` of overlapping
-        sets means a contribution counted twice. At the end every rank
-        (allreduce), the root (reduce), or every rank holding exactly
-        ``{root}`` (broadcast) is checked for every chunk. The phases are the
-        functions of :mod:`jax_blink.schedule.validate`.
+        rule (steps of a rank touching the same chunk are ordered by
+        dependencies unless both are SENDs), the routes if any, then that the
+        steps can all run as the executors run them (a step once its
+        dependencies are done, a RECV once its SEND is done, a write of a
+        chunk once the receivers of the accumulator value sent before it have
+        read it) and executes them symbolically in such an order. Each
+        accumulator is the set of ranks whose input it contains; a
+        ``RECV_REDUCE`` of overlapping sets means a contribution counted
+        twice. At the end every rank (allreduce), the root (reduce), or every
+        rank holding exactly ``{root}`` (broadcast) is checked for every
+        chunk. The phases are the functions of
+        :mod:`jax_blink.schedule.validate`; the C++ decoder accepts exactly
+        the same schedules.
 
         Raises
         ------
@@ -159,14 +163,18 @@ class Schedule:
     def decode(cls, array) -> "Schedule":
         """Read back an array produced by :meth:`encode` (structure only;
         call :meth:`validate` for the proof of correctness). The result
-        carries no routes: the encoding has none."""
+        carries no routes: the encoding has none.
+
+        ``array`` is a 1-D int64 array (as for the C++ decoder: no other
+        type can hold the magic word); one longer than the words limit of
+        ``docs/schedule_format.md`` is refused before it is read."""
         a = np.asarray(array)
         if a.ndim != 1 or a.dtype != np.int64:
             raise ScheduleError(f"expected a 1-D int64 array, got {a.dtype} with shape {a.shape}")
-        w = a.tolist()
-        if len(w) < HEADER_WORDS:
-            raise ScheduleError(f"array of {len(w)} words is shorter than the {HEADER_WORDS}-word header")
-        magic, version, nranks, count, coll, root, dtype_code, nchunks, ntrees = w[:HEADER_WORDS]
+        _validate.check_words(len(a))
+        if len(a) < HEADER_WORDS:
+            raise ScheduleError(f"array of {len(a)} words is shorter than the {HEADER_WORDS}-word header")
+        magic, version, nranks, count, coll, root, dtype_code, nchunks, ntrees = a[:HEADER_WORDS].tolist()
         if magic != MAGIC:
             raise ScheduleError(f"bad magic {magic:#x}: not a jax_blink schedule")
         if version != FORMAT_VERSION:
@@ -175,8 +183,8 @@ class Schedule:
             raise ScheduleError(f"unknown collective code {coll}")
         if dtype_code not in DTYPE_BY_CODE:
             raise ScheduleError(f"unknown dtype code {dtype_code}")
-        if nranks < 1 or nchunks < 1:
-            raise ScheduleError(f"nranks {nranks} and nchunks {nchunks} must be >= 1")
+        _validate.check_header(nranks, count, nchunks, ntrees)
+        w = a.tolist()  # after the header's checks: a large array that is no schedule is not read
         pos = HEADER_WORDS
 
         def take(k):
