@@ -24,7 +24,7 @@ import math
 import os
 import sys
 
-from jax_blink.cli import allocations, output_path, plain, wrote
+from jax_blink.cli.common import allocations, output_path, plain, wrote
 from jax_blink.cli.sizes import format_size, parse_sizes
 from jax_blink.sim import SimModel, compare, sweep_subsets
 from jax_blink.topo import load_topology

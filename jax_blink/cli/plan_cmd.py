@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from jax_blink.cli import output_path, plain, wrote
+from jax_blink.cli.common import output_path, plain, wrote
 from jax_blink.planning import COLLECTIVES, PlanError, plan
 from jax_blink.topo import TopologyError, load_topology
 
