@@ -45,7 +45,7 @@ from ..topo import Topology
 from . import cache as plan_cache
 from .bounds import certified_bound
 from .errors import PlanError
-from .fewest import exact_weights, fewest_trees
+from .fewest import exact_weights, fewest_trees, lp_support
 from .packing import Packer
 from .result import RATE_RTOL, Plan
 from .rings import best_rings
@@ -176,6 +176,9 @@ def _pack(graph, collective, family, root, max_trees, tolerance):
         # the time-limited MILP may do better aiming at the optimum itself
         candidates.append(exact_weights(packer, fewest_trees(packer, lp_rate * (1 - 1e-9), None)))
     reaching = [c for c in candidates if c[0] >= target]
+    if not reaching and max_trees is None:  # the time-limited MILP fell short: the LP's own trees do not
+        candidates.append(exact_weights(packer, lp_support(packer)))
+        reaching = [c for c in candidates if c[0] >= target]
     best = (min(reaching, key=lambda c: (len(c[1]), -c[0])) if reaching
             else max(candidates, key=lambda c: (c[0], -len(c[1]))))
     return lp_rate, best[0], best[1], arc_price
