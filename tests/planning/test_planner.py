@@ -194,7 +194,7 @@ def test_corrupt_cache_file_is_ignored_and_rewritten():
     clear_memory_cache()
     again = plan(t)
     assert again.trees == first.trees
-    assert json.loads(files[0].read_text())["format"] == "jax_blink.plan"
+    assert json.loads(files[0].read_text())["format"] == "jax_blink.plan_cache"
 
 
 def test_plan_json_round_trip_and_tampering_is_caught():
@@ -258,3 +258,36 @@ def test_planning_never_imports_jax():
                          env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# ------------------------------------------------------- large or extreme inputs
+def test_more_ranks_than_the_limit_are_refused_before_any_work():
+    from jax_blink.planning import MAX_RANKS
+    t = Topology.preset(f"shm:{MAX_RANKS + 1}")
+    start = time.perf_counter()
+    with pytest.raises(PlanError, match=f"shm:{MAX_RANKS + 1} has {MAX_RANKS + 1} ranks; plan\\(\\) plans "
+                                        f"for at most {MAX_RANKS} ranks"):
+        plan(t)
+    assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("links, rate", [
+    ([(0, 1, 1e-6), (1, 2, 1e6), (0, 2, 1e6, "pcie")], 1e-6),  # NVLink's bottleneck 12 decades below the rest
+    ([(0, 1, 1e-6), (1, 2, 1e-6)], 1e-6),
+    ([(0, 1, 1e6), (1, 2, 1e6), (0, 2, 1e6)], None),
+    ([(0, 3, 1e6, "shm"), (1, 3, 1e6, "shm"), (2, 3, 1e-3, "shm")], None),  # one slow port on a switch
+], ids=["bottleneck", "all-slow", "all-fast", "slow-port"])
+@pytest.mark.parametrize("collective, root", [("allreduce", None), ("broadcast", 0), ("reduce", 2)])
+def test_extreme_bandwidths_plan_to_the_bound(links, rate, collective, root):
+    t = Topology.from_links(3, links, ["switch"] if len(links[0]) == 4 and links[0][3] == "shm" else [])
+    p = plan(t, collective, root=root, cache=False)
+    assert p.rate_gbps == pytest.approx(p.bound_gbps, rel=1e-6)
+    if rate is not None:
+        assert p.rate_gbps == pytest.approx(rate, rel=1e-6)
+
+
+def test_a_milp_without_a_solution_in_time_falls_back_to_the_lp_trees(monkeypatch):
+    from jax_blink.planning import fewest
+    monkeypatch.setattr(fewest, "MILP_TIME_LIMIT_S", 1e-9)  # the MILP stops before any incumbent
+    p = plan(Topology.preset("dgx1-v100"), cache=False)
+    assert p.rate_gbps == pytest.approx(600 / 7, rel=1e-9)
