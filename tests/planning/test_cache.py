@@ -24,14 +24,6 @@ from numpy_executor import numpy_execute
 SHM8 = Topology.preset("shm:8")
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path / "cache"))
-    clear_memory_cache()
-    yield
-    clear_memory_cache()
-
-
 def key_of(topology, collective="allreduce", root=None, max_trees=None, tolerance=0.0):
     return cache.cache_key(topology, (collective, root, max_trees, tolerance))
 

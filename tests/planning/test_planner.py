@@ -20,14 +20,6 @@ from jax_blink.schedule import Schedule
 from jax_blink.topo import Topology
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path / "cache"))
-    clear_memory_cache()
-    yield
-    clear_memory_cache()
-
-
 # ------------------------------------------------------------ reference values
 def test_full_dgx1v_allreduce_is_600_over_7_gbps():
     p = plan(Topology.preset("dgx1-v100"))
