@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 
 import numpy as np
@@ -119,7 +120,7 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     if max_trees is not None and (isinstance(max_trees, bool) or not isinstance(max_trees, (int, np.integer))
                                   or max_trees < 1):
         raise PlanError(f"max_trees must be a positive integer or None, got {max_trees!r}")
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not 0 <= tolerance < 1:
         raise PlanError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
     max_trees = None if max_trees is None else int(max_trees)
     tolerance = float(tolerance)

@@ -106,9 +106,15 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
         root = -1
     elif any(t.root != root for t in trees):
         raise ScheduleError(f"every {collective} tree must be rooted at {root}")
-    per_tree_chunks = [chunks] * len(trees) if isinstance(chunks, (int, np.integer)) else list(chunks)
-    if len(per_tree_chunks) != len(trees) or min(per_tree_chunks) < 1:
-        raise ScheduleError(f"chunks must be a positive int or one positive int per tree, got {chunks!r}")
+    def positive_int(k):
+        return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)) and k >= 1
+
+    per_tree_chunks = ([chunks] * len(trees) if isinstance(chunks, (int, np.integer, bool, np.bool_))
+                       else list(chunks) if isinstance(chunks, (list, tuple, np.ndarray)) else None)
+    if per_tree_chunks is None or len(per_tree_chunks) != len(trees) \
+            or not all(positive_int(k) for k in per_tree_chunks):
+        raise ScheduleError(f"chunks must be a positive int or one positive int per tree ({len(trees)}), "
+                            f"got {chunks!r:.60}")
     per_tree_routes = [None] * len(trees) if routes is None else [tuple(map(tuple, r)) for r in routes]
     if len(per_tree_routes) != len(trees):
         raise ScheduleError(f"routes lists {len(per_tree_routes)} trees, expected one per tree ({len(trees)})")

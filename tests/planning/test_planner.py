@@ -165,6 +165,13 @@ def test_bad_message_size_is_named(size):
         plan(Topology.preset("shm:2")).lower(size, "float32")
 
 
+@pytest.mark.parametrize("chunks", [0, True, 1.5, "4", [1, 2], {"a": 1}])
+def test_bad_chunk_counts_are_named(chunks):
+    from jax_blink.schedule import ScheduleError
+    with pytest.raises(ScheduleError, match=r"chunks must be a positive int or one positive int per tree \(3\)"):
+        plan(Topology.preset("shm:3")).lower(4000, "float32", chunks=chunks)
+
+
 # ------------------------------------------------------------------ caching
 def test_warm_lookup_is_fast_and_survives_the_process_cache(tmp_path):
     t = Topology.preset("dgx1-v100").subset([0, 1, 3, 6])
