@@ -17,9 +17,9 @@ from ..schedule.constants import COLLECTIVES
 from .cache import cache_dir, clear_memory_cache
 from .cost import CUDA_LAUNCH_SECONDS, LATENCY_US, MAX_CHUNKS_PER_TREE
 from .errors import PlanError
-from .planner import plan
+from .planner import MAX_RANKS, plan
 from .result import Plan
 from .tree import Tree
 
 __all__ = ["plan", "Plan", "Tree", "PlanError", "COLLECTIVES", "CUDA_LAUNCH_SECONDS", "LATENCY_US",
-           "MAX_CHUNKS_PER_TREE", "cache_dir", "clear_memory_cache"]
+           "MAX_CHUNKS_PER_TREE", "MAX_RANKS", "cache_dir", "clear_memory_cache"]

@@ -1,10 +1,29 @@
 """The plan cache: plans kept in process and on disk, keyed by topology and options.
 
 The disk cache lives in ``$JAX_BLINK_CACHE_DIR``, else
-``$XDG_CACHE_HOME/jax_blink``, else ``~/.cache/jax_blink``; entries are plan
-JSON files, written atomically. A missing, corrupt or foreign entry is
-planned afresh and overwritten; an unwritable directory only costs planning
-time.
+``$XDG_CACHE_HOME/jax_blink``, else ``~/.cache/jax_blink``. An entry,
+``plan-<hash of its key>.json``, is a ``"jax_blink.plan_cache"`` JSON object
+holding
+
+* ``"key"``: everything the plan answers (:func:`cache_key`: cache and plan
+  format versions, topology fingerprint, the link kinds planned over,
+  collective, root, ``max_trees``, ``tolerance``);
+* ``"certificate"``: the packing LPs' arc prices, from which
+  :func:`~jax_blink.planning.bounds.certified_bound` recomputes the plan's
+  bound (any non-negative prices give a valid bound, so a certificate cannot
+  be forged to excuse a slow plan);
+* ``"plan"``: the plan's JSON.
+
+An entry is used only if :func:`check_entry` accepts it: the key matches,
+the plan passes :meth:`~jax_blink.planning.Plan.check` and answers the key,
+its bound is the one the certificate proves and, without ``max_trees``, its
+rate reaches that bound (less ``tolerance``). Anything else (a missing,
+corrupt, truncated, foreign, other-version, edited or other-options entry, or
+a FIFO or device in its place, which is never opened for a blocking read) is
+planned afresh and rewritten atomically (a temporary file in the same
+directory, then ``os.replace``, so concurrent processes never see a partial
+entry). An unwritable directory or a read-only entry only costs planning
+time: the plan is not saved, and a warning is logged.
 
 Pure Python: never imports jax.
 """
@@ -13,17 +32,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from .. import settings
-from .result import FORMAT_VERSION, Plan
+from .._jsonio import parse_json, read_document, read_text_file
+from .bounds import certified_bound
+from .errors import PlanError
+from .result import FORMAT_VERSION, RATE_RTOL, Plan
 
-__all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "CACHE_VERSION"]
+__all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "check_entry", "entry_path",
+           "CACHE_VERSION", "ENTRY_FORMAT"]
 
-#: Bumped whenever planning changes its results; part of every cache key.
-CACHE_VERSION = 1
+#: Bumped whenever planning changes its results or the entry format; part of every cache key.
+CACHE_VERSION = 2
+#: The ``"format"`` of a cache entry.
+ENTRY_FORMAT = "jax_blink.plan_cache"
+
+logger = logging.getLogger(__name__)
 
 _MEMORY_CACHE: dict = {}
 
@@ -38,44 +70,169 @@ def clear_memory_cache() -> None:
     _MEMORY_CACHE.clear()
 
 
-def _key(fingerprint, collective, root, max_trees, tolerance) -> str:
-    options = {"cache_version": CACHE_VERSION, "plan_format": FORMAT_VERSION, "topology": fingerprint,
-               "collective": collective, "root": root, "max_trees": max_trees, "tolerance": tolerance}
-    return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:32]
+def cache_key(topology, options: tuple) -> dict:
+    """Everything a cached plan for ``topology`` and ``options`` (``collective, root,
+    max_trees, tolerance``) must answer, as a JSON object."""
+    collective, root, max_trees, tolerance = options
+    return {"cache_version": CACHE_VERSION, "plan_format": FORMAT_VERSION, "topology": topology.fingerprint(),
+            "link_kinds": list(topology.planning_kinds()), "collective": collective, "root": root,
+            "max_trees": max_trees, "tolerance": tolerance}
 
 
-def _disk_load(path: Path, fingerprint: str):
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def entry_path(key: dict) -> Path:
+    """Where the disk cache keeps the entry for ``key``."""
+    return cache_dir() / f"plan-{_digest(key)}.json"
+
+
+def check_entry(entry, key: dict) -> Plan:
+    """The plan of a cache entry, if the entry answers ``key`` and its plan holds up.
+
+    Parameters
+    ----------
+    entry : dict or str
+        The entry (or its JSON text).
+    key : dict
+        :func:`cache_key` of the request.
+
+    Raises
+    ------
+    PlanError
+        Naming the first check that fails: the format and version, the key,
+        the plan's invariants (:meth:`Plan.check`), its collective, root,
+        topology, link kinds and tree count, its bound against the
+        certificate, and its rate against that bound.
+    """
+    data = read_document(entry, fmt=ENTRY_FORMAT, version=CACHE_VERSION, error=PlanError,
+                         what="plan cache entry")
+    found = data.get("key")
+    if found != key:
+        differ = sorted(k for k in key if k not in found or found[k] != key[k]) if isinstance(found, dict) else []
+        raise PlanError("the entry answers other options" + (f" ({', '.join(differ)} differ)" if differ else ""))
+    if not isinstance(data.get("plan"), dict):
+        raise PlanError("the entry holds no plan object")
+    plan = Plan.from_json(data["plan"])  # checks the plan's invariants
+    collective, root = key["collective"], key["root"]
+    if plan.topology.fingerprint() != key["topology"]:
+        raise PlanError("the plan is for another topology")
+    if plan.collective != collective or plan.root != root:
+        raise PlanError(f"the plan is for {plan.collective} (root {plan.root}), not {collective} (root {root})")
+    if list(plan.link_kinds) != key["link_kinds"]:
+        raise PlanError(f"the plan uses {'/'.join(plan.link_kinds)} links, not {'/'.join(key['link_kinds'])}")
+    if key["max_trees"] is not None and len(plan.trees) > key["max_trees"]:
+        raise PlanError(f"the plan has {len(plan.trees)} trees, more than max_trees={key['max_trees']}")
+    prices = data.get("certificate")
+    graph = plan.topology.link_graph(plan.link_kinds)
+    if (not isinstance(prices, list) or not prices
+            or not all(isinstance(y, list) and len(y) == len(graph.arcs) for y in prices)):
+        raise PlanError(f"the certificate is not a list of {len(graph.arcs)} arc prices per family")
     try:
-        cached = Plan.from_json(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None  # missing or corrupt: plan afresh and overwrite
-    return cached if cached.topology.fingerprint() == fingerprint else None
-
-
-def _disk_store(path: Path, result: Plan) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plan-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            f.write(result.to_json())
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache only costs planning time
+        prices = [np.asarray(y, dtype=float) for y in prices]
+    except (TypeError, ValueError):
+        raise PlanError("the certificate's arc prices are not numbers") from None
+    if not all(np.isfinite(y).all() for y in prices):
+        raise PlanError("the certificate's arc prices are not finite")
+    bound = certified_bound(graph, collective, root, prices)
+    if not math.isclose(plan.bound_gbps, bound, rel_tol=RATE_RTOL):
+        raise PlanError(f"the plan's bound {plan.bound_gbps:.6g} GB/s is not the {bound:.6g} GB/s its "
+                        f"certificate proves")
+    floor = bound * (1.0 - key["tolerance"]) * (1.0 - RATE_RTOL)
+    if key["max_trees"] is None and plan.rate_gbps < floor:
+        raise PlanError(f"the plan's rate {plan.rate_gbps:.6g} GB/s is below the certified bound "
+                        f"{bound:.6g} GB/s" + (f" less tolerance {key['tolerance']}" if key["tolerance"] else ""))
+    return plan
 
 
 def lookup(topology, options: tuple):
     """The cached plan for ``topology`` and ``options`` (``collective, root, max_trees,
-    tolerance``), or None; a plan found on disk is kept in memory too."""
-    fingerprint = topology.fingerprint()
-    key = _key(fingerprint, *options)
-    cached = _MEMORY_CACHE.get(key) or _disk_load(cache_dir() / f"plan-{key}.json", fingerprint)
-    if cached is not None:
-        _MEMORY_CACHE[key] = cached
+    tolerance``), or None; a plan found on disk is kept in memory too.
+
+    A disk entry that :func:`check_entry` refuses is logged (a warning naming
+    the reason) and ignored, so that the caller plans afresh and
+    :func:`store` replaces it.
+    """
+    key = cache_key(topology, options)
+    digest = _digest(key)
+    cached = _MEMORY_CACHE.get(digest)
+    if cached is None:
+        cached = _disk_load(entry_path(key), key)
+        if cached is not None:
+            _MEMORY_CACHE[digest] = cached
     return cached
 
 
-def store(result: Plan, options: tuple) -> None:
-    """Keep ``result``, planned with ``options``, in memory and on disk."""
-    key = _key(result.topology.fingerprint(), *options)
-    _MEMORY_CACHE[key] = result
-    _disk_store(cache_dir() / f"plan-{key}.json", result)
+def store(result: Plan, options: tuple, certificate) -> None:
+    """Keep ``result``, planned with ``options``, in memory and on disk.
+
+    Parameters
+    ----------
+    result : Plan
+    options : tuple
+        ``collective, root, max_trees, tolerance``.
+    certificate : sequence of array_like
+        The arc prices its bound was certified with (one array per family packed).
+    """
+    key = cache_key(result.topology, options)
+    _MEMORY_CACHE[_digest(key)] = result
+    entry = {"format": ENTRY_FORMAT, "version": CACHE_VERSION, "key": key,
+             "certificate": [[float(p) for p in y] for y in certificate], "plan": result.to_dict()}
+    _disk_store(entry_path(key), json.dumps(entry))
+
+
+def _disk_load(path: Path, key: dict):
+    """The checked plan at ``path``, or None (missing, or refused with a warning)."""
+    try:
+        text = read_text_file(path, error=PlanError, what="plan cache entry", missing_ok=True)
+        if text is None:
+            return None
+        return check_entry(parse_json(text, error=PlanError, what="plan cache entry"), key)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:  # PlanError, TopologyError
+        logger.warning("jax_blink plan cache: ignoring %s and planning afresh: %s", path, e)
+        return None
+
+
+def _not_saved(path: Path, why: str) -> None:
+    logger.warning("jax_blink plan cache: cannot save %s (%s); the plan is not cached on disk", path, why)
+
+
+def _read_only(info: os.stat_result, path: Path) -> bool:
+    return not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK)
+
+
+def _disk_store(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, or log why not."""
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if _read_only(os.stat(directory), directory):
+            return _not_saved(path, "the cache directory is read-only")
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            info = None
+    except OSError as e:
+        return _not_saved(path, e.strerror or str(e))
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        return _not_saved(path, "a directory is in its place")
+    if info is not None and stat.S_ISREG(info.st_mode) and _read_only(info, path):
+        return _not_saved(path, "the entry is read-only")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".plan-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        _not_saved(path, e.strerror or str(e))
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

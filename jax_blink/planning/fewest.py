@@ -18,7 +18,7 @@ import numpy as np
 from .errors import PlanError
 from .tree import Tree
 
-__all__ = ["fewest_trees", "exact_weights", "MILP_TIME_LIMIT_S"]
+__all__ = ["fewest_trees", "lp_support", "exact_weights", "MILP_TIME_LIMIT_S"]
 
 #: Time limit of each MILP solve; the solver keeps its best incumbent.
 MILP_TIME_LIMIT_S = 1.0
@@ -29,24 +29,38 @@ def fewest_trees(packer, target: float, max_trees: int | None) -> list:
 
     With ``max_trees``, the rate is maximised under that count first and
     the target lowered to what it reaches.
+
+    The MILP is scaled so that the solver's absolute tolerances are relative
+    ones: each column's weight is a fraction ``x`` of its widest possible
+    weight (``0 <= x <= z``), each capacity row is divided by its capacity,
+    and rates are in units of ``target``. Without that, a tiny bottleneck
+    (``target`` below the feasibility tolerance) lets every ``z`` be 0.
+    Where the time-limited MILP finds no solution that picks a column, the
+    columns of the LP optimum are used (:func:`lp_support`).
     """
     import cvxpy as cp
 
     cols = packer.columns
     m = len(cols)
-    matrix = packer.matrix(cols)
-    big = np.array([np.min(packer.graph.capacity_gbps[c.use > 0] / c.use[c.use > 0]) for c in cols])
+    if not m or not target > 0:
+        raise PlanError(f"internal error: fewest_trees needs columns and a positive target "
+                        f"(got {m} columns, target {target!r})")
+    cap = packer.graph.capacity_gbps
+    big = np.array([np.min(cap[c.use > 0] / c.use[c.use > 0]) for c in cols])
+    load = packer.matrix(cols) * big[None, :] / cap[:, None]
+    gain = big / target
     z = cp.Variable(m, boolean=True)
-    w = cp.Variable(m, nonneg=True)
-    base = [matrix @ w <= packer.graph.capacity_gbps, w <= cp.multiply(big, z)]
+    x = cp.Variable(m, nonneg=True)
+    base = [load @ x <= 1.0, x <= z]
     if max_trees is not None:
         base.append(cp.sum(z) <= max_trees)
     if packer.family == "rsag":
         t = cp.Variable()
-        base.append(packer.root_matrix(cols) @ w >= t / packer.n)
+        base.append(packer.root_matrix(cols) @ cp.multiply(gain, x) >= t / packer.n)
         rate = t
     else:
-        rate = cp.sum(w)
+        rate = gain @ x
+    goal = 1.0
     opts = dict(solver=cp.HIGHS, time_limit=MILP_TIME_LIMIT_S)
     if max_trees is not None:
         best = cp.Problem(cp.Maximize(rate), base)
@@ -54,17 +68,36 @@ def fewest_trees(packer, target: float, max_trees: int | None) -> list:
             warnings.filterwarnings("ignore", message="Solution may be inaccurate")
             best.solve(**opts)
         if best.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or best.value is None:
-            raise PlanError(f"internal error: the tree-count MILP ended {best.status}")
-        target = min(target, float(best.value) * (1 - 1e-9))
+            return lp_support(packer, max_trees)
+        goal = min(goal, float(best.value) * (1 - 1e-9))
     depth = np.array([c.depth for c in cols], dtype=float)
     epsilon = 1.0 / (m * (depth.max() + 1) + 1)  # depth only breaks ties of the count
-    problem = cp.Problem(cp.Minimize(cp.sum(z) + epsilon * depth @ z), base + [rate >= target])
+    problem = cp.Problem(cp.Minimize(cp.sum(z) + epsilon * depth @ z), base + [rate >= goal])
     with warnings.catch_warnings():  # a time-limited MILP keeps its best incumbent
         warnings.filterwarnings("ignore", message="Solution may be inaccurate")
         problem.solve(**opts)
-    if z.value is None:
-        raise PlanError(f"internal error: the tree-count MILP ended {problem.status}")
-    return [j for j in range(m) if z.value[j] > 0.5]
+    chosen = [] if z.value is None else [j for j in range(m) if z.value[j] > 0.5]
+    return chosen or lp_support(packer, max_trees)
+
+
+def lp_support(packer, max_trees: int | None = None) -> list:
+    """The columns of the packing LP's optimum over all of ``packer``'s columns.
+
+    With ``max_trees``, the heaviest of them: first the heaviest column of
+    each root for ``"rsag"`` (every rank must root a tree), then by weight.
+    Used where the time-limited MILP of :func:`fewest_trees` returns nothing.
+    """
+    _, weights, _, _ = packer.solve_lp(packer.columns)
+    order = [j for j in np.argsort(-weights, kind="stable") if weights[j] > 1e-9 * weights.max()]
+    if max_trees is None or len(order) <= max_trees:
+        return sorted(int(j) for j in order)
+    first = {}
+    if packer.family == "rsag":
+        for j in order:
+            first.setdefault(packer.columns[j].root, j)
+    picked = list(first.values())
+    picked += [j for j in order if j not in picked][:max(0, max_trees - len(picked))]
+    return sorted(int(j) for j in picked)
 
 
 def exact_weights(packer, chosen) -> tuple:

@@ -154,12 +154,26 @@ class Packer:
         return g
 
     def solve_lp(self, columns, capacity_gbps=None):
-        """Max rate over ``columns``: returns (rate, weights, arc duals, root duals)."""
+        """Max rate over ``columns``: returns (rate, weights, arc duals, root duals).
+
+        The LP is solved on capacities divided by a scale, so that the
+        solver's absolute tolerances are relative to the rate: first the
+        largest capacity, and again by the rate found where that rate is
+        much smaller (a slow link is the bottleneck). The duals do not
+        depend on the scale.
+        """
+        cap = self.graph.capacity_gbps if capacity_gbps is None else np.asarray(capacity_gbps, dtype=float)
+        scale = float(cap.max(initial=0.0)) or 1.0
+        rate, weights, arc_price, root_price = self._solve_scaled(columns, cap, scale)
+        if 0 < rate < 1e-3 * scale:
+            rate, weights, arc_price, root_price = self._solve_scaled(columns, cap, rate)
+        return rate, weights, arc_price, root_price
+
+    def _solve_scaled(self, columns, cap, scale):
         import cvxpy as cp
 
         w = cp.Variable(len(columns), nonneg=True)
-        cap = self.graph.capacity_gbps if capacity_gbps is None else capacity_gbps
-        capacity = self.matrix(columns) @ w <= cap
+        capacity = self.matrix(columns) @ w <= cap / scale
         if self.family == "rsag":
             t = cp.Variable()
             per_root = self.root_matrix(columns) @ w >= t / self.n
@@ -170,7 +184,7 @@ class Packer:
         if problem.status != cp.OPTIMAL:
             raise PlanError(f"internal error: the tree-packing LP ended {problem.status}")
         root_price = np.asarray(per_root.dual_value) if self.family == "rsag" else None
-        return (float(problem.value), np.maximum(np.asarray(w.value), 0.0),
+        return (float(problem.value) * scale, np.maximum(np.asarray(w.value), 0.0) * scale,
                 np.asarray(capacity.dual_value), root_price)
 
     def generate(self, capacity_gbps=None, max_rounds=500):

@@ -24,6 +24,11 @@ Slow links (PCIe, network) are used only when the fast ones (NVLink) do not
 join all ranks; ``Plan.link_kinds`` records which kinds a plan uses, and
 ``bound_gbps`` bounds throughput over those links.
 
+Planning time grows quickly with the rank count (on two cores: shm:8 in
+0.2 s, shm:32 in 2 s, shm:64 in 20 s, 32 ranks in four NVLink islands in
+about a minute, shm:128 in about three minutes), so :func:`plan` refuses more
+than :data:`MAX_RANKS` ranks at once, before any work.
+
 This module is the driver: it checks the arguments, consults the cache
 (:mod:`jax_blink.planning.cache`), packs each family (:mod:`jax_blink.planning.packing`,
 :mod:`jax_blink.planning.fewest`), chooses between them, certifies the rate and
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 
 import numpy as np
@@ -45,12 +51,15 @@ from ..topo import Topology
 from . import cache as plan_cache
 from .bounds import certified_bound
 from .errors import PlanError
-from .fewest import exact_weights, fewest_trees
+from .fewest import exact_weights, fewest_trees, lp_support
 from .packing import Packer
 from .result import RATE_RTOL, Plan
 from .rings import best_rings
 
-__all__ = ["plan"]
+__all__ = ["plan", "MAX_RANKS"]
+
+#: The most ranks :func:`plan` plans for (see the module docstring for times).
+MAX_RANKS = 64
 
 
 def plan(topology: Topology, collective: str = "allreduce", root: int | None = None,
@@ -60,7 +69,7 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     Parameters
     ----------
     topology : Topology
-        At least two ranks, all joined by links.
+        At least two and at most :data:`MAX_RANKS` ranks, all joined by links.
     collective : {"allreduce", "broadcast", "reduce"}
     root : int, optional
         Root of a broadcast/reduce (default 0); must be None for allreduce.
@@ -70,7 +79,9 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
         Accept a rate this fraction below the optimum if it saves trees
         (``0 <= tolerance < 1``).
     cache : bool
-        Look up and store the plan in the process and disk caches.
+        Look up and store the plan in the process and disk caches
+        (:mod:`jax_blink.planning.cache`: a disk entry is used only after it
+        is checked against the request and its certificate).
 
     Returns
     -------
@@ -79,7 +90,8 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     Raises
     ------
     PlanError
-        For bad arguments or a topology whose ranks are not all connected.
+        For bad arguments, more than :data:`MAX_RANKS` ranks, or a topology
+        whose ranks are not all connected.
 
     Examples
     --------
@@ -94,6 +106,9 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     n = topology.n
     if n < 2:
         raise PlanError(f"{topology.name} has {n} rank; a collective needs no plan for one rank")
+    if n > MAX_RANKS:
+        raise PlanError(f"{topology.name} has {n} ranks; plan() plans for at most {MAX_RANKS} ranks "
+                        f"(planning time grows steeply with the rank count)")
     if collective == "allreduce":
         if root is not None:
             raise PlanError(f"allreduce has no root; pass root=None (got {root!r})")
@@ -105,7 +120,7 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     if max_trees is not None and (isinstance(max_trees, bool) or not isinstance(max_trees, (int, np.integer))
                                   or max_trees < 1):
         raise PlanError(f"max_trees must be a positive integer or None, got {max_trees!r}")
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not 0 <= tolerance < 1:
         raise PlanError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
     max_trees = None if max_trees is None else int(max_trees)
     tolerance = float(tolerance)
@@ -116,14 +131,18 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
         if cached is not None:
             return cached if cached.topology is topology else dataclasses.replace(cached, topology=topology)
 
-    result = _plan_uncached(topology, collective, root, max_trees, tolerance)
+    result, certificate = _plan_uncached(topology, collective, root, max_trees, tolerance)
     if cache:
-        plan_cache.store(result, options)
+        plan_cache.store(result, options, certificate)
     return result
 
 
-def _plan_uncached(topology, collective, root, max_trees, tolerance) -> Plan:
-    """Plan afresh: pack each family, keep the faster, certify it."""
+def _plan_uncached(topology, collective, root, max_trees, tolerance):
+    """Plan afresh: pack each family, keep the faster, certify it.
+
+    Returns the checked :class:`Plan` and its certificate (the arc prices of
+    each family's LP, from which its bound follows).
+    """
     import cvxpy  # noqa: F401  (imported here, once per process, so plan_seconds is planning only)
     import networkx  # noqa: F401
 
@@ -150,11 +169,12 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance) -> Plan:
         if rsag_rate > tree_rate and not tie or tie and rsag_depth <= trees_depth:
             family = "rsag"
     rate, trees, _ = results[family]
-    bound = certified_bound(graph, collective, root, [r[2] for r in results.values()])
+    certificate = [r[2] for r in results.values()]
+    bound = certified_bound(graph, collective, root, certificate)
     rings = best_rings(topology)
     result = Plan(collective, root, family, rate, bound, rings.rate_gbps(collective), trees,
                   time.perf_counter() - start, topology, kinds)
-    return result.check()
+    return result.check(), certificate
 
 
 def _pack(graph, collective, family, root, max_trees, tolerance):
@@ -176,6 +196,9 @@ def _pack(graph, collective, family, root, max_trees, tolerance):
         # the time-limited MILP may do better aiming at the optimum itself
         candidates.append(exact_weights(packer, fewest_trees(packer, lp_rate * (1 - 1e-9), None)))
     reaching = [c for c in candidates if c[0] >= target]
+    if not reaching and max_trees is None:  # the time-limited MILP fell short: the LP's own trees do not
+        candidates.append(exact_weights(packer, lp_support(packer)))
+        reaching = [c for c in candidates if c[0] >= target]
     best = (min(reaching, key=lambda c: (len(c[1]), -c[0])) if reaching
             else max(candidates, key=lambda c: (c[0], -len(c[1]))))
     return lp_rate, best[0], best[1], arc_price

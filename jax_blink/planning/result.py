@@ -130,7 +130,7 @@ class Plan:
                 except TopologyError as e:
                     raise PlanError(f"{where}: {e}") from None
             load += tree.weight * graph.usage(tree.edges, tree.paths, DIRECTIONS[self.collective])
-        over = load - graph.capacity_gbps * (1 + 1e-9) - 1e-9
+        over = load - graph.capacity_gbps * (1 + 1e-9)  # relative: capacities may be tiny
         if over.max(initial=0) > 0:
             a = int(np.argmax(over))
             u, v = graph.arcs[a]

@@ -10,7 +10,6 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
 from typing import Iterable, Sequence
 
@@ -107,9 +106,15 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
         root = -1
     elif any(t.root != root for t in trees):
         raise ScheduleError(f"every {collective} tree must be rooted at {root}")
-    per_tree_chunks = [chunks] * len(trees) if isinstance(chunks, (int, np.integer)) else list(chunks)
-    if len(per_tree_chunks) != len(trees) or min(per_tree_chunks) < 1:
-        raise ScheduleError(f"chunks must be a positive int or one positive int per tree, got {chunks!r}")
+    def positive_int(k):
+        return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)) and k >= 1
+
+    per_tree_chunks = ([chunks] * len(trees) if isinstance(chunks, (int, np.integer, bool, np.bool_))
+                       else list(chunks) if isinstance(chunks, (list, tuple, np.ndarray)) else None)
+    if per_tree_chunks is None or len(per_tree_chunks) != len(trees) \
+            or not all(positive_int(k) for k in per_tree_chunks):
+        raise ScheduleError(f"chunks must be a positive int or one positive int per tree ({len(trees)}), "
+                            f"got {chunks!r:.60}")
     per_tree_routes = [None] * len(trees) if routes is None else [tuple(map(tuple, r)) for r in routes]
     if len(per_tree_routes) != len(trees):
         raise ScheduleError(f"routes lists {len(per_tree_routes)} trees, expected one per tree ({len(trees)})")
@@ -184,8 +189,13 @@ def _order_steps(raw):
     it before the sender overwrites it" waits (a chain of RECV_REDUCEs of one
     chunk counts as one level), and each rank's list is sorted by (level,
     semantic position): in-order execution is deadlock-free and pipelined.
+
+    Linear in the number of steps (and their dependencies) but for the final
+    per-rank sort: every lookup (the step a RECV matches, the sender's next
+    write of the chunk) is precomputed by one pass over each rank's steps.
     """
     local_deps = []
+    next_write = []  # per rank and step: the rank's next non-SEND step of the same chunk, or -1
     for steps in raw:
         deps = []
         last_write, sends_since = {}, defaultdict(list)
@@ -199,56 +209,67 @@ def _order_steps(raw):
                 sends_since[chunk].append(i)
             deps.append(d)
         local_deps.append(deps)
+        following, upcoming = [-1] * len(steps), {}
+        for i in range(len(steps) - 1, -1, -1):
+            op, chunk = steps[i][0], steps[i][1]
+            following[i] = upcoming.get(chunk, -1)
+            if op != "SEND":
+                upcoming[chunk] = i
+        next_write.append(following)
 
-    # Global graph over (rank, index) nodes.
-    node = {}
-    for r, steps in enumerate(raw):
-        for i in range(len(steps)):
-            node[(r, i)] = len(node)
-    preds = [[] for _ in node]  # (predecessor, level increment)
+    # Global graph over nodes offset[r] + i, edges as (successor, level increment).
+    offset = [0]
+    for steps in raw:
+        offset.append(offset[-1] + len(steps))
+    total = offset[-1]
+    succs = [[] for _ in range(total)]
+    indeg = [0] * total
+
+    def edge(u, v, inc):
+        succs[u].append((v, inc))
+        indeg[v] += 1
+
     send_at = {}
     for r, steps in enumerate(raw):
+        base = offset[r]
         for i, (op, chunk, peer, _) in enumerate(steps):
             deps = local_deps[r][i]
             # consecutive RECV_REDUCEs of a chunk share a level, so they stay
             # adjacent and an executor can fuse them into one pass
             chained = op == "RECV_REDUCE" and len(deps) == 1 and steps[deps[0]][0] == op
-            preds[node[(r, i)]].extend((node[(r, d)], 0 if chained else 1) for d in deps)
+            for d in deps:
+                edge(base + d, base + i, 0 if chained else 1)
             if op == "SEND":
                 send_at[(r, peer, chunk)] = i
     for r, steps in enumerate(raw):
         for i, (op, chunk, peer, _) in enumerate(steps):
             if op != "SEND":
                 j = send_at[(peer, r, chunk)]
-                preds[node[(r, i)]].append((node[(peer, j)], 1))
+                edge(offset[peer] + j, offset[r] + i, 1)
                 # the sender's next write of this chunk waits for this read
-                for k in range(j + 1, len(raw[peer])):
-                    if raw[peer][k][1] == chunk and raw[peer][k][0] != "SEND":
-                        preds[node[(peer, k)]].append((node[(r, i)], 1))
-                        break
-    succs = [[] for _ in node]
-    indeg = [len(p) for p in preds]
-    for v, ps in enumerate(preds):
-        for p, inc in ps:
-            succs[p].append((v, inc))
-    level = [0] * len(node)
-    ready = [v for v in range(len(node)) if indeg[v] == 0]
-    heapq.heapify(ready)
+                k = next_write[peer][j]
+                if k >= 0:
+                    edge(offset[r] + i, offset[peer] + k, 1)
+    level = [0] * total
+    ready = [v for v in range(total) if indeg[v] == 0]
     seen = 0
-    while ready:
-        v = heapq.heappop(ready)
+    while ready:  # longest path: the order nodes are taken in does not change it
+        v = ready.pop()
         seen += 1
+        lv = level[v]
         for s, inc in succs[v]:
-            level[s] = max(level[s], level[v] + inc)
+            if level[s] < lv + inc:
+                level[s] = lv + inc
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(ready, s)
-    if seen != len(node):
+                ready.append(s)
+    if seen != total:
         raise ScheduleError("internal error: lowered steps form a dependency cycle")
 
     out = []
     for r, steps in enumerate(raw):
-        order = sorted(range(len(steps)), key=lambda i: (level[node[(r, i)]], i))
+        base = offset[r]
+        order = sorted(range(len(steps)), key=lambda i: (level[base + i], i))
         new_index = {old: new for new, old in enumerate(order)}
         out.append(tuple(
             Step(steps[i][0], steps[i][1], steps[i][2], steps[i][3],

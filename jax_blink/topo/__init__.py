@@ -5,7 +5,8 @@ Modules: :mod:`~jax_blink.topo.topology` (:class:`Topology`, :class:`Link`),
 :mod:`~jax_blink.topo.nvidia_smi` (parsing ``nvidia-smi topo -m``),
 :mod:`~jax_blink.topo.detect` (running ``nvidia-smi`` on this machine),
 :mod:`~jax_blink.topo.graph` (:class:`LinkGraph`: arcs, capacities and every
-route), :mod:`~jax_blink.topo.errors` (:class:`TopologyError`).
+route), :mod:`~jax_blink.topo.limits` (node count and bandwidth range),
+:mod:`~jax_blink.topo.errors` (:class:`TopologyError`).
 Pure Python: never imports jax.
 """
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .errors import TopologyError
+from .limits import MAX_NODES
 
 __all__ = ["PresetSpec", "preset_spec", "preset_names", "dgx1_p100", "dgx1_v100", "dgx2", "dgx_a100",
            "hgx_h100", "pcie", "shm"]
@@ -120,9 +121,12 @@ def pcie() -> PresetSpec:
 
 
 def shm(n: int) -> PresetSpec:
-    """``n`` devices sharing host memory: one switch node, 10 GB/s per port."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise TopologyError(f"shm needs a positive number of devices, got {n!r}")
+    """``n`` devices sharing host memory: one switch node, 10 GB/s per port.
+
+    ``n`` is at most ``MAX_NODES - 1`` (the host memory is a node too).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < MAX_NODES:
+        raise TopologyError(f"shm needs a positive number of devices of at most {MAX_NODES - 1}, got {n!r:.40}")
     return PresetSpec(n, [(d, n, SHM_PORT_GBPS, "shm") for d in range(n)], ["host memory"], f"shm:{n}")
 
 
@@ -148,11 +152,11 @@ def preset_names() -> list:
 
 
 def preset_spec(name: str) -> PresetSpec:
-    """The preset called ``name``, as plain data.
+    """The preset called ``name`` (in any letter case), as plain data.
 
     Examples
     --------
-    >>> preset_spec("shm:2")
+    >>> preset_spec("SHM:2")
     PresetSpec(n=2, links=[(0, 2, 10.0, 'shm'), (1, 2, 10.0, 'shm')], switches=['host memory'], name='shm:2')
 
     Raises
@@ -160,12 +164,18 @@ def preset_spec(name: str) -> PresetSpec:
     TopologyError
         If ``name`` is unknown; the message lists the valid names.
     """
-    name = str(name).strip()
-    if name in _PRESETS:
-        return _PRESETS[name]()
-    if name.startswith("shm:"):
-        count = name[4:]
-        if not count.isdigit() or int(count) < 1:
-            raise TopologyError(f"preset {name!r}: N in shm:N must be a positive integer, e.g. shm:8")
+    if not isinstance(name, str):
+        raise TopologyError(f"a topology preset name must be a string, got {name!r:.40}; "
+                            f"valid names: {', '.join(preset_names())}")
+    key = name.strip().lower()
+    if key in _PRESETS:
+        return _PRESETS[key]()
+    if key.startswith("shm:"):
+        count = key[4:]
+        if not (count.isascii() and count.isdigit()) or int(count) < 1:
+            raise TopologyError(f"preset {name!r:.40}: N in shm:N must be a positive integer, e.g. shm:8")
+        if len(count) > len(str(MAX_NODES)) or int(count) >= MAX_NODES:
+            raise TopologyError(f"preset {name!r:.40}: shm:N takes at most {MAX_NODES - 1} devices")
         return shm(int(count))
-    raise TopologyError(f"unknown topology preset {name!r}; valid names: {', '.join(preset_names())}")
+    raise TopologyError(f"unknown topology preset {name!r:.40}; valid names (any letter case): "
+                        f"{', '.join(preset_names())}")

@@ -15,9 +15,12 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import json
+import math
+import numbers
 import os
 from typing import Iterable, Sequence
 
@@ -27,6 +30,7 @@ from .._jsonio import read_document
 from . import presets
 from .errors import TopologyError
 from .graph import LinkGraph
+from .limits import MAX_BANDWIDTH_GBPS, MAX_NODES, MIN_BANDWIDTH_GBPS
 from .nvidia_smi import parse_topo_matrix
 
 __all__ = ["Topology", "Link", "LINK_KINDS", "FAST_KINDS", "load_topology"]
@@ -58,16 +62,34 @@ class Link:
     kind: str = "nvlink"
 
 
+def _is_integer(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
 def _as_link(item) -> Link:
     if isinstance(item, Link):
         return item
+    if not isinstance(item, (list, tuple, np.ndarray)):
+        raise TopologyError(f"a link must be a Link or a list/tuple (u, v, gbps[, kind]), got {item!r:.80}")
+    if len(item) not in (3, 4):
+        raise TopologyError(f"a link must be (u, v, gbps) or (u, v, gbps, kind), got {item!r:.80}")
+    return Link(*item)
+
+
+def _bandwidth(link: Link) -> float:
+    """The link's bandwidth as a float, checked against the limits."""
+    gbps = link.bandwidth_gbps
+    where = f"link {link.u}-{link.v}: bandwidth {gbps!r:.40}"
+    if isinstance(gbps, bool) or not isinstance(gbps, numbers.Real):
+        raise TopologyError(f"{where} is not a number; give GB/s per direction as an int or a float")
     try:
-        fields = tuple(item)
-    except TypeError:
-        raise TopologyError(f"a link must be a Link or a tuple (u, v, gbps[, kind]), got {item!r}") from None
-    if len(fields) not in (3, 4):
-        raise TopologyError(f"a link must be (u, v, gbps) or (u, v, gbps, kind), got {item!r}")
-    return Link(*fields)
+        gbps = float(gbps)
+    except OverflowError:
+        gbps = math.inf
+    if not MIN_BANDWIDTH_GBPS <= gbps <= MAX_BANDWIDTH_GBPS:  # NaN fails too
+        raise TopologyError(f"{where} is out of range: a bandwidth must be a positive number of GB/s "
+                            f"between {MIN_BANDWIDTH_GBPS:g} and {MAX_BANDWIDTH_GBPS:g}")
+    return gbps
 
 
 class Topology:
@@ -75,6 +97,14 @@ class Topology:
 
     Use the constructors (:meth:`from_links`, :meth:`preset`,
     :meth:`from_json`, :meth:`from_nvidia_smi`) rather than ``__init__``.
+    Every value is checked (a :class:`TopologyError` names it and what is
+    allowed): at most :data:`~jax_blink.topo.limits.MAX_NODES` ranks and
+    switches together; switch names and the name are strings; a link's ends
+    are integer node ids, its kind one of :data:`LINK_KINDS`, and its
+    bandwidth an int or float between
+    :data:`~jax_blink.topo.limits.MIN_BANDWIDTH_GBPS` and
+    :data:`~jax_blink.topo.limits.MAX_BANDWIDTH_GBPS` GB/s (parallel links
+    summed).
 
     Attributes
     ----------
@@ -98,34 +128,46 @@ class Topology:
     """
 
     def __init__(self, n: int, links: Iterable, switches: Sequence[str] = (), name: str = ""):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise TopologyError(f"the number of ranks must be a positive integer, got {n!r}")
+        if not _is_integer(n) or not 1 <= n <= MAX_NODES:
+            raise TopologyError(f"the number of ranks must be a positive integer of at most {MAX_NODES}, "
+                                f"got {n!r:.40}")
         self.n = int(n)
-        self.switches = tuple(str(s) for s in switches)
-        self.name = str(name) or f"custom-{self.n}"
+        if not isinstance(switches, (list, tuple)):
+            raise TopologyError(f"switches must be a list of switch names (strings), got {switches!r:.80}")
+        for s in switches:
+            if not isinstance(s, str):
+                raise TopologyError(f"switch name {s!r:.40} is not a string; switches must be a list of names")
+        if self.n + len(switches) > MAX_NODES:
+            raise TopologyError(f"{self.n} ranks and {len(switches)} switches are more than the {MAX_NODES} "
+                                f"nodes a topology may have")
+        self.switches = tuple(switches)
+        if name is not None and not isinstance(name, str):
+            raise TopologyError(f"the topology name must be a string, got {name!r:.40}")
+        self.name = name or f"custom-{self.n}"
+        if isinstance(links, (str, bytes, dict)) or not isinstance(links, collections.abc.Iterable):
+            raise TopologyError(f"links must be an iterable of links (Link or (u, v, gbps[, kind])), "
+                                f"got {links!r:.80}")
         total = self.n + len(self.switches)
         merged = {}
         for item in links:
             link = _as_link(item)
             for end in (link.u, link.v):
-                if isinstance(end, bool) or not isinstance(end, (int, np.integer)) or not 0 <= end < total:
+                if not _is_integer(end) or not 0 <= end < total:
                     raise TopologyError(
-                        f"link {link.u}-{link.v}: node {end!r} is out of range; nodes are ranks "
-                        f"0..{self.n - 1}" + (f" and switches {self.n}..{total - 1}" if self.switches else ""))
+                        f"link {link.u!r:.20}-{link.v!r:.20}: node {end!r:.20} is out of range; nodes are integers, "
+                        f"ranks 0..{self.n - 1}" + (f" and switches {self.n}..{total - 1}" if self.switches else ""))
             if link.u == link.v:
                 raise TopologyError(f"link {link.u}-{link.v} connects a node to itself")
-            try:
-                gbps = float(link.bandwidth_gbps)
-            except (TypeError, ValueError):
-                raise TopologyError(f"link {link.u}-{link.v}: bandwidth {link.bandwidth_gbps!r} is not a number") from None
-            if not np.isfinite(gbps) or gbps <= 0:
-                raise TopologyError(
-                    f"link {link.u}-{link.v}: bandwidth must be a positive number of GB/s, got {link.bandwidth_gbps!r}")
-            if link.kind not in LINK_KINDS:
-                raise TopologyError(f"link {link.u}-{link.v}: unknown kind {link.kind!r}; expected one of {LINK_KINDS}")
-            key = (min(link.u, link.v), max(link.u, link.v), link.kind)
+            gbps = _bandwidth(link)
+            if not isinstance(link.kind, str) or link.kind not in LINK_KINDS:
+                raise TopologyError(f"link {link.u}-{link.v}: unknown kind {link.kind!r:.40}; "
+                                    f"expected one of {LINK_KINDS}")
+            key = (int(min(link.u, link.v)), int(max(link.u, link.v)), link.kind)
             merged[key] = merged.get(key, 0.0) + gbps
-        self.links = tuple(Link(int(u), int(v), bw, kind) for (u, v, kind), bw in sorted(merged.items()))
+            if merged[key] > MAX_BANDWIDTH_GBPS:
+                raise TopologyError(f"{key[2]} links {key[0]}-{key[1]} add up to {merged[key]:g} GB/s, more than "
+                                    f"the {MAX_BANDWIDTH_GBPS:g} GB/s a pair of nodes may have per kind")
+        self.links = tuple(Link(u, v, bw, kind) for (u, v, kind), bw in sorted(merged.items()))
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -144,12 +186,17 @@ class Topology:
             per-port bandwidth is the bandwidth of the link to it.
         name : str
             Display name.
+
+        Raises
+        ------
+        TopologyError
+            Naming the first value that is not allowed (see :class:`Topology`).
         """
         return cls(n, links, switches, name)
 
     @classmethod
     def preset(cls, name: str) -> "Topology":
-        """A named machine; see :func:`jax_blink.topo.presets.preset_names`.
+        """A named machine; see :func:`jax_blink.topo.presets.preset_names` (any letter case).
 
         Raises
         ------
@@ -160,14 +207,23 @@ class Topology:
 
     @classmethod
     def from_json(cls, path_or_text) -> "Topology":
-        """Load from JSON text, a dict, or a path to a JSON file (see :meth:`to_json`)."""
+        """Load from JSON text, a dict, or a path to a JSON file (see :meth:`to_json`).
+
+        Raises
+        ------
+        TopologyError
+            If the file cannot be read (it must be a regular UTF-8 file), the
+            text is not a topology JSON object, or a value in it is not allowed
+            (see :class:`Topology`).
+        """
         data = read_document(path_or_text, fmt="jax_blink.topology", version=FORMAT_VERSION,
                              error=TopologyError, what="topology")
         for key in ("nranks", "links"):
             if key not in data:
                 raise TopologyError(f"malformed topology JSON: missing key {key!r}")
         if not isinstance(data["links"], list):
-            raise TopologyError("malformed topology JSON: 'links' must be a list of [u, v, gbps, kind]")
+            raise TopologyError(f"malformed topology JSON: 'links' must be a list of [u, v, gbps, kind], "
+                                f"got {data['links']!r:.60}")
         return cls(data["nranks"], data["links"], data.get("switches", []), data.get("name", ""))
 
     @classmethod
@@ -222,11 +278,13 @@ class Topology:
         TopologyError
             If a rank is out of range or repeated, or ``ranks`` is empty.
         """
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, collections.abc.Iterable):
+            raise TopologyError(f"a subset is a sequence of rank numbers, got {ranks!r:.60}")
         ranks = list(ranks)
         if not ranks:
             raise TopologyError("a subset needs at least one rank")
         for r in ranks:
-            if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.n:
+            if not _is_integer(r) or not 0 <= r < self.n:
                 raise TopologyError(f"rank {r!r} in the subset is out of range: {self.name} has ranks 0..{self.n - 1}")
         dup = sorted({r for r in ranks if ranks.count(r) > 1})
         if dup:
@@ -310,6 +368,9 @@ def load_topology(spec: str) -> Topology:
     >>> load_topology("shm:2").links
     (Link(u=0, v=2, bandwidth_gbps=10.0, kind='shm'), Link(u=1, v=2, bandwidth_gbps=10.0, kind='shm'))
     """
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TopologyError(f"a topology is named by a preset name or a JSON file path, got {spec!r:.60}")
+    spec = os.fspath(spec)
     if os.path.exists(spec) or spec.lower().endswith(".json"):
         return Topology.from_json(spec)
     return Topology.preset(spec)

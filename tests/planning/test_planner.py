@@ -20,14 +20,6 @@ from jax_blink.schedule import Schedule
 from jax_blink.topo import Topology
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path / "cache"))
-    clear_memory_cache()
-    yield
-    clear_memory_cache()
-
-
 # ------------------------------------------------------------ reference values
 def test_full_dgx1v_allreduce_is_600_over_7_gbps():
     p = plan(Topology.preset("dgx1-v100"))
@@ -173,6 +165,13 @@ def test_bad_message_size_is_named(size):
         plan(Topology.preset("shm:2")).lower(size, "float32")
 
 
+@pytest.mark.parametrize("chunks", [0, True, 1.5, "4", [1, 2], {"a": 1}])
+def test_bad_chunk_counts_are_named(chunks):
+    from jax_blink.schedule import ScheduleError
+    with pytest.raises(ScheduleError, match=r"chunks must be a positive int or one positive int per tree \(3\)"):
+        plan(Topology.preset("shm:3")).lower(4000, "float32", chunks=chunks)
+
+
 # ------------------------------------------------------------------ caching
 def test_warm_lookup_is_fast_and_survives_the_process_cache(tmp_path):
     t = Topology.preset("dgx1-v100").subset([0, 1, 3, 6])
@@ -194,7 +193,7 @@ def test_corrupt_cache_file_is_ignored_and_rewritten():
     clear_memory_cache()
     again = plan(t)
     assert again.trees == first.trees
-    assert json.loads(files[0].read_text())["format"] == "jax_blink.plan"
+    assert json.loads(files[0].read_text())["format"] == "jax_blink.plan_cache"
 
 
 def test_plan_json_round_trip_and_tampering_is_caught():
@@ -258,3 +257,36 @@ def test_planning_never_imports_jax():
                          env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# ------------------------------------------------------- large or extreme inputs
+def test_more_ranks_than_the_limit_are_refused_before_any_work():
+    from jax_blink.planning import MAX_RANKS
+    t = Topology.preset(f"shm:{MAX_RANKS + 1}")
+    start = time.perf_counter()
+    with pytest.raises(PlanError, match=f"shm:{MAX_RANKS + 1} has {MAX_RANKS + 1} ranks; plan\\(\\) plans "
+                                        f"for at most {MAX_RANKS} ranks"):
+        plan(t)
+    assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("links, rate", [
+    ([(0, 1, 1e-6), (1, 2, 1e6), (0, 2, 1e6, "pcie")], 1e-6),  # NVLink's bottleneck 12 decades below the rest
+    ([(0, 1, 1e-6), (1, 2, 1e-6)], 1e-6),
+    ([(0, 1, 1e6), (1, 2, 1e6), (0, 2, 1e6)], None),
+    ([(0, 3, 1e6, "shm"), (1, 3, 1e6, "shm"), (2, 3, 1e-3, "shm")], None),  # one slow port on a switch
+], ids=["bottleneck", "all-slow", "all-fast", "slow-port"])
+@pytest.mark.parametrize("collective, root", [("allreduce", None), ("broadcast", 0), ("reduce", 2)])
+def test_extreme_bandwidths_plan_to_the_bound(links, rate, collective, root):
+    t = Topology.from_links(3, links, ["switch"] if len(links[0]) == 4 and links[0][3] == "shm" else [])
+    p = plan(t, collective, root=root, cache=False)
+    assert p.rate_gbps == pytest.approx(p.bound_gbps, rel=1e-6)
+    if rate is not None:
+        assert p.rate_gbps == pytest.approx(rate, rel=1e-6)
+
+
+def test_a_milp_without_a_solution_in_time_falls_back_to_the_lp_trees(monkeypatch):
+    from jax_blink.planning import fewest
+    monkeypatch.setattr(fewest, "MILP_TIME_LIMIT_S", 1e-9)  # the MILP stops before any incumbent
+    p = plan(Topology.preset("dgx1-v100"), cache=False)
+    assert p.rate_gbps == pytest.approx(600 / 7, rel=1e-9)

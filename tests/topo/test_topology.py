@@ -2,7 +2,9 @@
 
 import json
 import math
+import os
 
+import numpy as np
 import pytest
 
 from jax_blink.topo import Link, Topology, TopologyError, detect, presets
@@ -247,3 +249,73 @@ def test_no_nvidia_smi_detects_nothing(monkeypatch):
     monkeypatch.setattr(detect, "_nvidia_smi", lambda args, timeout_s: None)
     assert detect.detect() is None
     assert detect.detect_allocation([0, 1]) is None
+
+
+# ---------------------------------------------------------- values taken on faith
+SHM2_JSON = {"format": "jax_blink.topology", "version": 1, "nranks": 2,
+             "links": [[0, 2, 10, "shm"], [1, 2, 10, "shm"]], "switches": ["host memory"]}
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: Topology.from_links(2, [(0, 1, "10")]), r"bandwidth '10' is not a number; give GB/s"),
+    (lambda: Topology.from_links(2, [(0, 1, True)]), r"bandwidth True is not a number"),
+    (lambda: Topology.from_links(2, [(0, 1, 1e-300)]), r"bandwidth 1e-300 is out of range: .* between 1e-06 and 1e\+06"),
+    (lambda: Topology.from_links(2, [(0, 1, 10 ** 400)]), r"bandwidth 1000.* is out of range"),
+    (lambda: Topology.from_links(2, [(0, 1, 6e5), (1, 0, 6e5)]), r"nvlink links 0-1 add up to 1.2e\+06 GB/s"),
+    (lambda: Topology.from_json({**SHM2_JSON, "switches": "abc"}), r"switches must be a list .* got 'abc'"),
+    (lambda: Topology.from_json({**SHM2_JSON, "switches": 5}), r"switches must be a list .* got 5"),
+    (lambda: Topology.from_links(2, [], switches=[1]), r"switch name 1 is not a string"),
+    (lambda: Topology.from_json({**SHM2_JSON, "name": ["x"]}), r"name must be a string, got \['x'\]"),
+    (lambda: Topology.from_links(2, None), r"links must be an iterable of links .* got None"),
+    (lambda: Topology.from_links(2, "01"), r"links must be an iterable of links .* got '01'"),
+    (lambda: Topology.from_links(2, ["abc"]), r"a link must be a Link or a list/tuple .* got 'abc'"),
+    (lambda: Topology.from_links(2, [{"u": 0, "v": 1}]), r"a link must be .* got \{'u': 0"),
+    (lambda: Topology.from_links(2, [(0, 1, 10, 5)]), r"unknown kind 5; expected one of"),
+    (lambda: Topology.from_links(2, [(0.0, 1, 10)]), r"node 0.0 is out of range; nodes are integers"),
+    (lambda: Topology.from_links(10 ** 6, []), r"positive integer of at most 65536, got 1000000"),
+    (lambda: Topology.from_json({**SHM2_JSON, "nranks": "2"}), r"positive integer of at most 65536, got '2'"),
+    (lambda: Topology.from_json("[1, 2]"), r"not a jax_blink topology: expected a JSON object .* got an array"),
+    (lambda: Topology.from_json('"shm:2"'), r"cannot read topology file"),
+    (lambda: Topology.from_json("[" * 100000 + "]" * 100000), r"malformed topology JSON: nested too deeply"),
+    (lambda: Topology.from_json(b"\xff\xfe{}"), r"malformed topology JSON: not UTF-8 text"),
+    (lambda: Topology.from_json(None), r"cannot read a topology from NoneType None; expected a dict, JSON"),
+    (lambda: Topology.from_json('{"format": "jax_blink.topology", "version": 1, "nranks": ' + "9" * 5000 + "}"),
+     r"malformed topology JSON: Exceeds the limit"),
+    (lambda: Topology.from_json({**SHM2_JSON, "version": True}), r"topology format version True"),
+    (lambda: Topology.preset(None), r"preset name must be a string, got None; valid names: .*shm:N"),
+    (lambda: Topology.preset("shm:100000000"), r"shm:N takes at most 65535 devices"),
+    (lambda: Topology.preset("shm:\u00b2"), r"N in shm:N must be a positive integer"),
+    (lambda: Topology.preset("shm:4").subset(None), r"a subset is a sequence of rank numbers, got None"),
+])
+def test_values_not_allowed_are_named(build, message):
+    with pytest.raises(TopologyError, match=message):
+        build()
+
+
+def test_bandwidth_limits_are_inclusive():
+    from jax_blink.topo.limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS
+    t = Topology.from_links(3, [(0, 1, MIN_BANDWIDTH_GBPS), (1, 2, MAX_BANDWIDTH_GBPS)])
+    assert [l.bandwidth_gbps for l in t.links] == [MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS]
+    assert Topology.from_links(2, [(0, 1, np.float32(2.5)), (0, 1, np.int64(1))]).links[0].bandwidth_gbps == 3.5
+
+
+def test_preset_names_ignore_letter_case():
+    assert Topology.preset("DGX1-V100") == Topology.preset("dgx1-v100")
+    assert Topology.preset(" Shm:4 ").name == "shm:4"
+    with pytest.raises(TopologyError, match="unknown topology preset 'DGX3'; valid names .*dgx1-v100"):
+        Topology.preset("DGX3")
+
+
+@pytest.mark.parametrize("make", ["fifo", "directory", "device", "binary"])
+def test_a_path_that_is_no_topology_file_is_refused_without_blocking(make, tmp_path):
+    path = tmp_path / "t.json"
+    if make == "fifo":
+        os.mkfifo(path)  # opening it for reading would block until a writer came
+    elif make == "directory":
+        path.mkdir()
+    elif make == "device":
+        path = "/dev/zero"  # reading it would never end
+    else:
+        path.write_bytes(bytes(range(256)))
+    with pytest.raises(TopologyError, match="not a regular file|is not UTF-8 text"):
+        Topology.from_json(str(path))
