@@ -22,7 +22,7 @@ import numpy as np
 import jax
 
 from jax_blink import _ffi, settings
-from jax_blink.planning import CUDA_LAUNCH_SECONDS, plan
+from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, plan
 from jax_blink.schedule import DTYPES, lower_trees
 from jax_blink.topo import Topology, TopologyError, load_topology
 
@@ -214,6 +214,9 @@ def decide(count: int, dtype: str, nranks: int, *, topology=None, min_bytes=None
     threshold = settings.min_bytes(min_bytes)
     if nranks == 1:
         return Decision(f"{what}: lax.psum (the reduced axes have a single device)")
+    if nranks > MAX_RANKS:
+        return Decision(f"{what}: lax.psum (the reduced axes have {nranks} devices; the planner "
+                        f"plans for at most {MAX_RANKS})")
     if count == 0:
         return Decision(f"{what}: lax.psum (the value is empty)")
     if nbytes < threshold:

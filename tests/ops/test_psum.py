@@ -407,3 +407,10 @@ def test_constants_and_weak_types_as_in_lax():
 def test_an_unbound_axis_says_to_call_it_under_shard_map():
     with pytest.raises(NameError, match="call it under `jax.shard_map`"):
         jax.jit(lambda v: jax_blink.psum(v, "nope"))(jnp.ones(3))
+
+
+def test_more_ranks_than_the_planner_takes_fall_back_to_lax_psum():
+    from jax_blink.planning import MAX_RANKS
+    n = MAX_RANKS + 1
+    text = jax_blink.explain(jax.ShapeDtypeStruct((4096,), jnp.float32), n)
+    assert "lax.psum" in text and f"at most {MAX_RANKS}" in text
