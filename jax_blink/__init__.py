@@ -2,7 +2,7 @@
 
 Public API only. Names are loaded lazily (PEP 562) so that the planning
 half (``Topology``, ``plan``, ``Schedule``, ``simulate``) can be imported
-without importing jax; only the ops (``psum``, ``pmean``, ``explain``) and the
+without importing jax; only the ops (``psum``, ``all_gather``, ``pvary``, ``explain``, ...) and the
 extension loader touch jax.
 
 The packages follow the data flow: :mod:`jax_blink.topo` (topologies and the
@@ -31,6 +31,12 @@ _EXPORTS = {
     "simulate": "sim",
     "psum": "ops",
     "pmean": "ops",
+    "pmax": "ops",
+    "pmin": "ops",
+    "psum_scatter": "ops",
+    "all_gather": "ops",
+    "broadcast": "ops",
+    "pvary": "ops",
     "explain": "ops",
     "has_cuda_support": "_ffi",
 }

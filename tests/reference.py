@@ -106,7 +106,7 @@ def one_device_collective(x, device):
 
     def body(v):
         flat = bind_collective(v.reshape(-1), jnp.int32(0), jnp.int32(0), axes=("x",),
-                               request=request, timeout_ms=10_000, varying=True)
+                               request=request, timeout_ms=10_000, mode="varying")
         return flat.reshape(v.shape)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))

@@ -1,7 +1,8 @@
-"""What a psum call does: the planned collective (plan and schedule), or lax.psum and why.
+"""What a collective call does: the planned collective (plan and schedule), or
+its lax equivalent and why.
 
-One decision function, :func:`decide`, serves both :func:`jax_blink.psum` (at
-trace time) and :func:`jax_blink.explain`, so the two cannot disagree. The
+One decision function, :func:`decide`, serves every op (at trace time) and
+:func:`jax_blink.explain`, so the two cannot disagree. The
 plan inputs travel with the primitive as a hashable :class:`PlanRequest` and
 the encoded schedule as an :class:`EncodedSchedule`, so lowering reads no
 module-global state and plans nothing.
@@ -27,7 +28,8 @@ from jax_blink.schedule import DTYPES, lower_trees
 from jax_blink.topo import Topology, TopologyError, load_topology
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
-           "topology_for", "schedule_for", "launch_s", "record", "recent", "SUPPORTED_DTYPES"]
+           "topology_for", "schedule_for", "launch_s", "record", "recent", "lax_equivalent",
+           "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = tuple(DTYPES)
 
@@ -58,6 +60,9 @@ class PlanRequest:
     topology: Topology
     chunks: Optional[int] = None  # per tree; None: the pipeline model
     launch_s: float = 0.0         # the executor's host cost per pipeline step
+    collective: str = "allreduce"  # allreduce, broadcast, reduce, reduce_scatter, allgather
+    op: str = "sum"               # the reduction: sum, max, min
+    root: Optional[int] = None    # broadcast and reduce
 
 
 class EncodedSchedule:
@@ -88,7 +93,7 @@ class Decision:
     """The outcome for one dtype group of one psum call."""
 
     text: str                                 # one line, as explain() prints it
-    request: Optional[PlanRequest] = None     # None: lax.psum
+    request: Optional[PlanRequest] = None     # None: the lax equivalent
     schedule: Optional[EncodedSchedule] = None
 
     @property
@@ -171,22 +176,41 @@ def topology_for(value, nranks: int) -> Topology:
 
 @functools.lru_cache(maxsize=256)
 def schedule_for(request: PlanRequest, count: int, dtype: str):
-    """``(plan, schedule, encoded)`` for ``count`` elements of ``dtype`` (cached).
+    """``(plan, schedule, encoded)`` of ``request``'s collective for a vector of
+    ``count`` elements of ``dtype`` (the whole vector: ``n`` shards for
+    reduce_scatter and allgather), cached.
 
     One rank needs no plan (None): its schedule has no steps and the custom
-    call copies the input. psum itself leaves single devices to lax.psum;
-    tests bind the primitive directly to check the handler on one device.
+    call copies the input. The ops leave single devices to lax; tests bind
+    the primitive directly to check the handler on one device.
     """
     topology = request.topology
+    root = request.root if request.collective in ("broadcast", "reduce") else None
     if topology.n == 1:
         alone = types.SimpleNamespace(root=0, edges=(), weight=1.0)
-        schedule = lower_trees([alone], nranks=1, collective="allreduce", count=count,
-                               dtype=dtype)
+        schedule = lower_trees([alone], nranks=1, collective=request.collective,
+                               root=-1 if root is None else root, count=count, dtype=dtype,
+                               **_op_kwargs(request.op))
         return None, schedule, EncodedSchedule(schedule.encode())
-    p = plan(topology, "allreduce")
+    p = plan(topology, request.collective, root=root)
     schedule = p.lower(count * DTYPES[dtype][1], dtype, chunks=request.chunks,
-                       launch_s=request.launch_s)
+                       launch_s=request.launch_s, **_op_kwargs(request.op))
     return p, schedule, EncodedSchedule(schedule.encode())
+
+
+def _op_kwargs(op):
+    return {} if op == "sum" else {"op": op}  # V1-HANDLER: pass op always at the v2 merge
+
+
+_SHARDED = ("reduce_scatter", "allgather")
+_LAX = {("allreduce", "sum"): "lax.psum", ("allreduce", "max"): "lax.pmax",
+        ("allreduce", "min"): "lax.pmin", ("reduce_scatter", "sum"): "lax.psum_scatter",
+        ("allgather", "sum"): "lax.all_gather", ("broadcast", "sum"): "lax.psum of the root's value"}
+
+
+def lax_equivalent(collective: str, op: str = "sum") -> str:
+    """What the ops run instead of the planned collective, as explain() names it."""
+    return _LAX[collective, op]
 
 
 def _describe(p, schedule) -> str:
@@ -197,31 +221,34 @@ def _describe(p, schedule) -> str:
             f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps")
 
 
-def decide(count: int, dtype: str, nranks: int, *, topology=None, min_bytes=None, chunks=None,
-           platform: Optional[str] = None) -> Decision:
-    """The decision for ``count`` elements of ``dtype`` per device over
-    ``nranks`` devices (one dtype group of a psum call).
+def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce",
+           op: str = "sum", root: Optional[int] = None, topology=None, min_bytes=None,
+           chunks=None, platform: Optional[str] = None) -> Decision:
+    """The decision for a ``collective`` over ``nranks`` devices whose vector
+    holds ``count`` elements of ``dtype`` (one dtype group of a call; the
+    whole vector, ``nranks`` shards, for reduce_scatter and allgather).
 
-    ``topology``, ``min_bytes`` and ``chunks`` are psum's keywords (None: the
-    settings' defaults); ``platform`` the backend whose executor runs it
+    ``topology``, ``min_bytes`` and ``chunks`` are the ops' keywords (None:
+    the settings' defaults); ``platform`` the backend whose executor runs it
     (default: jax's default backend).
     """
     dtype = np.dtype(dtype).name
+    fallback = lax_equivalent(collective, op)
     if dtype not in SUPPORTED_DTYPES:
-        return Decision(f"unsupported dtype {dtype}: jax_blink.psum raises TypeError")
+        return Decision(f"unsupported dtype {dtype}: jax_blink raises TypeError")
     nbytes = count * np.dtype(dtype).itemsize
-    what = f"{dtype} x {count} ({nbytes} B per device)"
+    what = f"{dtype} x {count} ({nbytes} B{' in all' if collective in _SHARDED else ' per device'})"
     threshold = settings.min_bytes(min_bytes)
     if nranks == 1:
-        return Decision(f"{what}: lax.psum (the reduced axes have a single device)")
+        return Decision(f"{what}: {fallback} (the reduced axes have a single device)")
     if nranks > MAX_RANKS:
-        return Decision(f"{what}: lax.psum (the reduced axes have {nranks} devices; the planner "
+        return Decision(f"{what}: {fallback} (the reduced axes have {nranks} devices; the planner "
                         f"plans for at most {MAX_RANKS})")
     if count == 0:
-        return Decision(f"{what}: lax.psum (the value is empty)")
+        return Decision(f"{what}: {fallback} (the value is empty)")
     if nbytes < threshold:
-        return Decision(f"{what}: lax.psum (below min_bytes {threshold})")
+        return Decision(f"{what}: {fallback} (below min_bytes {threshold})")
     request = PlanRequest(topology_for(topology, nranks), settings.chunks(chunks),
-                          launch_s(platform or jax.default_backend()))
+                          launch_s(platform or jax.default_backend()), collective, op, root)
     p, schedule, encoded = schedule_for(request, count, dtype)
     return Decision(f"{what}: {_describe(p, schedule)}", request, encoded)

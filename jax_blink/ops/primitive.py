@@ -1,16 +1,25 @@
-"""The ``blink_psum`` primitive: abstract evaluation, jvp, transpose, batching and
-its lowering to the ``jax_blink_collective`` XLA FFI custom call.
+"""The ``blink_collective`` primitive: abstract evaluation, jvp, transpose,
+batching and its lowering to the ``jax_blink_collective`` XLA FFI custom call.
 
-Its parameters carry everything lowering needs: the encoded schedule
-(:class:`~jax_blink.ops.decide.EncodedSchedule`) and the request it was planned
-from (:class:`~jax_blink.ops.decide.PlanRequest`, used only when batching
-changes the element count). Rank and group are int32 operands computed from
-``lax.axis_index``. Op ids are numbered per lowered module, in lowering order,
-so the same program gets the same ids in every process.
+One primitive serves every collective: its ``request``
+(:class:`~jax_blink.ops.decide.PlanRequest`) says which (allreduce, broadcast,
+reduce, reduce_scatter, allgather), with which reduction and root, and on
+which topology; the encoded schedule (:class:`~jax_blink.ops.decide.EncodedSchedule`)
+is what lowering embeds. The operand is always a 1-D vector: the whole
+vector for allreduce, broadcast, reduce and reduce_scatter (its ``n`` shards
+laid out one after another), one shard for allgather. Rank and group are int32
+operands (:mod:`jax_blink.ops.axes`). Op ids are numbered per lowered module,
+in lowering order, so the same program gets the same ids in every process.
+
+``mode`` says how the value is typed over the reduced axes under
+``check_vma``: ``"varying"`` (the usual case), ``"unreduced"`` (a typed partial
+sum, allreduce and reduce_scatter only) or ``"untyped"`` (``check_vma=False``
+and ``pmap``: no typing, and transposes communicate as in lax).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import weakref
@@ -25,74 +34,134 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
 from jax_blink.ops.decide import schedule_for
+from jax_blink.schedule.constants import COLLECTIVE_CODE
 
-__all__ = ["blink_psum_p", "bind_collective"]
+__all__ = ["blink_collective_p", "bind_collective", "MODES"]
 
-blink_psum_p = Primitive("blink_psum")
-
+blink_collective_p = Primitive("blink_collective")
+MODES = ("varying", "unreduced", "untyped")
+_REDUCE_OP_CODE = {"sum": 0, "max": 1, "min": 2}
 
 _sites = itertools.count()
 
 
-def bind_collective(flat, rank, group, *, axes, request, timeout_ms, varying, schedule=None):
+def bind_collective(flat, rank, group, *, axes, request, timeout_ms, mode, schedule=None):
     """Binds the primitive on a 1-D value (planning it when ``schedule`` is None).
 
-    Each bind is its own call site (``site``): jax would otherwise lower two
-    identical binds once and call the result twice, giving two collectives
-    one op id.
+    ``flat`` holds the whole vector (one shard for allgather). Each bind is its
+    own call site (``site``): jax would otherwise lower two identical binds
+    once and call the result twice, giving two collectives one op id.
     """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if schedule is None:
-        _, _, schedule = schedule_for(request, int(flat.size), np.dtype(flat.dtype).name)
-    return blink_psum_p.bind(flat, rank, group, axes=axes, request=request, schedule=schedule,
-                             timeout_ms=timeout_ms, varying=varying, site=next(_sites))
+        count = int(flat.size) * (request.topology.n if request.collective == "allgather" else 1)
+        _, _, schedule = schedule_for(request, count, np.dtype(flat.dtype).name)
+    return blink_collective_p.bind(flat, rank, group, axes=axes, request=request,
+                                   schedule=schedule, timeout_ms=timeout_ms, mode=mode,
+                                   site=next(_sites))
 
 
 def _rebind(x, rank, group, **params):
-    """Binds again (jvp, transpose) as a new call site."""
-    params["site"] = next(_sites)
-    return blink_psum_p.bind(x, rank, group, **params)
+    """Binds again (jvp, transpose) as a new call site, re-planned if the
+    request changed."""
+    params.pop("site", None)
+    return bind_collective(x, rank, group, **params)
 
 
-def _abstract_eval(x, rank, group, *, axes, varying, **params):
-    mat = x.manual_axis_type
-    if mat.varying & set(axes):
-        return x.update(manual_axis_type=mat.update(varying=mat.varying - set(axes)))
-    return x
+def _out_size(request, size):
+    n = request.topology.n
+    if request.collective == "reduce_scatter":
+        return size // n
+    if request.collective == "allgather":
+        return size * n
+    return size
+
+
+def _abstract_eval(x, rank, group, *, axes, request, mode, **params):
+    out = x.update(shape=(_out_size(request, x.shape[0]),))
+    mat = out.manual_axis_type
+    axes = set(axes)
+    if mode == "varying" and request.collective in ("allreduce", "broadcast"):
+        return out.update(manual_axis_type=mat.update(varying=mat.varying - axes))
+    if mode == "unreduced":
+        # a typed partial sum: summed, it is invariant (allreduce) or varying
+        # (reduce_scatter), as lax's unreduced_psum / unreduced_psum_scatter
+        mat = mat.update(unreduced=mat.unreduced - axes)
+        if request.collective == "reduce_scatter":
+            mat = mat.update(varying=mat.varying | axes)
+        return out.update(manual_axis_type=mat)
+    return out  # reduce, reduce_scatter, allgather (varying stays varying), untyped
 
 
 def _impl(*args, **params):
     raise RuntimeError(
-        "jax_blink.psum is a collective: call it inside jax.shard_map or jax.pmap")
+        "jax_blink collectives run inside jax.shard_map or jax.pmap; call them there")
 
 
-def _jvp(primals, tangents, **params):
+def _jvp(primals, tangents, *, request, **params):
     x, rank, group = primals
-    out = _rebind(x, rank, group, **params)
+    if request.op != "sum":
+        raise NotImplementedError(
+            f"jax_blink.p{request.op} is not differentiable (nor is lax.p{request.op})")
+    out = _rebind(x, rank, group, request=request, **params)
     tx = tangents[0]
     if type(tx) is ad.Zero:
         return out, ad.Zero.from_primal_value(out)
-    return out, _rebind(tx, rank, group, **params)
+    return out, _rebind(tx, rank, group, request=request, **params)
 
 
-def _transpose(ct, x, rank, group, *, axes, varying, **params):
+def _with(request, **changes):
+    return dataclasses.replace(request, **changes)
+
+
+def _transpose(ct, x, rank, group, *, axes, request, mode, **params):
     if type(ct) is ad.Zero:
         return [ad.Zero(x.aval), None, None]
-    if varying:
-        # check_vma=True: the result is invariant over `axes`, so the
-        # cotangent of each rank's input is the (invariant) cotangent itself.
-        return [lax.pcast(ct, axes, to="varying"), None, None]
-    # check_vma=False and pmap: psum's transpose is psum, as for lax.psum.
-    return [_rebind(ct, rank, group, axes=axes, varying=varying, **params), None, None]
+    params = dict(params, axes=axes, mode=mode)
+    collective, root = request.collective, request.root
+    if collective == "allreduce":
+        if mode == "varying":  # the invariant cotangent is every rank's
+            return [lax.pcast(ct, axes, to="varying"), None, None]
+        if mode == "unreduced":  # as lax's unreduced_psum
+            return [lax.pcast(ct, axes, to="reduced"), None, None]
+        return [_rebind(ct, rank, group, request=request, **params), None, None]
+    if collective == "broadcast":  # only the root's input reaches the outputs
+        if mode == "varying":
+            ct = lax.pcast(ct, axes, to="varying")
+        else:
+            ct = _rebind(ct, rank, group, request=_with(request, collective="reduce"), **params)
+        return [jnp.where(rank == root, ct, jnp.zeros_like(ct)), None, None]
+    if collective == "reduce":
+        # the ops mask non-root outputs, so only the root's cotangent counts
+        return [_rebind(ct, rank, group, request=_with(request, collective="broadcast"), **params),
+                None, None]
+    if collective == "reduce_scatter":
+        return [_rebind(ct, rank, group, request=_with(request, collective="allgather"), **params),
+                None, None]
+    if collective == "allgather":
+        return [_rebind(ct, rank, group, request=_with(request, collective="reduce_scatter"),
+                        **params), None, None]
+    raise AssertionError(collective)
 
 
-def _batch(args, dims, *, schedule, request, site, **params):
+def _batch(args, dims, *, request, site, schedule, **params):
+    """Batches by planning the batched vector: shards (reduce_scatter's input,
+    allgather's output) stay contiguous per rank."""
     x, rank, group = args
     bx, brank, bgroup = dims
     if brank is not None or bgroup is not None:  # None: not mapped
-        raise NotImplementedError("jax_blink.psum: rank and group cannot be batched")
+        raise NotImplementedError("jax_blink collectives: rank and group cannot be batched")
     x = jnp.moveaxis(x, bx, 0)
+    b, size = x.shape
+    n = request.topology.n
+    if request.collective == "reduce_scatter":
+        flat = x.reshape(b, n, size // n).swapaxes(0, 1).reshape(-1)
+        return bind_collective(flat, rank, group, request=request, **params).reshape(b, -1), 0
     out = bind_collective(x.reshape(-1), rank, group, request=request, **params)
-    return out.reshape(x.shape), 0
+    if request.collective == "allgather":
+        return out.reshape(n, b, size).swapaxes(0, 1).reshape(b, n * size), 0
+    return out.reshape(b, size), 0
 
 
 # Not side-effecting: every device runs the same program, so XLA merges or
@@ -104,7 +173,7 @@ _ffi_rule = jax.ffi.ffi_lowering(_ffi.TARGET)
 _op_ids = weakref.WeakKeyDictionary()  # lowered module -> its op id counter
 
 
-def _lowering(ctx, x, rank, group, *, platform, schedule, timeout_ms, site, **params):
+def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, **params):
     _ffi.ensure_registered(platform)
     module = ctx.module_context.module
     if module not in _op_ids:
@@ -112,14 +181,20 @@ def _lowering(ctx, x, rank, group, *, platform, schedule, timeout_ms, site, **pa
     # one id per call site in the module; a call site inside a loop is told
     # apart by the executor's per-rank generation counter
     return _ffi_rule(ctx, x, rank, group, schedule=schedule.words,
-                     op_id=np.int64(next(_op_ids[module])), timeout_ms=np.int64(timeout_ms))
+                     op_id=np.int64(next(_op_ids[module])), timeout_ms=np.int64(timeout_ms),
+                     **_lowering_checks(request))
 
 
-blink_psum_p.def_abstract_eval(_abstract_eval)
-blink_psum_p.def_impl(_impl)
-ad.primitive_jvps[blink_psum_p] = _jvp
-ad.primitive_transposes[blink_psum_p] = _transpose
-batching.primitive_batchers[blink_psum_p] = _batch
+def _lowering_checks(request):
+    """The attributes the handler checks the schedule against."""
+    return {}  # V1-HANDLER: restore {"collective": ..., "reduce_op": ...} at the v2 merge
+
+
+blink_collective_p.def_abstract_eval(_abstract_eval)
+blink_collective_p.def_impl(_impl)
+ad.primitive_jvps[blink_collective_p] = _jvp
+ad.primitive_transposes[blink_collective_p] = _transpose
+batching.primitive_batchers[blink_collective_p] = _batch
 for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(blink_psum_p, functools.partial(_lowering, platform=_platform),
+    mlir.register_lowering(blink_collective_p, functools.partial(_lowering, platform=_platform),
                            platform=_platform)

@@ -1,14 +1,8 @@
-"""``psum``, ``pmean`` and ``explain``: drop-ins for ``jax.lax.psum`` / ``pmean``.
-
-``psum`` packs a pytree into one value per dtype, asks
-:func:`~jax_blink.ops.decide.decide` what each should do (the planned
-collective, or ``lax.psum`` and why), records the decision for ``explain`` and
-binds the primitive (:mod:`jax_blink.ops.primitive`).
+"""``psum``, ``pmean``, ``pmax``, ``pmin`` and ``explain``: drop-ins for the lax
+allreduce collectives, on :func:`jax_blink.ops.collective.run`.
 """
 
 from __future__ import annotations
-
-import collections
 
 import numpy as np
 
@@ -16,15 +10,68 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_blink import settings
 from jax_blink.ops import decide as _decide
-from jax_blink.ops.primitive import bind_collective
+from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
+from jax_blink.ops.collective import run
 
-__all__ = ["psum", "pmean", "explain"]
+__all__ = ["psum", "pmean", "pmax", "pmin", "explain"]
+
+_LAX_REDUCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
+_NAME = {"sum": "psum", "max": "pmax", "min": "pmin"}
 
 
-def _axes_tuple(axis_name):
-    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, timeout_s, chunks):
+    name = _NAME[op]
+    axes = axes_tuple(axis_name)
+    leaves, treedef = jax.tree.flatten(x)
+    if not leaves:
+        return x
+    if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        # Constants (Python numbers, numpy arrays) hold the same value on every
+        # device: as lax does, psum multiplies them by the number of devices
+        # (weak types kept) and pmax/pmin return them; no collective.
+        n = axis_size(axes, name)
+        groups = canonical_groups(axis_index_groups, n, name)
+        size = len(groups[0]) if groups else n
+        arrays = [jnp.asarray(leaf) for leaf in leaves]
+        if op != "sum":
+            return treedef.unflatten(arrays)
+        _decide.record(f"psum over {axes}: constants, multiplied by {size} as lax.psum does")
+        return treedef.unflatten([(a.astype(np.int32) if a.dtype == np.bool_ else a) * size
+                                  for a in arrays])
+
+    def fallback(blocks, mode):
+        return _LAX_REDUCE[op](blocks, axes, axis_index_groups=axis_index_groups)
+
+    shapes = [np.shape(leaf) for leaf in leaves]
+    blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
+    out = run(blocks, axes, name=name, collective="allreduce", op=op,
+              axis_index_groups=axis_index_groups, topology=topology, min_bytes=min_bytes,
+              timeout_s=timeout_s, chunks=chunks, fallback=fallback, unreduced_ok=op == "sum")
+    return treedef.unflatten([o.reshape(s) for o, s in zip(out, shapes)])
+
+
+_KEYWORDS_DOC = """
+    axis_index_groups : sequence of sequences of int, optional
+        As in lax: reduce within each group of axis indices (equal-sized
+        groups covering the axis). Each group is planned as a partial
+        allocation of the topology (``topology.subset(group)``).
+    topology : Topology, str or None
+        The link topology of the reduced devices (a :class:`Topology` or a
+        preset name). Default: ``$JAX_BLINK_TOPOLOGY`` (a preset name or a
+        topology JSON file), else on GPUs the detected allocation, else
+        ``shm:N`` (devices sharing host memory).
+    min_bytes : int or None
+        Per-device bytes (per dtype) below which the lax collective is used.
+        Default: ``$JAX_BLINK_MIN_BYTES``, else 0 (only empty values).
+    timeout_s : float or None
+        How long a device waits for its peers before failing with an error
+        naming the ranks that never arrived. Default: ``$JAX_BLINK_TIMEOUT_S``,
+        else 60.
+    chunks : int or None
+        Pipeline chunks per tree, overriding the planner's alpha-beta model.
+        Default: ``$JAX_BLINK_CHUNKS``, else the model's choice.
+"""
 
 
 def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
@@ -39,135 +86,93 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
     ----------
     x : pytree of arrays
         Leaves of one dtype are packed into one collective. Supported dtypes:
-        float32, float64, float16, bfloat16, int32, int64, uint32, and bool
-        (summed as int32, as ``lax.psum`` does).
+        float32, float64, float16, bfloat16, int32, int64, uint32, complex64
+        and complex128 (as pairs of floats), the 8- and 16-bit integers
+        (carried as int32), and bool (summed as int32, as ``lax.psum`` does).
+        Values typed unreduced over the axes (``P(unreduced=...)``) are summed
+        into invariant values, as ``lax.psum`` does.
     axis_name : hashable or tuple of hashables
         The mesh axis (or axes) to reduce over.
-    axis_index_groups : None
-        Not supported; raises NotImplementedError.
-    topology : Topology, str or None
-        The link topology of the reduced devices (a :class:`Topology` or a
-        preset name). Default: ``$JAX_BLINK_TOPOLOGY`` (a preset name or a
-        topology JSON file), else on GPUs the detected allocation, else
-        ``shm:N`` (devices sharing host memory).
-    min_bytes : int or None
-        Per-device bytes (per dtype) below which ``lax.psum`` is used.
-        Default: ``$JAX_BLINK_MIN_BYTES``, else 0 (only empty values).
-    timeout_s : float or None
-        How long a device waits for its peers before failing with an error
-        naming the ranks that never arrived. Default: ``$JAX_BLINK_TIMEOUT_S``,
-        else 60.
-    chunks : int or None
-        Pipeline chunks per tree, overriding the planner's alpha-beta model.
-        Default: ``$JAX_BLINK_CHUNKS``, else the model's choice.
-
+    """ + _KEYWORDS_DOC + """
     Returns
     -------
     pytree
         Like ``lax.psum``: same structure, invariant over ``axis_name``.
     """
-    if axis_index_groups is not None:
-        raise NotImplementedError(
-            "jax_blink.psum does not support axis_index_groups; use a mesh axis per group "
-            "(jax.shard_map over a 2-D mesh) or lax.psum")
-    axes = _axes_tuple(axis_name)
-    leaves, treedef = jax.tree.flatten(x)
-    if not leaves:
-        return x
-    timeout_ms = settings.timeout_ms(timeout_s)
-    arrays = []
-    for leaf in leaves:
-        a = jnp.asarray(leaf)
-        if a.dtype == np.bool_:
-            a = a.astype(np.int32)
-        if np.dtype(a.dtype).name not in _decide.SUPPORTED_DTYPES:
-            raise TypeError(
-                f"jax_blink.psum does not support dtype {a.dtype}; supported dtypes are "
-                f"{', '.join(_decide.SUPPORTED_DTYPES)} and bool. Use lax.psum for this value.")
-        arrays.append(a)
-
-    try:
-        nranks = lax.axis_size(axes)
-    except NameError as e:
-        raise NameError(f"Found an unbound axis name in {axes}: {e}. jax_blink.psum is a "
-                        "collective: call it under `jax.shard_map` (or `jax.pmap`) with "
-                        "these axis names.") from None
-    if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
-        # Constants (Python numbers, numpy arrays) hold the same value on every
-        # device: as lax.psum does, multiply by the number of devices (weak
-        # types kept; no collective).
-        _decide.record(f"psum over {axes}: constants, multiplied by {nranks} as lax.psum does")
-        return treedef.unflatten([a * nranks for a in arrays])
-    reason = _decide.environment_reason(axes)
-    if reason is not None:
-        _decide.record(f"psum over {axes}: lax.psum ({reason})")
-        return treedef.unflatten(lax.psum(arrays, axes))
-
-    rank = group = None
-    out = list(arrays)
-    by_type = collections.defaultdict(list)
-    for i, a in enumerate(arrays):
-        missing = tuple(ax for ax in axes if ax not in jax.typeof(a).manual_axis_type.varying)
-        if missing:  # as lax.psum: a value not varying over an axis counts once per device
-            a = lax.pcast(a, missing, to="varying")
-        arrays[i] = a
-        aval = jax.typeof(a)  # weak-typed leaves stay apart so that they stay weak, as in lax
-        by_type[(a.dtype, aval.weak_type, aval.manual_axis_type.varying)].append(i)
-    for (dtype, _, vma), idx in by_type.items():
-        count = sum(arrays[i].size for i in idx)
-        decision = _decide.decide(count, np.dtype(dtype).name, nranks, topology=topology,
-                                  min_bytes=min_bytes, chunks=chunks)
-        _decide.record(f"psum over {axes}: {decision.text}")
-        if not decision.uses_blink:
-            for i, r in zip(idx, lax.psum([arrays[i] for i in idx], axes)):
-                out[i] = r
-            continue
-        if rank is None:
-            rank = lax.axis_index(axes)
-            mesh = jax.sharding.get_abstract_mesh()
-            others = tuple(a for a in mesh.axis_names
-                           if a in set(mesh.manual_axes) and a not in axes)
-            group = lax.axis_index(others) if others else jnp.int32(0)
-        flat = (arrays[idx[0]].reshape(-1) if len(idx) == 1
-                else jnp.concatenate([arrays[i].reshape(-1) for i in idx]))
-        summed = bind_collective(flat, rank, group, axes=axes, request=decision.request,
-                                 schedule=decision.schedule, timeout_ms=timeout_ms,
-                                 varying=set(axes) <= set(vma))
-        offset = 0
-        for i in idx:
-            n = arrays[i].size
-            out[i] = summed[offset:offset + n].reshape(arrays[i].shape)
-            offset += n
-    return treedef.unflatten(out)
+    return _allreduce(x, axis_name, "sum", axis_index_groups=axis_index_groups,
+                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
 
 
-def pmean(x, axis_name, **kwargs):
+def pmean(x, axis_name, *, axis_index_groups=None, **kwargs):
     """Mean of ``x`` over ``axis_name``; a drop-in for ``lax.pmean``.
 
     Takes the same keyword arguments as :func:`psum`.
     """
-    n = lax.axis_size(_axes_tuple(axis_name))
-    return jax.tree.map(lambda v: v / n, psum(x, axis_name, **kwargs))
+    axes = axes_tuple(axis_name)
+    groups = canonical_groups(axis_index_groups, axis_size(axes, "pmean"), "pmean")
+    n = len(groups[0]) if groups else axis_size(axes, "pmean")
+    return jax.tree.map(lambda v: v / n,
+                        psum(x, axis_name, axis_index_groups=axis_index_groups, **kwargs))
 
 
-def explain(x=None, axis_size=None, *, topology=None, min_bytes=None, chunks=None):
-    """Say which plan ``jax_blink.psum`` uses, or why it falls back.
+def pmax(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
+         timeout_s=None, chunks=None):
+    """Maximum of ``x`` over ``axis_name``; a drop-in for ``lax.pmax``.
 
-    With no arguments, returns what the most recent psum traces decided
-    (one line each). With ``x`` (an array or ``jax.ShapeDtypeStruct``: one
-    device's value) and ``axis_size`` (devices reduced over), describes the
-    decision for that call without running anything (the same decision
-    psum makes; only the mesh and backend checks need a trace).
+    Runs the same planned trees as :func:`psum` with a max reduction (NaN
+    propagates, as in lax). Takes the same keyword arguments as :func:`psum`;
+    like ``lax.pmax`` it is not differentiable.
+    """
+    return _allreduce(x, axis_name, "max", axis_index_groups=axis_index_groups,
+                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+
+
+def pmin(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
+         timeout_s=None, chunks=None):
+    """Minimum of ``x`` over ``axis_name``; a drop-in for ``lax.pmin``.
+
+    As :func:`pmax`, with a min reduction.
+    """
+    return _allreduce(x, axis_name, "min", axis_index_groups=axis_index_groups,
+                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+
+
+_COLLECTIVE_OF = {"psum": ("allreduce", "sum"), "pmean": ("allreduce", "sum"),
+                  "pmax": ("allreduce", "max"), "pmin": ("allreduce", "min"),
+                  "psum_scatter": ("reduce_scatter", "sum"), "all_gather": ("allgather", "sum"),
+                  "broadcast": ("broadcast", "sum")}
+
+
+def explain(x=None, axis_size=None, *, op="psum", root=0, topology=None, min_bytes=None,
+            chunks=None):
+    """Say which plan a jax_blink collective uses, or why it falls back to lax.
+
+    With no arguments, returns what the most recent traces decided (one line
+    per dtype group of each call). With ``x`` (an array or
+    ``jax.ShapeDtypeStruct``: one device's input) and ``axis_size`` (devices
+    reduced over), describes the decision for that call of ``op`` (one of
+    ``psum``, ``pmean``, ``pmax``, ``pmin``, ``psum_scatter``, ``all_gather``,
+    ``broadcast``) without running anything: the same decision the op makes;
+    only the mesh and backend checks need a trace.
 
     Set ``JAX_BLINK_DEBUG=1`` to log every decision (and, in C++, every
     call) as it happens.
     """
     if x is None:
-        return "\n".join(_decide.recent()) or "no jax_blink.psum has been traced yet"
+        return "\n".join(_decide.recent()) or "no jax_blink collective has been traced yet"
     if axis_size is None:
         raise TypeError("explain(x, axis_size): give the number of devices reduced over")
+    if op not in _COLLECTIVE_OF:
+        raise ValueError(f"explain: op must be one of {', '.join(_COLLECTIVE_OF)}, got {op!r}")
+    collective, reduce_op = _COLLECTIVE_OF[op]
     dtype = np.dtype(x.dtype)
-    if dtype == np.bool_:
+    count = int(np.prod(x.shape))
+    if dtype.kind == "c":
+        dtype, count = np.dtype(dtype.char.lower()), 2 * count
+    elif dtype.name in ("bool", "int8", "int16", "uint8", "uint16"):
         dtype = np.dtype(np.int32)
-    return _decide.decide(int(np.prod(x.shape)), dtype.name, axis_size, topology=topology,
+    if collective == "allgather":
+        count *= axis_size
+    return _decide.decide(count, dtype.name, axis_size, collective=collective, op=reduce_op,
+                          root=root if collective == "broadcast" else None, topology=topology,
                           min_bytes=min_bytes, chunks=chunks).text

@@ -1,0 +1,108 @@
+"""What every op needs to know about the axes it runs over: their size, how a
+value is typed over them, and the rank and group operands of the custom call.
+
+Shared by :mod:`~jax_blink.ops.psum`, :mod:`~jax_blink.ops.scatter_gather`,
+:mod:`~jax_blink.ops.broadcast` and :mod:`~jax_blink.ops.pvary`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = ["axes_tuple", "axis_size", "typed", "rank_and_group", "canonical_groups"]
+
+
+def axes_tuple(axis_name) -> tuple:
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def axis_size(axes: tuple, name: str) -> int:
+    """The number of devices over ``axes``, or lax's error for an unbound name."""
+    try:
+        return lax.axis_size(axes)
+    except NameError as e:
+        raise NameError(f"Found an unbound axis name in {axes}: {e}. jax_blink.{name} is a "
+                        "collective: call it under `jax.shard_map` (or `jax.pmap`) with "
+                        "these axis names.") from None
+
+
+def typed(a, axes: tuple, name: str, *, unreduced_ok: bool = True):
+    """``(value, mode)``: the value as the primitive takes it and its typing mode
+    (:data:`~jax_blink.ops.primitive.MODES`).
+
+    As lax's collectives do, a value that is neither varying nor unreduced over
+    ``axes`` (invariant or reduced) is cast to varying first, so that it counts
+    once per device. A value must be in one state over all of ``axes``.
+    """
+    mat = jax.typeof(a).manual_axis_type
+    unreduced = [ax for ax in axes if ax in mat.unreduced]
+    if unreduced:
+        if len(unreduced) != len(axes):
+            raise ValueError(
+                f"jax_blink.{name}: the value is unreduced over {tuple(unreduced)} but not over "
+                f"all of {axes} ({jax.typeof(a).str_short(True)}); reduce over one state at a time, "
+                "as lax does")
+        if not unreduced_ok:
+            raise ValueError(f"jax_blink.{name} does not accept a value unreduced over {axes} "
+                             "(neither does lax); sum it first with jax_blink.psum")
+        return a, "unreduced"
+    missing = tuple(ax for ax in axes if ax not in mat.varying)
+    if missing:
+        a = lax.pcast(a, missing, to="varying")  # a no-op without check_vma
+    varying = set(axes) <= set(jax.typeof(a).manual_axis_type.varying)
+    return a, "varying" if varying else "untyped"
+
+
+def canonical_groups(axis_index_groups, n: int, name: str):
+    """``axis_index_groups`` as a tuple of tuples, checked as lax checks them:
+    equal sizes, every index of ``range(n)`` exactly once."""
+    if axis_index_groups is None:
+        return None
+    try:
+        groups = tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+    except TypeError:
+        raise TypeError(f"jax_blink.{name}: axis_index_groups must be a list of lists of axis "
+                        f"indices, got {axis_index_groups!r}") from None
+    if not groups or len({len(g) for g in groups}) != 1:
+        raise ValueError(f"jax_blink.{name}: axis_index_groups must all have the same size, got "
+                         f"{[len(g) for g in groups]}")
+    flat = sorted(i for g in groups for i in g)
+    if flat != list(range(n)):
+        raise ValueError(f"jax_blink.{name}: axis_index_groups {[list(g) for g in groups]} must "
+                         f"hold every index 0..{n - 1} of the axis exactly once")
+    return groups
+
+
+def _linear_index(axes):
+    """The device's linear index over ``axes`` (row-major), without the
+    constant casts ``lax.axis_index`` of a tuple emits."""
+    index = lax.axis_index(axes[0])
+    for ax in axes[1:]:
+        index = index * lax.axis_size(ax) + lax.axis_index(ax)
+    return index
+
+
+def rank_and_group(axes: tuple, groups=None):
+    """The int32 operands: rank = position among the reduced devices (within
+    its group, with ``groups``); group = which group of devices runs the same
+    collective: the linear index over the other manual axes, times the number
+    of ``groups``, plus the device's group."""
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = set(mesh.manual_axes)
+    others = tuple(a for a in mesh.axis_names if a in manual and a not in axes)
+    rank = _linear_index(axes)
+    group = _linear_index(others) if others else None
+    if groups is not None:
+        size = len(groups)
+        position = np.zeros(sum(len(g) for g in groups), np.int32)
+        which = np.zeros_like(position)
+        for k, g in enumerate(groups):
+            for i, idx in enumerate(g):
+                position[idx], which[idx] = i, k
+        index = rank
+        rank = jnp.asarray(position)[index]
+        group = jnp.asarray(which)[index] if group is None else group * size + jnp.asarray(which)[index]
+    return rank, jnp.int32(0) if group is None else group

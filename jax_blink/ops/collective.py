@@ -1,0 +1,177 @@
+"""One collective call over a pytree: the machinery every op shares.
+
+An op (:func:`~jax_blink.psum`, :func:`~jax_blink.psum_scatter`, ...) turns
+each leaf into a 2-D block ``(shards, m)`` (``shards`` is the number of
+devices for reduce_scatter's input and allgather's output, else 1) and calls
+:func:`run`, which
+
+1. checks the dtypes (widening the small integer types and bool losslessly,
+   splitting complex values into their real and imaginary parts),
+2. types each leaf over the axes (:func:`jax_blink.ops.axes.typed`),
+3. groups leaves that can travel together (dtype, weak type, varying axes,
+   typing mode), packs each group's blocks into one vector (shard by shard),
+4. asks :func:`~jax_blink.ops.decide.decide` what each group does and records
+   it for :func:`jax_blink.explain`, and
+5. binds the primitive (per ``axis_index_groups`` group topology, a
+   ``lax.switch`` when the groups' schedules differ) or runs the lax
+   equivalent, and unpacks the blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_blink import settings
+from jax_blink.ops import decide as _decide
+from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
+from jax_blink.ops.primitive import bind_collective
+
+__all__ = ["run"]
+
+_SHARDED_OUT = ("allgather",)
+
+# dtypes carried in a wider schedule dtype with the same results: sums wrap
+# modulo 2^k after the cast back, max/min and copies are exact
+_WIDEN = {"bool": "int32", "int8": "int32", "int16": "int32", "uint8": "int32", "uint16": "int32"}
+
+
+def _prepare(block, name, op):
+    """``(parts, restore)``: the schedule-dtype blocks a leaf travels as, and
+    how to rebuild the leaf's result from theirs."""
+    dtype = np.dtype(block.dtype)
+    if dtype.kind == "c":
+        if op != "sum":
+            raise TypeError(f"jax_blink.{name} does not support complex values ({dtype}); "
+                            "neither does lax")
+        return [jnp.real(block), jnp.imag(block)], lambda re, im: lax.complex(re, im)
+    if dtype.name in _WIDEN:
+        wide = _WIDEN[dtype.name]
+        # psum of bool is an int32 sum, as in lax; the others keep their dtype
+        back = np.int32 if (dtype == np.bool_ and op == "sum") else dtype
+        return [block.astype(wide)], lambda r: r.astype(back)
+    if dtype.name not in _decide.SUPPORTED_DTYPES:
+        raise TypeError(
+            f"jax_blink.{name} does not support dtype {dtype}; supported dtypes are "
+            f"{', '.join(_decide.SUPPORTED_DTYPES)}, complex64/128 (as float pairs), bool and "
+            f"the 8- and 16-bit integers. Use the lax collective for this value.")
+    return [block], lambda r: r
+
+
+def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum",
+        root: Optional[int] = None, axis_index_groups=None, topology=None, min_bytes=None,
+        timeout_s=None, chunks=None, fallback: Callable, unreduced_ok: bool = False) -> list:
+    """Runs ``collective`` over ``axes`` on 2-D ``blocks``; returns their results.
+
+    ``fallback(blocks, mode)`` runs the lax equivalent on a list of
+    schedule-dtype blocks (used where the decision is lax).
+    """
+    if not blocks:
+        return []
+    nranks_axis = axis_size(axes, name)
+    groups = canonical_groups(axis_index_groups, nranks_axis, name)
+    nranks = len(groups[0]) if groups else nranks_axis
+    timeout_ms = settings.timeout_ms(timeout_s)
+
+    parts, restores, owners = [], [], []
+    for i, block in enumerate(blocks):
+        ps, restore = _prepare(jnp.asarray(block), name, op)
+        restores.append((restore, len(ps)))
+        for p in ps:
+            parts.append(p)
+            owners.append(i)
+
+    reason = _decide.environment_reason(axes)
+    if reason is not None:
+        _decide.record(f"{name} over {axes}: {_decide.lax_equivalent(collective, op)} ({reason})")
+        results = fallback(parts, "untyped")
+        return _restore(results, restores)
+
+    modes = []
+    for i, p in enumerate(parts):
+        parts[i], mode = typed(p, axes, name, unreduced_ok=unreduced_ok)
+        modes.append("untyped" if groups and mode == "varying" else mode)
+
+    by_key = collections.defaultdict(list)
+    for i, p in enumerate(parts):
+        aval = jax.typeof(p)  # weak-typed leaves stay apart so that they stay weak, as in lax
+        by_key[(p.dtype, aval.weak_type, aval.manual_axis_type.varying, modes[i])].append(i)
+
+    out = list(parts)
+    rank = group = None
+    shards_out = nranks if collective in _SHARDED_OUT else 1
+    for (dtype, _, _, mode), idx in by_key.items():
+        count = sum(int(np.prod(parts[i].shape)) for i in idx) * (nranks if shards_out > 1 else 1)
+        topologies = _group_topologies(topology, nranks_axis, groups)
+        decisions = [_decide.decide(count, np.dtype(dtype).name, nranks, collective=collective,
+                                    op=op, root=root, topology=t, min_bytes=min_bytes,
+                                    chunks=chunks) for t in topologies]
+        decision = decisions[0]
+        _decide.record(f"{name} over {axes}{_groups_text(groups)}: {decision.text}")
+        if not decision.uses_blink:
+            for i, r in zip(idx, fallback([parts[i] for i in idx], mode)):
+                out[i] = r
+            continue
+        if rank is None:
+            rank, group = rank_and_group(axes, groups)
+        widths = [parts[i].shape[1] for i in idx]
+        flat = (parts[idx[0]].reshape(-1) if len(idx) == 1
+                else jnp.concatenate([parts[i] for i in idx], axis=1).reshape(-1))
+        result = _bind(flat, rank, group, axes, decisions, groups, timeout_ms, mode)
+        result = result.reshape(shards_out, -1)
+        offset = 0
+        for i, w in zip(idx, widths):
+            out[i] = result[:, offset:offset + w]
+            offset += w
+    return _restore(out, restores)
+
+
+def _restore(results, restores):
+    out, k = [], 0
+    for restore, nparts in restores:
+        out.append(restore(*results[k:k + nparts]))
+        k += nparts
+    return out
+
+
+def _group_topologies(topology, nranks_axis, groups):
+    """One topology per ``axis_index_groups`` group (each a partial
+    allocation of the axis' topology), or ``[topology]`` without groups."""
+    if groups is None:
+        return [topology]
+    size = len(groups[0])
+    if isinstance(topology, str):
+        from jax_blink.topo import Topology
+        topology = Topology.preset(topology)
+    if topology is None:
+        topology = _decide.topology_for(None, nranks_axis)
+    if topology.n == size:
+        return [topology] * len(groups)
+    _decide.topology_for(topology, nranks_axis)  # checks the rank count
+    return [topology.subset(list(g), name=f"{topology.name}{list(g)}") for g in groups]
+
+
+def _groups_text(groups):
+    return "" if groups is None else f" in groups {[list(g) for g in groups]}"
+
+
+def _bind(flat, rank, group, axes, decisions, groups, timeout_ms, mode):
+    def call(d):
+        return lambda v: bind_collective(v, rank, group, axes=axes, request=d.request,
+                                         schedule=d.schedule, timeout_ms=timeout_ms, mode=mode)
+
+    distinct = list(dict.fromkeys(d.schedule for d in decisions))
+    if len(distinct) == 1:
+        return call(decisions[0])(flat)
+    # the groups' allocations differ: each group runs its own schedule (a
+    # separate call site, so a separate op id)
+    branch_of = np.asarray([distinct.index(d.schedule) for d in decisions], np.int32)
+    first = {s: next(d for d in decisions if d.schedule == s) for s in distinct}
+    which = group % len(groups)  # rank_and_group: the other axes' index * len(groups) + group
+    return lax.switch(jnp.asarray(branch_of)[which], [call(first[s]) for s in distinct], flat)
