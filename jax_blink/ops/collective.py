@@ -42,7 +42,7 @@ _SHARDED_OUT = ("allgather",)
 _WIDEN = {"bool": "int32", "int8": "int32", "int16": "int32", "uint8": "int32", "uint16": "int32"}
 
 
-def _prepare(block, name, op):
+def _prepare(block, name, collective, op):
     """``(parts, restore)``: the schedule-dtype blocks a leaf travels as, and
     how to rebuild the leaf's result from theirs."""
     dtype = np.dtype(block.dtype)
@@ -53,8 +53,9 @@ def _prepare(block, name, op):
         return [jnp.real(block), jnp.imag(block)], lambda re, im: lax.complex(re, im)
     if dtype.name in _WIDEN:
         wide = _WIDEN[dtype.name]
-        # psum of bool is an int32 sum, as in lax; the others keep their dtype
-        back = np.int32 if (dtype == np.bool_ and op == "sum") else dtype
+        # a sum of bools is an int32 sum, as in lax; the others keep their dtype
+        sums = op == "sum" and collective in ("allreduce", "reduce_scatter")
+        back = np.int32 if (dtype == np.bool_ and sums) else dtype
         return [block.astype(wide)], lambda r: r.astype(back)
     if dtype.name not in _decide.SUPPORTED_DTYPES:
         raise TypeError(
@@ -81,7 +82,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
 
     parts, restores, owners = [], [], []
     for i, block in enumerate(blocks):
-        ps, restore = _prepare(jnp.asarray(block), name, op)
+        ps, restore = _prepare(jnp.asarray(block), name, collective, op)
         restores.append((restore, len(ps)))
         for p in ps:
             parts.append(p)

@@ -62,10 +62,9 @@ def bind_collective(flat, rank, group, *, axes, request, timeout_ms, mode, sched
                                    site=next(_sites))
 
 
-def _rebind(x, rank, group, **params):
-    """Binds again (jvp, transpose) as a new call site, re-planned if the
-    request changed."""
-    params.pop("site", None)
+def _rebind(x, rank, group, *, site=None, schedule=None, **params):
+    """Binds again (jvp, transpose) as a new call site, with the schedule of
+    its request (a transpose changes the collective; schedules are cached)."""
     return bind_collective(x, rank, group, **params)
 
 
