@@ -1,8 +1,10 @@
-"""Data-parallel ResNet training on scikit-learn's digits with ``jax_blink.psum``.
+"""Data-parallel ResNet training on scikit-learn's digits with jax_blink's collectives.
 
-The one line that matters is in ``make_train_step``: the gradients are
-all-reduced with ``jax_blink.psum(grads, "data")`` where a plain JAX program
-would call ``jax.lax.psum(grads, "data")``. Everything else is an ordinary
+The lines that matter are in ``make_train_step``: the replicated parameters
+go through ``jax_blink.pvary(params, "data")``, so that ``jax.grad`` sums
+their gradients with ``jax_blink.psum`` (a plain JAX program leaves that sum
+to XLA), and the metrics are summed with ``jax_blink.psum`` where a plain
+program calls ``jax.lax.psum``. Everything else is an ordinary
 flax (NNX) + optax training loop inside ``jax.jit(jax.shard_map(...))`` over a
 1-D device mesh named ``"data"``.
 
@@ -24,14 +26,17 @@ Design notes
   on its own, so the gradients are the only thing that crosses devices.
 * The parameters enter the shard_map replicated (``P()``). Under
   ``check_vma=True`` (the default) ``jax.grad`` of a per-device loss with
-  respect to replicated parameters would *already* sum the gradients across
-  the axis (the transpose of the implicit broadcast is a psum). We therefore
-  ``pcast`` the parameters to "varying" first, so each device gets its own
-  local gradient and the explicit psum below is the one and only all-reduce.
-* ``jax_blink.psum`` itself hands values under ``min_bytes`` (32 KiB per
-  device by default) to ``lax.psum``: here the gradients (all float32 leaves,
-  packed into one buffer) take the planned tree allreduce and the two-number
-  metrics psum takes ``lax.psum``. The run prints ``jax_blink.explain()``.
+  respect to replicated parameters sums the gradients across the axis by
+  itself: the transpose of the implicit cast to "varying" is a psum, XLA's.
+  The blink run makes that cast explicit with ``jax_blink.pvary(params,
+  "data")``, whose transpose is ``jax_blink.psum``: the gradients come out of
+  ``jax.grad`` already summed along Blink's trees, with no psum call of our
+  own. The lax run keeps JAX's implicit cast (``jax.lax.pcast`` would give
+  the same program), so the two differ only in who sums the gradients.
+* ``jax_blink.psum`` hands values under ``min_bytes`` to ``lax.psum``
+  (default 0: only empty values): here both the gradients (all float32
+  leaves, packed into one buffer) and the two-number metrics psum take the
+  planned collective. The run prints ``jax_blink.explain()``.
 * With ``--compare`` both models train in lockstep on the same batches, the
   blink and lax.psum steps alternating (and alternating who goes first), so
   that both step times are taken under the same machine load.
@@ -102,9 +107,13 @@ AXIS = "data"
 LABELS = {"blink": "jax_blink.psum", "lax": "jax.lax.psum"}
 
 
-def get_psum(which: str):
-    """The all-reduce under comparison: ``jax_blink.psum`` or ``jax.lax.psum``."""
-    return jax_blink.psum if which == "blink" else jax.lax.psum
+def get_collectives(which: str):
+    """``(psum, cast)`` under comparison: jax_blink's psum and pvary (whose
+    transpose is jax_blink.psum), or lax.psum and JAX's implicit cast of
+    replicated values (whose transpose is XLA's psum)."""
+    if which == "blink":
+        return jax_blink.psum, jax_blink.pvary
+    return jax.lax.psum, lambda params, axis: params
 
 
 # --------------------------------------------------------------------------
@@ -187,22 +196,23 @@ def batches(x, y, batch_size: int, epoch: int, seed: int):
 # --------------------------------------------------------------------------
 
 
-def make_train_step(graphdef, tx, psum, mesh, n_dev: int):
-    """jit(shard_map(step)): local grads, one ``psum`` all-reduce, optax update."""
+def make_train_step(graphdef, tx, collectives, mesh, n_dev: int):
+    """jit(shard_map(step)): grads summed by the cast's transpose, optax update."""
+    psum, cast = collectives
 
     def step(params, opt_state, x, y):
-        # Per-device copy of the (replicated) parameters, so that grad returns
-        # this device's local gradient and not an implicitly psummed one.
-        local_params = jax.lax.pcast(params, AXIS, to="varying")
-
         def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(x)
+            # The replicated parameters, cast to per-device values: the
+            # transpose of the cast sums their gradients over the devices
+            # (<- the swap: jax_blink.pvary sums them with jax_blink.psum,
+            # JAX's implicit cast with XLA's psum).
+            logits = nnx.merge(graphdef, cast(p, AXIS))(x)
             loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
             return loss, logits
 
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(local_params)
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
 
-        grads = jax.tree.map(lambda g: g / n_dev, psum(grads, AXIS))  # <- the swap
+        grads = jax.tree.map(lambda g: g / n_dev, grads)  # summed over the devices already
 
         correct = jnp.sum(jnp.argmax(logits, -1) == y).astype(jnp.float32)
         loss_sum, correct_sum = psum((loss, correct), AXIS)
@@ -250,11 +260,15 @@ class Trainer:
         self.params = jax.device_put(params, replicated)
         self.opt_state = jax.device_put(tx.init(self.params), replicated)
         self.predict = make_predict(graphdef)
-        step = make_train_step(graphdef, tx, get_psum(which), mesh, n_dev)
+        step = make_train_step(graphdef, tx, get_collectives(which), mesh, n_dev)
         # Compile ahead of time so that compilation is timed on its own.
         t0 = time.perf_counter()
         self.step_fn = step.lower(self.params, self.opt_state, *example_batch).compile()
         self.compile_s = time.perf_counter() - t0
+        # who sums: the compiled step's XLA all-reduces and jax_blink custom calls
+        hlo = self.step_fn.as_text()
+        self.collectives = {"xla_all_reduce": hlo.count(" all-reduce("),
+                            "jax_blink": hlo.count('custom_call_target="jax_blink_collective"')}
         self.loss, self.acc, self.step_s, self.test_acc = [], [], [], []
 
     def step(self, x, y) -> None:
@@ -279,6 +293,7 @@ class Trainer:
             "test_accuracy": self.test_acc[-1],
             "test_accuracy_per_epoch": self.test_acc,
             "compile_s": self.compile_s,
+            "collectives": self.collectives,
             "step_ms_median": float(np.median(ms)),
             "step_ms_mean": float(np.mean(ms)),
             "step_ms_p10": float(np.percentile(ms, 10)),

@@ -66,6 +66,16 @@ def test_example_gradients_take_the_planned_blink_path(compare_run):
     assert all("lax.psum" not in l for l in lines), lines
 
 
+def test_example_gradient_sums_run_on_the_jax_blink_executor(compare_run):
+    """pvary's transpose sums the gradients with jax_blink: the blink step has
+    no XLA all-reduce at all (gradients and metrics are custom calls), the lax
+    step has no custom call."""
+    _, _, result = compare_run
+    blink, lax = result["runs"]["blink"]["collectives"], result["runs"]["lax"]["collectives"]
+    assert blink["xla_all_reduce"] == 0 and blink["jax_blink"] >= 2, blink
+    assert lax["jax_blink"] == 0 and lax["xla_all_reduce"] >= 1, lax
+
+
 def test_example_reports_table_plot_and_step_times(compare_run):
     out, stdout, result = compare_run
     assert (out / "loss_curves.png").stat().st_size > 0
