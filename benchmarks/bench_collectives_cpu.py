@@ -1,0 +1,136 @@
+"""Every jax_blink collective against its lax equivalent on 8 virtual CPU devices.
+
+For each collective and per-device size (float32 elements), times jax_blink's
+op and the lax op in the same process, interleaved, after compilation, and
+reports the ratio blink/lax, nccl-tests' bus bandwidth of the jax_blink run
+and the number of wrong elements (inputs are small integers, so every
+correct result is exact):
+
+    python benchmarks/bench_collectives_cpu.py [--sizes 1e2,1e3,...] [--ops psum_scatter,...]
+        [--out FILE.json] [--md FILE.md]
+
+The lax equivalents: psum_scatter -> lax.psum_scatter(tiled=True),
+all_gather -> lax.all_gather(tiled=True), pmax/pmin -> lax.pmax/lax.pmin,
+broadcast -> lax.psum of the root's value (lax has no broadcast). Sizes are
+elements of one device's input (psum_scatter: the whole vector; all_gather:
+one shard).
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("PJRT_NPROC", "64")
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_blink
+from _machine import machine
+
+ROOT = 0
+
+
+def ops(n):
+    """name -> (jax_blink fn, lax fn, expected(x rows) -> per-device rows, bus factor)."""
+    return {
+        "psum_scatter": (
+            lambda v: jax_blink.psum_scatter(v, "x", tiled=True),
+            lambda v: lax.psum_scatter(v, "x", tiled=True),
+            lambda x: x.sum(0).reshape(n, -1), (n - 1) / n),
+        "all_gather": (
+            lambda v: jax_blink.all_gather(v, "x", tiled=True),
+            lambda v: lax.all_gather(v, "x", tiled=True),
+            lambda x: np.broadcast_to(x.reshape(-1), (n, x.size)), (n - 1) / n),
+        "pmax": (
+            lambda v: jax_blink.pmax(v, "x"), lambda v: lax.pmax(v, "x"),
+            lambda x: np.broadcast_to(x.max(0), x.shape), 2 * (n - 1) / n),
+        "pmin": (
+            lambda v: jax_blink.pmin(v, "x"), lambda v: lax.pmin(v, "x"),
+            lambda x: np.broadcast_to(x.min(0), x.shape), 2 * (n - 1) / n),
+        "broadcast": (
+            lambda v: jax_blink.broadcast(v, "x", root=ROOT),
+            lambda v: lax.psum(jnp.where(lax.axis_index("x") == ROOT, v, 0), "x"),
+            lambda x: np.broadcast_to(x[ROOT], x.shape), 1.0),
+    }
+
+
+def time_fn(f, x, reps):
+    f(x).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(reps):
+        out = f(x)
+    out.block_until_ready()
+    return (time.perf_counter() - t) / reps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1e2,1e3,1e4,1e5,1e6,1e7")
+    ap.add_argument("--ops", default="psum_scatter,all_gather,pmax,pmin,broadcast")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median)")
+    ap.add_argument("--out", default=None, help="write results JSON here")
+    ap.add_argument("--md", default=None, help="write the README tables (markdown) here")
+    args = ap.parse_args()
+    n = jax.device_count()
+    mesh = jax.make_mesh((n,), ("x",))
+    info = machine(jax=jax.__version__, devices=f"{n} x {jax.devices()[0].platform}")
+    print(f"# {info}")
+    table = ops(n)
+    results = {}
+    for name in args.ops.split(","):
+        blink_fn, lax_fn, expected_fn, bus = table[name]
+        print(f"\n## {name}\n{'count':>10} {'lax_us':>10} {'blink_us':>10} {'ratio':>6} "
+              f"{'busbw':>7} {'#wrong':>6}")
+        rows = []
+        for size in (int(float(s)) for s in args.sizes.split(",")):
+            size -= size % n  # psum_scatter splits the vector into n shards
+            x = np.random.default_rng(size).integers(-8, 8, (n, size)).astype(np.float32)
+            xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+            shard = lambda fn: jax.jit(jax.shard_map(lambda v: fn(v[0])[None], mesh=mesh,
+                                                     in_specs=P("x"), out_specs=P("x"),
+                                                     check_vma=False))
+            f_blink, f_lax = shard(blink_fn), shard(lax_fn)
+            got = np.asarray(f_blink(xs))
+            wrong = int(np.sum(got != expected_fn(x))) + int(np.sum(np.asarray(f_lax(xs)) != got))
+            reps = max(3, min(1000, int(3e7 // size)))
+            t_lax, t_blink = [], []
+            for _ in range(args.rounds):
+                t_lax.append(time_fn(f_lax, xs, reps))
+                t_blink.append(time_fn(f_blink, xs, reps))
+            tl, tb = float(np.median(t_lax)), float(np.median(t_blink))
+            nbytes = size * 4 * (n if name == "all_gather" else 1)  # nccl-tests: the whole vector
+            busbw = nbytes / tb / 1e9 * bus
+            rows.append({"count": size, "lax_us": tl * 1e6, "blink_us": tb * 1e6,
+                         "ratio_blink_over_lax": tb / tl, "busbw_gbps": busbw, "wrong": wrong,
+                         "decision": jax_blink.explain(
+                             jax.ShapeDtypeStruct((size,), np.float32), n,
+                             op=name if name != "broadcast" else "broadcast")})
+            print(f"{size:>10} {tl*1e6:>10.1f} {tb*1e6:>10.1f} {tb/tl:>6.2f} {busbw:>7.2f} "
+                  f"{wrong:>6}")
+        results[name] = rows
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"machine": info, "results": results}, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(f"Machine: {info['cpu']}, {info['cores']} cores, jax {info['jax']}, "
+                    f"{info['devices']}.\n")
+            for name, rows in results.items():
+                f.write(f"\n**{name}** (float32; jax_blink / lax time, median of "
+                        f"{args.rounds} rounds)\n\n| elements per device | lax (us) | "
+                        f"jax_blink (us) | blink / lax | wrong |\n|---|---|---|---|---|\n")
+                for r in rows:
+                    f.write(f"| {r['count']:.0e} | {r['lax_us']:.1f} | {r['blink_us']:.1f} | "
+                            f"{r['ratio_blink_over_lax']:.2f} | {r['wrong']} |\n")
+
+
+if __name__ == "__main__":
+    main()
