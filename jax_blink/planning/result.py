@@ -238,7 +238,7 @@ class Plan:
             yet (reduce-scatter and all-gather need its version 2).
         """
         if self.collective not in SCHEDULE_COLLECTIVES:
-            raise PlanError(f"cannot lower a {self.collective} plan: this build's schedule format (lower_trees) "
+            raise PlanError(f"cannot lower {self.collective} plans: this build's schedule format (lower_trees) "
                             f"carries only {', '.join(SCHEDULE_COLLECTIVES)}; {self.collective} needs the "
                             f"schedule format version 2")
         itemsize = DTYPES[dtype_name(dtype)][1]
