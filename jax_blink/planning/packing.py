@@ -13,8 +13,9 @@ packs trees rooted at every rank and maximises the rate ``N x`` such that
 every rank roots a total weight of at least ``x``: for allreduce the trees
 are undirected (one cheapest tree prices every root), for reduce-scatter and
 all-gather they are arborescences into or out of their root (each root is
-priced with its own cheapest arborescence), ForestColl's packing. :meth:`Packer.carve` and
-:meth:`Packer.widest` add heavy trees, so that few columns reach the optimum.
+priced with its own cheapest arborescence), ForestColl's packing.
+:meth:`Packer.carve` and :meth:`Packer.widest` add heavy trees, so that few
+columns reach the optimum.
 
 Pure Python: never imports jax.
 """
@@ -135,7 +136,8 @@ class Packer:
             self.add(r, tuple(edges), tuple(paths))
 
     def price(self, arc_price, root_price=None, tol=PRICE_TOL) -> int:
-        """Add the cheapest tree if its reduced cost is negative; return how many columns were added."""
+        """Add the cheapest tree if its reduced cost is negative (for ``"rsag"``, the cheapest
+        tree of each root whose price it undercuts); return how many columns were added."""
         if self.family == "rsag":  # a column for every root whose price its cheapest tree undercuts
             if self.directions == "both":  # one undirected tree, rooted anywhere
                 found = self.graph.cheapest_trees(arc_price, "both", [0]) * self.n
