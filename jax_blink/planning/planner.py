@@ -31,8 +31,10 @@ join all ranks; ``Plan.link_kinds`` records which kinds a plan uses, and
 
 Planning time grows quickly with the rank count (on two cores: shm:8 in
 0.2 s, shm:32 in 2 s, shm:64 in 20 s, 32 ranks in four NVLink islands in
-about a minute, shm:128 in about three minutes), so :func:`plan` refuses more
-than :data:`MAX_RANKS` ranks at once, before any work.
+about a minute, shm:128 in about three minutes; reduce-scatter and all-gather
+price an arborescence per rank in every round: a DGX-1 in 1.5 s, shm:8 in
+0.3 s, shm:32 in 17 s, shm:64 in 25 s), so :func:`plan` refuses more than
+:data:`MAX_RANKS` ranks at once, before any work.
 
 This module is the driver: it checks the arguments, consults the cache
 (:mod:`jax_blink.planning.cache`), packs each family (:mod:`jax_blink.planning.packing`,
