@@ -1,6 +1,8 @@
 """Planning: pack weighted spanning trees into a topology's links, certify and cache them.
 
 Modules: :mod:`~jax_blink.planning.planner` (:func:`plan`, the driver),
+:mod:`~jax_blink.planning.collectives` (the collectives planned:
+:data:`COLLECTIVES`, their tree directions, families and bus bandwidth),
 :mod:`~jax_blink.planning.result` (:class:`Plan`: invariants, JSON, lowering),
 :mod:`~jax_blink.planning.tree` (:class:`Tree`, tree depth),
 :mod:`~jax_blink.planning.packing` (the LP by column generation),
@@ -13,9 +15,9 @@ pipelining), :mod:`~jax_blink.planning.cache` (process and disk cache),
 imports jax.
 """
 
-from ..schedule.constants import COLLECTIVES
 from .cache import cache_dir, clear_memory_cache
 from .cost import CUDA_LAUNCH_SECONDS, LATENCY_US, MAX_CHUNKS_PER_TREE
+from .collectives import COLLECTIVES
 from .errors import PlanError
 from .planner import MAX_RANKS, plan
 from .result import Plan

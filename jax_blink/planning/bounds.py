@@ -10,6 +10,13 @@ The bounds are computed without the planner's LP, so they certify its rate:
   all-gather family, where every rank roots the trees of its 1/N slice and
   each tree is also reduced up and broadcast down, loads each link by the
   same amount whatever the roots, so the same bound applies to it;
+* all-gather and reduce-scatter (ForestColl): every rank ``r`` roots trees
+  of weight ``x`` carrying its own ``1/N`` slice, so for every node set
+  ``S`` (switches included) holding some but not all ranks, the slices of
+  the ranks in ``S`` must leave it (all-gather) or the contributions to them
+  enter it (reduce-scatter): ``|S ∩ R| x <= c(δ⁺S)`` (or ``c(δ⁻S)``). The
+  rate ``N x`` is at most ``N min_S c(δS) / |S ∩ R|``, exact for every size
+  by a ratio search over max flows (:func:`shard_bound`, :func:`min_shard_cut`);
 * any collective, any topology (switches included): weak LP duality turns
   any non-negative arc prices into a bound (:func:`dual_bound`), which is
   how a plan certifies itself where no closed form is tight.
@@ -26,13 +33,16 @@ import functools
 import numpy as np
 
 from ..topo import LinkGraph
-from .tree import DIRECTIONS
+from .collectives import DIRECTIONS
+from .errors import PlanError
 
-__all__ = ["broadcast_bound", "reduce_bound", "tree_packing_bound", "dual_bound", "certified_bound",
-           "min_cut", "min_partition", "MAX_PARTITION_RANKS"]
+__all__ = ["broadcast_bound", "reduce_bound", "tree_packing_bound", "shard_bound", "dual_bound",
+           "certified_bound", "min_cut", "min_partition", "min_shard_cut", "MAX_PARTITION_RANKS"]
 
 #: Largest rank count for which :func:`tree_packing_bound` enumerates partitions.
 MAX_PARTITION_RANKS = 10
+#: Rounds of :func:`min_shard_cut`'s ratio search before it gives up (a handful are ever needed).
+MAX_RATIO_ROUNDS = 100
 
 
 def min_cut(graph: LinkGraph, root: int, capacity=None, toward_root: bool = False):
@@ -159,6 +169,96 @@ def tree_packing_bound(graph: LinkGraph) -> float | None:
     return min_partition(graph)[0]
 
 
+def min_shard_cut(graph: LinkGraph, capacity=None, toward_root: bool = False):
+    """The node set ``S`` minimising ``c(δ⁺S) / |S ∩ R|`` over the sets holding some but not all ranks.
+
+    ``R`` are the ranks, ``S`` may hold switches too, and ``c(δ⁺S)`` sums
+    the arcs leaving ``S`` (all-gather: the slices of the ranks in ``S`` must
+    get out); with ``toward_root``, ``c(δ⁻S)``, the arcs entering it
+    (reduce-scatter: the contributions to the slices of the ranks in ``S``
+    must get in). The minimum is the largest per-root weight ``x`` of a
+    packing in which every rank roots trees of weight ``x``.
+
+    Exact, by a Dinkelbach ratio search: ``x`` is feasible iff, after adding
+    a source ``s`` with an arc ``s -> r`` of capacity ``x`` to every rank,
+    every rank ``v`` has ``maxflow(s, v) >= N x`` (a cut ``{s} ∪ S`` with
+    ``v`` outside ``S`` has capacity ``x |R \\ S| + c(δ⁺S)``). Starting from
+    the best single rank, each violated cut found lowers ``x`` to its ratio;
+    the ratios strictly fall, so the search ends at the minimum.
+
+    Parameters
+    ----------
+    graph : LinkGraph
+    capacity : array_like, optional
+        Arc capacities to use instead of ``graph.capacity_gbps``.
+    toward_root : bool
+        Cut the arcs entering ``S`` (reduce-scatter) instead of leaving it.
+
+    Returns
+    -------
+    (float, numpy.ndarray, int)
+        The minimum ratio ``x``, a boolean mask of the arcs crossing the
+        tight set ``S`` (leaving it, or entering it with ``toward_root``),
+        and ``|S ∩ R|``.
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> ring = Topology.from_links(4, [(0, 1, 10), (1, 2, 10), (2, 3, 10), (3, 0, 10)])
+    >>> value, mask, ranks = min_shard_cut(ring.link_graph())
+    >>> round(value, 9), int(mask.sum()), ranks  # 3 ranks send 2 arcs' worth out
+    (6.666666667, 2, 3)
+    """
+    import networkx as nx
+
+    capacity = graph.capacity_gbps if capacity is None else np.asarray(capacity, dtype=float)
+    n = graph.n
+    source = graph.num_nodes
+    g = nx.DiGraph()
+    g.add_nodes_from(range(graph.num_nodes + 1))
+    for (u, v), cap in zip(graph.arcs, capacity):  # S's arcs in: reverse the graph, then cut out of S
+        g.add_edge(v, u, capacity=float(cap)) if toward_root else g.add_edge(u, v, capacity=float(cap))
+
+    def ratio(side):
+        arcs = np.array([(v in side and u not in side) if toward_root else (u in side and v not in side)
+                         for u, v in graph.arcs], dtype=bool)
+        ranks = sum(1 for r in range(n) if r in side)
+        return float(capacity[arcs].sum()) / ranks, arcs, ranks
+
+    best = min((ratio({r}) for r in range(n)), key=lambda b: b[0])
+    for _ in range(MAX_RATIO_ROUNDS):  # each round lowers x strictly to another set's ratio
+        x = best[0]
+        for r in range(n):
+            g.add_edge(source, r, capacity=x)
+        found = None
+        for v in range(n):
+            value, (side, _) = nx.minimum_cut(g, source, v)
+            if value < n * x * (1 - 1e-12):
+                cand = ratio(set(side) - {source})
+                if cand[0] < x and (found is None or cand[0] < found[0]):
+                    found = cand
+        if found is None:
+            return best
+        best = found
+    raise PlanError(f"internal error: the shard cut search did not converge in {MAX_RATIO_ROUNDS} rounds")
+
+
+def shard_bound(graph: LinkGraph, toward_root: bool = False) -> float:
+    """ForestColl's bound for all-gather (or reduce-scatter, ``toward_root``), in GB/s of algbw.
+
+    ``N min_S c(δ⁺S) / |S ∩ R|`` over node sets ``S`` holding some but not
+    all ranks (:func:`min_shard_cut`; ``c(δ⁻S)`` for reduce-scatter). On
+    ``N`` ranks of a switch with ports of ``B`` GB/s it is ``B N / (N - 1)``.
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> round(shard_bound(Topology.preset("shm:4").link_graph()), 6)  # 10 GB/s * 4 / 3
+    13.333333
+    """
+    return graph.n * min_shard_cut(graph, toward_root=toward_root)[0]
+
+
 def dual_bound(graph: LinkGraph, arc_price, directions: str, root: int | None = None) -> float:
     """Weak-duality bound from arbitrary non-negative arc prices ``y``, in GB/s.
 
@@ -167,17 +267,29 @@ def dual_bound(graph: LinkGraph, arc_price, directions: str, root: int | None = 
     ``y·c / m``. This holds for any ``y >= 0``; prices from an optimal LP dual
     make it tight.
 
+    With ``root=None`` and directed trees (``"down"``, ``"up"``), every rank
+    roots trees of the same total weight ``x`` (all-gather, reduce-scatter)
+    and the rate is ``N x``: with ``m_r`` the cheapest arborescence rooted at
+    ``r``, ``x Σ_r m_r <= y·c``, so the rate is at most ``N y·c / Σ_r m_r``.
+
     Parameters
     ----------
     graph : LinkGraph
     arc_price : array_like
         One price per arc (negative entries are treated as 0).
     directions : str
-        ``"both"`` (allreduce trees), ``"down"`` (broadcast) or ``"up"`` (reduce).
+        ``"both"`` (allreduce trees), ``"down"`` (broadcast, all-gather) or
+        ``"up"`` (reduce, reduce-scatter).
     root : int, optional
-        Root for ``"down"`` / ``"up"``.
+        Root for a broadcast or reduce; None for the per-rank roots of
+        all-gather and reduce-scatter.
     """
     price = np.maximum(np.asarray(arc_price, dtype=float), 0.0)
+    if directions != "both" and root is None:
+        found = graph.cheapest_trees(price, directions, range(graph.n))
+        if any(f is None for f in found) or sum(f[0] for f in found) <= 0:
+            return float("inf")
+        return float(graph.n * (price @ graph.capacity_gbps) / sum(f[0] for f in found))
     found = graph.cheapest_tree(price, directions, root)
     if found is None or found[0] <= 0:
         return float("inf")
@@ -192,7 +304,9 @@ def certified_bound(graph: LinkGraph, collective: str, root: int | None, arc_pri
     graph : LinkGraph
         The links the plan may use.
     collective : str
+        One of :data:`~jax_blink.planning.collectives.COLLECTIVES`.
     root : int or None
+        The root of a broadcast or reduce; None otherwise.
     arc_prices : sequence of array_like
         Arc prices to turn into :func:`dual_bound` s (the packing LP's duals).
 
@@ -208,6 +322,8 @@ def certified_bound(graph: LinkGraph, collective: str, root: int | None, arc_pri
         candidates.append(broadcast_bound(graph, root))
     elif collective == "reduce":
         candidates.append(reduce_bound(graph, root))
+    elif collective in ("allgather", "reduce_scatter"):
+        candidates.append(shard_bound(graph, toward_root=collective == "reduce_scatter"))
     else:
         strength = tree_packing_bound(graph)
         if strength is not None:

@@ -5,8 +5,17 @@ collective on a :class:`~jax_blink.topo.LinkGraph`. The restricted master LP
 (cvxpy + HiGHS) maximises the rate over the columns under arc capacities;
 its duals price a new column, the cheapest spanning tree or arborescence
 under them (:meth:`~jax_blink.topo.LinkGraph.cheapest_tree`); when no tree
-has negative reduced cost the LP is optimal. :meth:`Packer.carve` and
-:meth:`Packer.widest` add heavy trees, so that few columns reach the optimum.
+has negative reduced cost the LP is optimal.
+
+Families: ``"tree"`` packs trees of one root (broadcast, reduce) or
+undirected trees (allreduce), and maximises their total weight. ``"rsag"``
+packs trees rooted at every rank and maximises the rate ``N x`` such that
+every rank roots a total weight of at least ``x``: for allreduce the trees
+are undirected (one cheapest tree prices every root), for reduce-scatter and
+all-gather they are arborescences into or out of their root (each root is
+priced with its own cheapest arborescence), ForestColl's packing.
+:meth:`Packer.carve` and :meth:`Packer.widest` add heavy trees, so that few
+columns reach the optimum.
 
 Pure Python: never imports jax.
 """
@@ -20,8 +29,9 @@ import numpy as np
 
 from ..topo import LinkGraph
 from . import bounds
+from .collectives import DIRECTIONS
 from .errors import PlanError
-from .tree import DIRECTIONS, tree_depth
+from .tree import tree_depth
 
 __all__ = ["Packer", "Column", "orient", "PRICE_TOL"]
 
@@ -73,7 +83,7 @@ class Packer:
     collective, family : str
     root : int or None
     directions : str
-        Arc directions a tree loads (:data:`~jax_blink.planning.tree.DIRECTIONS`).
+        Arc directions a tree loads (:data:`~jax_blink.planning.collectives.DIRECTIONS`).
     columns : list of Column
     """
 
@@ -107,7 +117,7 @@ class Packer:
     def seed(self):
         """Shallow starting columns: a breadth-first tree from each root."""
         routes = self.graph.routes(np.ones(len(self.graph.arcs)))
-        roots = range(self.n) if self.collective == "allreduce" else [self.root]
+        roots = range(self.n) if self.root is None else [self.root]
         for r in roots:
             edges, paths, seen, frontier = [], [], {r}, [r]
             while frontier:
@@ -126,20 +136,18 @@ class Packer:
             self.add(r, tuple(edges), tuple(paths))
 
     def price(self, arc_price, root_price=None, tol=PRICE_TOL) -> int:
-        """Add the cheapest tree if its reduced cost is negative; return how many columns were added."""
-        if self.collective == "allreduce":
-            found = self.graph.cheapest_tree(arc_price, "both", 0)
-        else:
-            found = self.graph.cheapest_tree(arc_price, self.directions, self.root)
-        cost, edges, paths = found
-        added = 0
-        if self.family == "rsag":
-            for r in range(self.n):
-                if cost < root_price[r] - tol:
-                    added += self.add(r, tuple(edges), tuple(paths))
-        elif cost < 1.0 - tol:
-            added += self.add(self.root if self.root is not None else 0, tuple(edges), tuple(paths))
-        return added
+        """Add the cheapest tree if its reduced cost is negative (for ``"rsag"``, the cheapest
+        tree of each root whose price it undercuts); return how many columns were added."""
+        if self.family == "rsag":  # a column for every root whose price its cheapest tree undercuts
+            if self.directions == "both":  # one undirected tree, rooted anywhere
+                found = self.graph.cheapest_trees(arc_price, "both", [0]) * self.n
+            else:
+                found = self.graph.cheapest_trees(arc_price, self.directions, range(self.n))
+            return sum(self.add(r, tuple(edges), tuple(paths))
+                       for r, (cost, edges, paths) in enumerate(found) if cost < root_price[r] - tol)
+        root = self.root if self.root is not None else 0
+        cost, edges, paths = self.graph.cheapest_tree(arc_price, self.directions, root)
+        return self.add(root, tuple(edges), tuple(paths)) if cost < 1.0 - tol else 0
 
     # -- LPs
     def matrix(self, columns):
@@ -197,16 +205,15 @@ class Packer:
                 return rate, weights, arc_price
         raise PlanError(f"internal error: column generation did not converge in {max_rounds} rounds")
 
-    def _propose(self, residual, rng):
-        """A spanning tree over the widest residual arcs (ties broken at random), or None."""
+    def _propose(self, residual, rng, root):
+        """A spanning tree from ``root`` over the widest residual arcs (ties broken at random), or None."""
         cap = self.graph.capacity_gbps
         excluded = 1e6
-        root = 0 if self.collective == "allreduce" else self.root
         for level in np.unique(residual[residual > 1e-9 * cap.max()])[::-1]:
             price = np.where(residual >= level * (1 - 1e-9), rng.uniform(1.0, 2.0, len(cap)), excluded)
             cost, edges, paths = self.graph.cheapest_tree(price, self.directions, root)
             if cost < excluded:
-                return root, tuple(edges), tuple(paths)
+                return tuple(edges), tuple(paths)
         return None
 
     def _oracle(self, residual):
@@ -273,15 +280,22 @@ class Packer:
 
         Each run repeatedly takes a widest spanning tree of the residual
         capacities and subtracts it at its full width, until the residual
-        graph no longer spans. Used where :meth:`carve` has no closed form.
+        graph no longer spans; with directed trees rooted at every rank
+        (reduce-scatter, all-gather) the roots take turns. Used where
+        :meth:`carve` has no closed form.
         """
         rng = np.random.default_rng(seed)
+        each_root = self.family == "rsag" and self.directions != "both"
+        roots = list(range(self.n)) if each_root else [self.root if self.root is not None else 0]
         for _ in range(runs):
             residual = self.graph.capacity_gbps.copy()
-            while (proposal := self._propose(residual, rng)) is not None:
-                root, edges, paths = proposal
+            turn = 0
+            while (proposal := self._propose(residual, rng, roots[turn % len(roots)])) is not None:
+                root = roots[turn % len(roots)]
+                turn += 1
+                edges, paths = proposal
                 use = self.graph.usage(edges, paths, self.directions)
                 weight = float(np.min(residual[use > 0] / use[use > 0]))
                 residual = np.maximum(residual - weight * use, 0.0)
-                for r in (range(self.n) if self.family == "rsag" else [root]):
+                for r in (range(self.n) if self.family == "rsag" and not each_root else [root]):
                     self.add(r, edges, paths)

@@ -7,7 +7,7 @@ certifies the rate against bounds computed without the LP
 (:mod:`jax_blink.planning.bounds`), then picks the fewest trees that keep the optimal
 rate (or a rate within ``tolerance``) with a MILP, shallow trees breaking ties.
 
-Collectives and families:
+Collectives and families (:mod:`jax_blink.planning.collectives`):
 
 * broadcast / reduce: arborescences from / into the root;
 * allreduce, family ``"tree"`` (Blink): undirected spanning trees, each
@@ -19,6 +19,11 @@ Collectives and families:
   computes both, keeps the faster, and on a tie prefers ``"rsag"`` when its
   trees are no deeper (every rank then does an equal share of the reduction,
   e.g. N depth-1 stars on shared memory).
+* reduce_scatter / allgather, family ``"rsag"`` only (ForestColl): every rank
+  roots arborescences of equal total weight ``x``, into it (reduce-scatter:
+  its 1/N slice reduced child to parent) or out of it (all-gather: its slice
+  sent parent to child); the rate, nccl-tests' algbw, is ``N x``, certified
+  by the cut bound of :func:`~jax_blink.planning.bounds.shard_bound`.
 
 Slow links (PCIe, network) are used only when the fast ones (NVLink) do not
 join all ranks; ``Plan.link_kinds`` records which kinds a plan uses, and
@@ -26,8 +31,10 @@ join all ranks; ``Plan.link_kinds`` records which kinds a plan uses, and
 
 Planning time grows quickly with the rank count (on two cores: shm:8 in
 0.2 s, shm:32 in 2 s, shm:64 in 20 s, 32 ranks in four NVLink islands in
-about a minute, shm:128 in about three minutes), so :func:`plan` refuses more
-than :data:`MAX_RANKS` ranks at once, before any work.
+about a minute, shm:128 in about three minutes; reduce-scatter and all-gather
+price an arborescence per rank in every round: a DGX-1 in 1.5 s, shm:8 in
+0.3 s, shm:32 in 17 s, shm:64 in 25 s), so :func:`plan` refuses more than
+:data:`MAX_RANKS` ranks at once, before any work.
 
 This module is the driver: it checks the arguments, consults the cache
 (:mod:`jax_blink.planning.cache`), packs each family (:mod:`jax_blink.planning.packing`,
@@ -46,10 +53,10 @@ import time
 
 import numpy as np
 
-from ..schedule.constants import COLLECTIVES
 from ..topo import Topology
 from . import cache as plan_cache
 from .bounds import certified_bound
+from .collectives import COLLECTIVES, FAMILIES, ROOTED
 from .errors import PlanError
 from .fewest import exact_weights, fewest_trees, lp_support
 from .packing import Packer
@@ -70,11 +77,13 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     ----------
     topology : Topology
         At least two and at most :data:`MAX_RANKS` ranks, all joined by links.
-    collective : {"allreduce", "broadcast", "reduce"}
+    collective : {"allreduce", "broadcast", "reduce", "reduce_scatter", "allgather"}
+        :data:`~jax_blink.planning.collectives.COLLECTIVES`.
     root : int, optional
-        Root of a broadcast/reduce (default 0); must be None for allreduce.
+        Root of a broadcast/reduce (default 0); must be None for the others.
     max_trees : int, optional
-        Use at most this many trees (the rate may then fall below the bound).
+        Use at most this many trees (the rate may then fall below the bound);
+        reduce-scatter and all-gather need at least one tree per rank.
     tolerance : float
         Accept a rate this fraction below the optimum if it saves trees
         (``0 <= tolerance < 1``).
@@ -98,6 +107,9 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     >>> p = plan(Topology.preset("dgx1-v100"), "broadcast", root=0)
     >>> round(p.rate_gbps, 6), p.bound_gbps
     (150.0, 150.0)
+    >>> g = plan(Topology.preset("shm:4"), "allgather")  # 10 GB/s ports: 10 * 4 / 3
+    >>> round(g.rate_gbps, 6), round(g.busbw_gbps, 6)
+    (13.333333, 10.0)
     """
     if not isinstance(topology, Topology):
         raise PlanError(f"plan() needs a jax_blink.Topology, got {type(topology).__name__}")
@@ -109,9 +121,9 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     if n > MAX_RANKS:
         raise PlanError(f"{topology.name} has {n} ranks; plan() plans for at most {MAX_RANKS} ranks "
                         f"(planning time grows steeply with the rank count)")
-    if collective == "allreduce":
+    if collective not in ROOTED:
         if root is not None:
-            raise PlanError(f"allreduce has no root; pass root=None (got {root!r})")
+            raise PlanError(f"{collective} has no root; pass root=None (got {root!r})")
     else:
         root = 0 if root is None else root
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < n:
@@ -122,6 +134,9 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
         raise PlanError(f"max_trees must be a positive integer or None, got {max_trees!r}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not 0 <= tolerance < 1:
         raise PlanError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
+    if max_trees is not None and "tree" not in FAMILIES[collective] and max_trees < n:
+        raise PlanError(f"max_trees={max_trees} is too few for {collective}: every rank roots at least one "
+                        f"tree, so {topology.name} needs max_trees >= {n}")
     max_trees = None if max_trees is None else int(max_trees)
     tolerance = float(tolerance)
 
@@ -154,14 +169,13 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance):
     kinds = topology.planning_kinds()
     graph = topology.link_graph(kinds)
     # rsag needs a tree rooted at every rank
-    rsag = collective == "allreduce" and (max_trees is None or max_trees >= topology.n)
-    families = ("tree", "rsag") if rsag else ("tree",)
+    families = tuple(f for f in FAMILIES[collective] if f == "tree" or max_trees is None or max_trees >= topology.n)
     results = {}
     for family in families:
         _, rate, trees, arc_price = _pack(graph, collective, family, root, max_trees, tolerance)
         results[family] = (rate, trees, arc_price)
-    family = "tree"
-    if "rsag" in results:
+    family = families[0]
+    if len(results) == 2:
         tree_rate, rsag_rate = results["tree"][0], results["rsag"][0]
         tie = math.isclose(tree_rate, rsag_rate, rel_tol=RATE_RTOL)
         rsag_depth = max(t.depth for t in results["rsag"][1])
@@ -195,10 +209,9 @@ def _pack(graph, collective, family, root, max_trees, tolerance):
     if tolerance > 0 and max_trees is None:
         # the time-limited MILP may do better aiming at the optimum itself
         candidates.append(exact_weights(packer, fewest_trees(packer, lp_rate * (1 - 1e-9), None)))
-    reaching = [c for c in candidates if c[0] >= target]
-    if not reaching and max_trees is None:  # the time-limited MILP fell short: the LP's own trees do not
+    if max_trees is None:  # the time-limited MILP may fall short, or stop at more trees than the LP's own
         candidates.append(exact_weights(packer, lp_support(packer)))
-        reaching = [c for c in candidates if c[0] >= target]
+    reaching = [c for c in candidates if c[0] >= target]
     best = (min(reaching, key=lambda c: (len(c[1]), -c[0])) if reaching
             else max(candidates, key=lambda c: (c[0], -len(c[1]))))
     return lp_rate, best[0], best[1], arc_price

@@ -21,11 +21,12 @@ import numpy as np
 
 from .._jsonio import read_document
 from ..schedule import DTYPES, dtype_name, lower_trees
-from ..schedule.constants import COLLECTIVES
+from ..schedule.constants import COLLECTIVES as SCHEDULE_COLLECTIVES
 from ..topo import Topology, TopologyError
 from . import cost
+from .collectives import COLLECTIVES, DIRECTIONS, FAMILIES, FAMILY_TEXT, ROOTED, bus_factor
 from .errors import PlanError
-from .tree import DIRECTIONS, Tree
+from .tree import Tree
 
 __all__ = ["Plan", "FORMAT_VERSION", "RATE_RTOL"]
 
@@ -34,10 +35,6 @@ FORMAT_VERSION = 1
 RATE_RTOL = 1e-6
 
 
-#: The plan families: how a tree's weight of data is reduced and broadcast.
-FAMILIES = {"tree": "each tree reduced up to its root and broadcast back down",
-            "rsag": "reduce-scatter + all-gather: every rank roots trees for its own slice"}
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Weighted spanning trees for one collective on one topology.
@@ -45,13 +42,16 @@ class Plan:
     Attributes
     ----------
     collective : str
-        ``"allreduce"``, ``"broadcast"`` or ``"reduce"``.
+        One of :data:`~jax_blink.planning.collectives.COLLECTIVES`.
     root : int or None
-        Root of a broadcast/reduce; None for allreduce.
+        Root of a broadcast/reduce; None for the others.
     family : str
-        ``"tree"`` or ``"rsag"`` (allreduce); ``"tree"`` for broadcast/reduce.
+        ``"tree"`` or ``"rsag"`` (allreduce); ``"tree"`` for broadcast/reduce;
+        ``"rsag"`` for reduce-scatter and all-gather (every rank roots trees of
+        equal total weight for its own slice).
     rate_gbps : float
-        Algorithm bandwidth (size / time) for large messages in the link model.
+        Algorithm bandwidth (size / time, nccl-tests' algbw, see
+        :mod:`~jax_blink.planning.collectives`) for large messages in the link model.
     bound_gbps : float
         Certified upper bound on any tree packing's rate for this collective
         over the same links.
@@ -81,10 +81,14 @@ class Plan:
     def check(self) -> "Plan":
         """Check the plan's invariants; return ``self``.
 
-        Every tree spans the ranks from its root along routes that exist
-        (interior nodes are switches), no arc carries more than its capacity,
+        The collective is known and planned with one of its families
+        (:data:`~jax_blink.planning.collectives.FAMILIES`) and has a root
+        exactly if it is a broadcast or reduce; every tree spans the ranks
+        from its root along routes that exist (interior nodes are switches);
+        no arc carries more than its capacity in the directions the
+        collective loads (:data:`~jax_blink.planning.collectives.DIRECTIONS`);
         broadcast/reduce trees start at the root, ``"rsag"`` roots equal
-        weight at every rank, and the rate follows from the weights and does
+        weight at every rank; and the rate follows from the weights and does
         not exceed the bound.
 
         Raises
@@ -94,7 +98,13 @@ class Plan:
         """
         n = self.topology.n
         if self.collective not in COLLECTIVES:
-            raise PlanError(f"unknown collective {self.collective!r}; expected one of {COLLECTIVES}")
+            raise PlanError(f"unknown collective {self.collective!r}; expected one of {', '.join(COLLECTIVES)}")
+        if self.family not in FAMILIES[self.collective]:
+            raise PlanError(f"a {self.collective} plan cannot have family {self.family!r}; expected "
+                            f"{' or '.join(map(repr, FAMILIES[self.collective]))}")
+        if (self.root is not None) != (self.collective in ROOTED):
+            raise PlanError(f"a {self.collective} plan " + (f"needs a root, got {self.root!r}" if self.root is None
+                                                             else f"has no root, got root {self.root!r}"))
         if not self.trees:
             raise PlanError("a plan needs at least one tree")
         graph = self.topology.link_graph(self.link_kinds)
@@ -103,7 +113,7 @@ class Plan:
             where = f"tree {i} (root {tree.root})"
             if not tree.weight > 0:
                 raise PlanError(f"{where}: weight must be positive, got {tree.weight}")
-            if self.collective != "allreduce" and tree.root != self.root:
+            if self.root is not None and tree.root != self.root:
                 raise PlanError(f"{where}: a {self.collective} tree must be rooted at {self.root}")
             reached, parent = {tree.root}, {}
             for (p, c) in tree.edges:
@@ -141,12 +151,10 @@ class Plan:
             for tree in self.trees:
                 per_root[tree.root] += tree.weight
             if not np.allclose(per_root, per_root.mean(), rtol=RATE_RTOL, atol=0):
-                raise PlanError(f"rsag plan: ranks root unequal weights {per_root.tolist()}")
+                raise PlanError(f"{self.collective} rsag plan: ranks root unequal weights {per_root.tolist()}")
             rate = n * per_root.min()
-        elif self.family == "tree":
-            rate = sum(t.weight for t in self.trees)
         else:
-            raise PlanError(f"unknown family {self.family!r}; expected 'tree' or 'rsag'")
+            rate = sum(t.weight for t in self.trees)
         if not math.isclose(rate, self.rate_gbps, rel_tol=1e-9):
             raise PlanError(f"rate_gbps {self.rate_gbps} does not match the tree weights ({rate})")
         if self.rate_gbps > self.bound_gbps * (1 + RATE_RTOL):
@@ -189,7 +197,9 @@ class Plan:
 
         Each tree gets :func:`jax_blink.planning.cost.pipeline_chunks` for its
         depth (both phases counted for allreduce), its share of
-        ``size_bytes`` and its weight as bandwidth, with ``alpha`` the largest
+        ``size_bytes`` (``weight / sum of weights``: for reduce-scatter and
+        all-gather, its part of its root's ``1/N`` slice) and its weight as
+        bandwidth, with ``alpha`` the largest
         :data:`~jax_blink.planning.cost.LATENCY_US` of the link kinds the tree
         uses plus ``launch_s``, the executor's host cost per step
         (:data:`~jax_blink.planning.cost.CUDA_LAUNCH_SECONDS` on GPUs), clamped
@@ -220,7 +230,17 @@ class Plan:
             default: :meth:`chunks_for` (with ``launch_s``).
         launch_s : float
             The executor's host cost per pipeline step, for :meth:`chunks_for`.
+
+        Raises
+        ------
+        PlanError
+            For a bad size, or a collective the schedule format cannot carry
+            yet (reduce-scatter and all-gather need its version 2).
         """
+        if self.collective not in SCHEDULE_COLLECTIVES:
+            raise PlanError(f"cannot lower {self.collective} plans: this build's schedule format (lower_trees) "
+                            f"carries only {', '.join(SCHEDULE_COLLECTIVES)}; {self.collective} needs the "
+                            f"schedule format version 2")
         itemsize = DTYPES[dtype_name(dtype)][1]
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, (int, np.integer)) \
                 or size_bytes < itemsize or size_bytes % itemsize:
@@ -232,6 +252,12 @@ class Plan:
                            root=-1 if self.root is None else self.root, count=int(size_bytes) // itemsize,
                            dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees])
 
+    @property
+    def busbw_gbps(self) -> float:
+        """nccl-tests' bus bandwidth of :attr:`rate_gbps`
+        (:func:`~jax_blink.planning.collectives.bus_factor`)."""
+        return self.rate_gbps * bus_factor(self.collective, self.topology.n)
+
     def ring_text(self) -> str:
         """``"ring 85.7 GB/s"``, or ``"no NVLink/NVSwitch ring"`` where the fast
         links join the ranks in no ring (the rings' rate is 0)."""
@@ -240,9 +266,10 @@ class Plan:
         return "no NVLink/NVSwitch ring"
 
     def family_text(self) -> str:
-        """The family with what it means: ``"tree (reduce up, broadcast down)"``
-        or ``"rsag (reduce-scatter + all-gather)"``."""
-        return f"{self.family} ({FAMILIES.get(self.family, self.family)})"
+        """The family with what it means for the collective
+        (:data:`~jax_blink.planning.collectives.FAMILY_TEXT`), e.g.
+        ``"rsag (every rank roots out-trees sending its own 1/N slice)"``."""
+        return f"{self.family} ({FAMILY_TEXT.get((self.collective, self.family), self.family)})"
 
     def summary(self) -> str:
         """Human-readable description: rate against bound and ring, then the trees."""
@@ -250,7 +277,7 @@ class Plan:
                  + (f", root {self.root}" if self.root is not None else "")
                  + f": family {self.family_text()}, {len(self.trees)} tree(s) over "
                  + f"{'/'.join(self.link_kinds)} links",
-                 f"  rate {self.rate_gbps:.4g} GB/s   bound {self.bound_gbps:.4g} GB/s   "
+                 f"  rate {self.rate_gbps:.4g} GB/s (busbw {self.busbw_gbps:.4g})   bound {self.bound_gbps:.4g} GB/s   "
                  f"{self.ring_text()}   planned in {self.plan_seconds * 1e3:.0f} ms"]
         for i, t in enumerate(self.trees):
             edges = " ".join(f"{p}->{c}" for p, c in t.edges)

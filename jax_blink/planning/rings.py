@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from ..topo import FAST_KINDS, Topology
+from .collectives import bus_factor
 
 __all__ = ["best_rings", "RingSet", "MAX_EXACT_RING_RANKS"]
 
@@ -50,14 +51,15 @@ class RingSet:
         """Algorithm bandwidth of the rings for ``collective``.
 
         Ring allreduce moves ``2(n-1)/n`` of the data over every ring link, so
-        its algbw is ``total * n / (2(n-1))``; a broadcast or reduce pipelines
-        along each ring (a chain), at ``total``. Zero without rings.
+        its algbw is ``total * n / (2(n-1))``; ring reduce-scatter and
+        all-gather move ``(n-1)/n`` of it, at ``total * n / (n-1)``; a
+        broadcast or reduce pipelines along each ring (a chain), at
+        ``total``. Zero without rings. In nccl-tests' busbw
+        (:func:`~jax_blink.planning.collectives.bus_factor`) all of them are ``total``.
         """
         if not self.rings:
             return 0.0
-        if collective == "allreduce":
-            return self.total_gbps * self.nranks / (2.0 * (self.nranks - 1))
-        return self.total_gbps
+        return self.total_gbps / bus_factor(collective, self.nranks)
 
 
 def _min_cycle(cost: np.ndarray):

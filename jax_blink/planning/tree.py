@@ -3,8 +3,7 @@
 A :class:`Tree` is a rooted spanning tree of the ranks with a bandwidth share
 and the route (node path through switches) of each edge. :func:`tree_depth`
 is the depth every part of jax_blink uses (the packing's tie-break, the
-pipelining model, the baselines). :data:`DIRECTIONS` says which directions of
-its links a tree of each collective loads.
+pipelining model, the baselines).
 
 Pure Python: never imports jax.
 """
@@ -14,11 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-__all__ = ["Tree", "tree_depth", "DIRECTIONS"]
-
-#: Link directions a tree loads, by collective: broadcast sends parent to
-#: child (``"down"``), reduce child to parent (``"up"``), allreduce both.
-DIRECTIONS = {"allreduce": "both", "broadcast": "down", "reduce": "up"}
+__all__ = ["Tree", "tree_depth"]
 
 
 def tree_depth(root: int, edges) -> int:
@@ -52,10 +47,11 @@ class Tree:
         Bandwidth share in GB/s: the tree carries ``weight / sum(weights)``
         of the data.
     root : int
-        Where the reduction ends and the broadcast starts.
+        Where the reduction ends and the broadcast starts (for reduce-scatter
+        and all-gather: the rank whose slice the tree carries).
     edges : tuple of (int, int)
-        ``(parent, child)`` rank pairs in broadcast direction (a reduce sends
-        child to parent). A hop through switches is still one rank-to-rank edge.
+        ``(parent, child)`` rank pairs in broadcast direction (a reduce or
+        reduce-scatter sends child to parent). A hop through switches is still one rank-to-rank edge.
     paths : tuple of tuple of int
         The node path of each edge from parent to child (``(parent, child)``
         for a direct link; switch nodes in between otherwise).

@@ -91,6 +91,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
+from ..planning.collectives import bus_factor
 from ..schedule import Schedule
 from ..topo import TopologyError
 from .model import SimError, SimModel
@@ -98,13 +99,6 @@ from .model import SimError, SimModel
 __all__ = ["simulate", "SimResult", "bus_factor"]
 
 _GB = 1e9
-
-
-def bus_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' busbw / algbw: ``2 (n - 1) / n`` for allreduce, 1 otherwise."""
-    if collective == "allreduce":
-        return 2.0 * (nranks - 1) / nranks if nranks > 1 else 1.0
-    return 1.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -232,6 +232,16 @@ class LinkGraph:
             ``root`` (or rank 0 for ``"both"``), ``paths`` the node path of
             each; None if the ranks are not connected.
         """
+        return self.cheapest_trees(arc_price, directions, [root])[0]
+
+    def cheapest_trees(self, arc_price: np.ndarray, directions: str, roots: Sequence) -> list:
+        """:meth:`cheapest_tree` for each of ``roots``, routing once for all of them.
+
+        Returns
+        -------
+        list
+            One ``(cost, edges, paths)`` or None per root, in the order of ``roots``.
+        """
         import networkx as nx
 
         arc_price = np.maximum(np.asarray(arc_price, dtype=float), 0.0)
@@ -243,28 +253,33 @@ class LinkGraph:
                 if u < v:
                     g.add_edge(u, v, weight=cost, hops=len(arcs))
             if self.n > 1 and not nx.is_connected(g):
-                return None
+                return [None for _ in roots]
             tree = nx.minimum_spanning_tree(g, weight="weight")
-            start = 0 if root is None else root
-            edges = list(nx.bfs_edges(tree, start))
         else:
             routes = self.routes(arc_price if directions == "down" else arc_price[self.reverse])
-            arcs = [(u, v, cost) for (u, v), (cost, _) in routes.items() if v != root]
-            chosen = _min_arborescence(self.n, root, arcs)
-            if chosen is None:
-                return None
-            arb = nx.DiGraph()
-            arb.add_node(root)
-            arb.add_edges_from(arcs[i][:2] for i in chosen)
-            edges = list(nx.bfs_edges(arb, root))
-        paths = []
-        total = 0.0
-        for p, c in edges:
-            cost, arcs = routes[p, c] if (p, c) in routes else routes[c, p]
-            path = self.path_of(arcs)
-            paths.append(path if path[0] == p else path[::-1])
-            total += cost
-        return total, edges, paths
+        out = []
+        for root in roots:
+            if directions == "both":
+                edges = list(nx.bfs_edges(tree, 0 if root is None else root))
+            else:
+                arcs = [(u, v, cost) for (u, v), (cost, _) in routes.items() if v != root]
+                chosen = _min_arborescence(self.n, root, arcs)
+                if chosen is None:
+                    out.append(None)
+                    continue
+                arb = nx.DiGraph()
+                arb.add_node(root)
+                arb.add_edges_from(arcs[i][:2] for i in chosen)
+                edges = list(nx.bfs_edges(arb, root))
+            paths = []
+            total = 0.0
+            for p, c in edges:
+                cost, arcs = routes[p, c] if (p, c) in routes else routes[c, p]
+                path = self.path_of(arcs)
+                paths.append(path if path[0] == p else path[::-1])
+                total += cost
+            out.append((total, edges, paths))
+        return out
 
 
 def _min_arborescence(n: int, root: int, arcs: list):

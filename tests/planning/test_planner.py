@@ -18,6 +18,7 @@ from jax_blink.planning import MAX_CHUNKS_PER_TREE, Plan, PlanError, bounds, cac
 from jax_blink.planning.rings import best_rings
 from jax_blink.schedule import Schedule
 from jax_blink.topo import Topology
+from strategies import connected_topologies
 
 
 # ------------------------------------------------------------ reference values
@@ -90,17 +91,6 @@ def test_max_trees_and_tolerance_trade_rate_for_trees():
 
 
 # ---------------------------------------------------------------- properties
-@st.composite
-def connected_topologies(draw):
-    n = draw(st.integers(2, 5))
-    bandwidth = st.sampled_from([5.0, 10.0, 12.5, 20.0, 25.0, 50.0])
-    links = [(draw(st.integers(0, v - 1)), v, draw(bandwidth)) for v in range(1, n)]  # spanning tree
-    extra = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), bandwidth), max_size=6))
-    links += [(u, v, b) for u, v, b in extra if u != v]
-    order = draw(st.permutations(range(n)))  # relabel so the tree is not always rooted at 0
-    return Topology.from_links(n, [(order[u], order[v], b) for u, v, b in links])
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(connected_topologies(), st.data())
 def test_random_topologies_reach_their_certified_bound(topology, data):
