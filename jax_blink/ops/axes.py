@@ -21,12 +21,15 @@ def axes_tuple(axis_name) -> tuple:
 
 def axis_size(axes: tuple, name: str) -> int:
     """The number of devices over ``axes``, or lax's error for an unbound name."""
-    try:
-        return lax.axis_size(axes)
-    except NameError as e:
-        raise NameError(f"Found an unbound axis name in {axes}: {e}. jax_blink.{name} is a "
-                        "collective: call it under `jax.shard_map` (or `jax.pmap`) with "
-                        "these axis names.") from None
+    size = 1
+    for ax in axes:
+        try:
+            size *= lax.axis_size(ax)
+        except NameError:
+            raise NameError(f"Found an unbound axis name: {ax}. To fix this, please call {name} "
+                            f"under `jax.shard_map` (or `jax.pmap`): jax_blink.{name} is a "
+                            "collective over these axis names, as lax's is.") from None
+    return size
 
 
 def typed(a, axes: tuple, name: str, *, unreduced_ok: bool = True):

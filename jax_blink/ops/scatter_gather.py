@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_blink.ops import decide as _decide
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import run
 
@@ -68,15 +69,24 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     return treedef.unflatten(results)
 
 
-def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, topology=None,
-               min_bytes=None, timeout_s=None, chunks=None):
+def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="varying",
+               topology=None, min_bytes=None, timeout_s=None, chunks=None):
     """Every device gets every device's ``x``, stacked along ``axis`` (or, with
     ``tiled=True``, concatenated along it); a drop-in for ``lax.all_gather``.
 
-    Keywords after ``tiled`` are those of :func:`psum`. The transpose is
-    :func:`psum_scatter`, as in lax.
+    ``to`` is lax's: ``"varying"`` (the result stays varying over the axes)
+    runs jax_blink's all-gather; ``"reduced"`` (a typed replicated result)
+    is left to ``lax.all_gather``, and ``explain()`` says so. Keywords after
+    ``to`` are those of :func:`psum`. The transpose is :func:`psum_scatter`,
+    as in lax.
     """
     axes = axes_tuple(axis_name)
+    if to != "varying":
+        axis_size(axes, "all_gather")
+        _decide.record(f"all_gather over {axes}: lax.all_gather (to={to!r}: a typed replicated "
+                       "result; jax_blink gathers to='varying' only)")
+        return lax.all_gather(x, axis_name, axis_index_groups=axis_index_groups, axis=axis,
+                              tiled=tiled, to=to)
     leaves, treedef = jax.tree.flatten(x)
     if not leaves:
         return x

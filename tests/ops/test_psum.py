@@ -408,7 +408,8 @@ def test_constants_and_weak_types_as_in_lax():
 
 
 def test_an_unbound_axis_says_to_call_it_under_shard_map():
-    with pytest.raises(NameError, match="call it under `jax.shard_map`"):
+    with pytest.raises(NameError, match="Found an unbound axis name: nope. To fix this, please "
+                                        "call psum under `jax.shard_map`"):
         jax.jit(lambda v: jax_blink.psum(v, "nope"))(jnp.ones(3))
 
 
