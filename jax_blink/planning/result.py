@@ -207,7 +207,7 @@ class Plan:
                                             cost.MAX_CHUNKS_PER_TREE))
         return out
 
-    def lower(self, size_bytes: int, dtype, chunks=None, launch_s: float = 0.0):
+    def lower(self, size_bytes: int, dtype, chunks=None, launch_s: float = 0.0, op: str = "sum"):
         """The :class:`~jax_blink.schedule.Schedule` moving ``size_bytes`` of ``dtype``.
 
         Parameters
@@ -220,6 +220,9 @@ class Plan:
             default: :meth:`chunks_for` (with ``launch_s``).
         launch_s : float
             The executor's host cost per pipeline step, for :meth:`chunks_for`.
+        op : str
+            ``"sum"``, ``"max"`` or ``"min"``: what the schedule's reductions
+            compute (``size_bytes`` is the full vector: count * itemsize).
         """
         itemsize = DTYPES[dtype_name(dtype)][1]
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, (int, np.integer)) \
@@ -230,7 +233,7 @@ class Plan:
             chunks = self.chunks_for(int(size_bytes), launch_s)
         return lower_trees(self.trees, nranks=self.topology.n, collective=self.collective,
                            root=-1 if self.root is None else self.root, count=int(size_bytes) // itemsize,
-                           dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees])
+                           dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees], op=op)
 
     def ring_text(self) -> str:
         """``"ring 85.7 GB/s"``, or ``"no NVLink/NVSwitch ring"`` where the fast
