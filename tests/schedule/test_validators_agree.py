@@ -262,7 +262,7 @@ def test_both_apply_the_v2_proof():
     both_reject(Schedule(2, 4, "reduce_scatter", -1, "float32", 1, ((0, 4),), crossing).encode(),
                 "crosses the boundary of shard 0")
     unordered = ((Step("RECV_COPY", 0, 1), Step("RECV_COPY", 0, 1, 0, (0,))), (Step("SEND", 0, 0), Step("SEND", 0, 0)))
-    both_reject(Schedule(2, 3, "broadcast", 1, "float64", 1, ((0, 3),), unordered).encode(), "ordered by deps")
+    both_reject(Schedule(2, 3, "broadcast", 1, "float64", 1, ((0, 3),), unordered).encode(), "ordered")
     ordered = (unordered[0], (Step("SEND", 0, 0), Step("SEND", 0, 0, 0, (0,))))
     both_accept(Schedule(2, 3, "broadcast", 1, "float64", 1, ((0, 3),), ordered).encode())
     uneven = (unordered[0][:1], ordered[1])
