@@ -111,8 +111,11 @@ def _lowering(ctx, x, rank, group, *, platform, schedule, timeout_ms, site, **pa
         _op_ids[module] = itertools.count(1)
     # one id per call site in the module; a call site inside a loop is told
     # apart by the executor's per-rank generation counter
+    # collective and reduce_op: header words 4 and 7 of the (format version 2) schedule; the
+    # handler checks them against the schedule it decodes
     return _ffi_rule(ctx, x, rank, group, schedule=schedule.words,
-                     op_id=np.int64(next(_op_ids[module])), timeout_ms=np.int64(timeout_ms))
+                     op_id=np.int64(next(_op_ids[module])), collective=np.int64(schedule.words[4]),
+                     reduce_op=np.int64(schedule.words[7]), timeout_ms=np.int64(timeout_ms))
 
 
 blink_psum_p.def_abstract_eval(_abstract_eval)
