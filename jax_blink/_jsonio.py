@@ -122,8 +122,8 @@ def read_document(source, *, fmt: str, version: int, error: type, what: str) -> 
         the path of a file holding it.
     fmt : str
         The ``"format"`` the document must name.
-    version : int
-        The ``"version"`` it must have.
+    version : int or tuple of int
+        The ``"version"`` it must have (one of them).
     error : type
         The exception raised for every problem.
     what : str
@@ -155,6 +155,8 @@ def read_document(source, *, fmt: str, version: int, error: type, what: str) -> 
         raise error(f"not a jax_blink {what}: expected an object with \"format\": \"{fmt}\", "
                     f"got \"format\": {data.get('format')!r:.60}")
     found = data.get("version")
-    if isinstance(found, bool) or found != version:
-        raise error(f"{what} format version {found!r:.60}; this jax_blink reads {version}")
+    versions = tuple(version) if isinstance(version, (tuple, list)) else (version,)
+    if isinstance(found, bool) or found not in versions:
+        wanted = " or ".join(map(str, versions))
+        raise error(f"{what} format version {found!r:.60}; this jax_blink reads {wanted}")
     return data

@@ -2,7 +2,10 @@
 
 Inputs are chosen so that float16/bfloat16 partial sums are exact in
 float32: the executors' result must then equal the exact sum rounded once,
-in every summation order, and the comparison is exact.
+in every summation order, and the comparison is exact. max/min results are
+exact in every order; their inputs include NaN, signed zeros and
+infinities (:func:`make_inputs` with ``specials``), and :func:`check_outputs`
+compares them bitwise with a numpy fold of :func:`numpy_executor.reduce_pair`.
 """
 
 from types import SimpleNamespace
@@ -10,7 +13,8 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 
-from jax_blink.schedule import lower_trees
+from jax_blink.schedule import lower_ring, lower_trees
+from numpy_executor import reduce_pair
 
 #: schedule dtype name -> numpy type
 NP_DTYPES = {
@@ -24,8 +28,22 @@ NP_DTYPES = {
 }
 
 
-def make_inputs(dtype, nranks, count, seed=0):
-    """Inputs whose float16/bfloat16 partial sums are exact in float32."""
+def make_inputs(dtype, nranks, count, seed=0, specials=False):
+    """Inputs whose float16/bfloat16 partial sums are exact in float32.
+
+    ``specials``: floating-point inputs also hold NaN, +-0.0 and +-inf in
+    about a third of their elements (for max/min)."""
+    xs = _make_inputs(dtype, nranks, count, seed)
+    if specials and dtype in ("float32", "float64", "float16", "bfloat16"):
+        rng = np.random.default_rng(seed + 1)
+        pool = np.array([np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf], np.float64)
+        for x in xs:
+            where = rng.random(count) < 0.35
+            x[where] = pool[rng.integers(0, len(pool), where.sum())].astype(x.dtype)
+    return xs
+
+
+def _make_inputs(dtype, nranks, count, seed):
     rng = np.random.default_rng(seed)
     np_dtype = NP_DTYPES[dtype]
     if dtype in ("int32", "int64"):
@@ -62,6 +80,75 @@ def check_sum(dtype, inputs, out):
             [np.abs(x.astype(np.longdouble)) for x in inputs], axis=0)
         bound = bound + np.spacing(np.abs(exact).astype(np_dtype)).astype(np.longdouble)
         assert np.all(np.abs(out.astype(np.longdouble) - exact) <= bound)
+
+
+def reduce_reference(op, dtype, inputs):
+    """max or min over the ranks' arrays as the format defines it, in the dtype (exact)."""
+    np_dtype = NP_DTYPES[dtype]
+    wide = [x.astype(np.float64) if dtype in ("float16", "bfloat16") else x for x in inputs]
+    out = wide[0]
+    for x in wide[1:]:
+        out = reduce_pair(op, out, x)
+    return np.asarray(out).astype(np_dtype)
+
+
+def check_reduced(op, dtype, inputs, out):
+    """``out`` is the reduction of ``inputs`` by ``op`` (sum: see check_sum; max/min: bitwise)."""
+    if op == "sum":
+        check_sum(dtype, inputs, out)
+        return
+    ref = reduce_reference(op, dtype, inputs)
+    assert out.dtype == ref.dtype
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[ref.itemsize]
+    mismatch = np.flatnonzero(out.view(bits) != ref.view(bits))
+    assert mismatch.size == 0, (f"{op} {dtype}: {mismatch.size} elements differ, first at {mismatch[0]}: "
+                                f"got {out[mismatch[0]]!r}, want {ref[mismatch[0]]!r}, inputs "
+                                f"{[x[mismatch[0]] for x in inputs]}")
+
+
+def check_outputs(schedule, inputs, outputs):
+    """Every rank's output is what the schedule's collective promises (docs/schedule_format.md)."""
+    s = schedule
+    coll, op = s.collective, s.op
+    for r in range(s.nranks):
+        out = outputs[r]
+        assert out.shape == (s.out_count,), (r, out.shape, s.out_count)
+        if coll == "allreduce" or (coll == "reduce" and r == s.root):
+            check_reduced(op, s.dtype, inputs, out)
+        elif coll == "reduce_scatter":
+            lo, hi = s.shard(r)
+            check_reduced(op, s.dtype, [x[lo:hi] for x in inputs], out)
+        elif coll == "broadcast":
+            assert out.tobytes() == inputs[s.root].tobytes(), r
+        elif coll == "allgather":
+            assert out.tobytes() == np.concatenate(inputs).tobytes(), r
+    if coll in ("allreduce", "broadcast", "allgather"):
+        assert_bit_identical(outputs)
+
+
+def v2_schedules(nranks, count, dtype, op, chunks=2):
+    """``{name: Schedule}``: every collective lowered from trees, and the three rings, with ``op``
+    (``count`` must be a multiple of ``nranks``)."""
+    T = SimpleNamespace
+    n = nranks
+    chain = T(root=n - 1, edges=[(i + 1, i) for i in range(n - 1)], weight=2.0)
+    star = T(root=0, edges=[(0, i) for i in range(1, n)], weight=1.0)
+    shifted = T(root=1 % n, edges=[(1 % n, i) for i in range(n) if i != 1 % n], weight=1.0)
+    # per-rank roots: a star and a chain rooted at every rank
+    rooted = [t for r in range(n) for t in (
+        T(root=r, edges=[(r, i) for i in range(n) if i != r], weight=1.0),
+        T(root=r, edges=[((r + i) % n, (r + i + 1) % n) for i in range(n - 1)], weight=0.5))]
+    out = {}
+    common = dict(nranks=n, count=count, dtype=dtype, chunks=chunks, op=op)
+    out["trees:allreduce"] = lower_trees([star, chain, shifted], collective="allreduce", **common)
+    out["trees:reduce"] = lower_trees([chain], collective="reduce", root=n - 1, **common)
+    out["trees:broadcast"] = lower_trees([star], collective="broadcast", root=0, **common)
+    out["trees:reduce_scatter"] = lower_trees(rooted, collective="reduce_scatter", **common)
+    out["trees:allgather"] = lower_trees(rooted, collective="allgather", **common)
+    order = list(range(0, n, 2)) + list(range(1, n, 2))
+    for coll in ("allreduce", "reduce_scatter", "allgather"):
+        out[f"ring:{coll}"] = lower_ring(order, collective=coll, count=count, dtype=dtype, chunks=chunks, op=op)
+    return {name: s.validate() for name, s in out.items()}
 
 
 def assert_bit_identical(outputs):

@@ -8,7 +8,9 @@ The words start from real schedules (:func:`seed_schedules`: planner-lowered,
 the simulator's baselines, hand-built ones) and are mutated by
 :func:`mutate`: field changes, extreme values (0, -1, 2^31, 2^62, the limits
 and their neighbours), truncations, extensions, inserted, deleted, duplicated
-and reordered steps, added and dropped dependencies, changed chunk tables.
+and reordered steps, repeated transfers, added and dropped dependencies,
+changed chunk tables, changed collectives and reduce ops, and now and then
+the version 1 encoding of a schedule.
 
 Used by ``tests/schedule/test_validators_agree.py`` (a few thousand cases per
 run) and ``benchmarks/fuzz_schedules.py`` (many more; it also writes the seed
@@ -23,8 +25,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from jax_blink.schedule import Schedule, ScheduleError, Step, lower_trees
-from jax_blink.schedule.constants import HEADER_WORDS, LIMITS, MAGIC
+from jax_blink.schedule import Schedule, ScheduleError, Step, lower_ring, lower_trees
+from jax_blink.schedule.constants import HEADER_WORDS, HEADER_WORDS_V1, LIMITS, MAGIC, REDUCE_OPS
 
 __all__ = ["Layout", "hand_built", "seed_schedules", "mutate", "mutated_cases", "verdicts", "Verdict"]
 
@@ -68,7 +70,17 @@ def hand_built() -> dict:
         for r, own in ((0, 0), (1, 1))))
     broadcast = Schedule(3, 7, "broadcast", 2, "uint32", 1, ((0, 7),), (
         (Step("RECV_COPY", 0, 2),), (Step("RECV_COPY", 0, 2),), (Step("SEND", 0, 0), Step("SEND", 0, 1))))
-    return {"one-rank": one, "exchange": exchange, "out-of-order": out_of_order, "broadcast": broadcast}
+    # allgather by exchange: each rank's other chunk is UNDEFINED until copied
+    gather = Schedule(2, 4, "allgather", -1, "float32", 1, ((0, 2), (2, 2)), (
+        (Step("SEND", 0, 1), Step("RECV_COPY", 1, 1)), (Step("SEND", 1, 0), Step("RECV_COPY", 0, 0))), (), "max")
+    scatter = Schedule(2, 4, "reduce_scatter", -1, "int32", 1, ((0, 2), (2, 2)), (
+        (Step("SEND", 1, 1), Step("RECV_REDUCE", 0, 1)), (Step("SEND", 0, 0), Step("RECV_REDUCE", 1, 0))), (), "min")
+    # chunk 0 goes 1->0 twice: rank 1's input, then the sum (an ordered repeat)
+    repeat = Schedule(2, 3, "allreduce", -1, "float64", 1, ((0, 3),), (
+        (Step("SEND", 0, 1), Step("RECV_REDUCE", 0, 1, 0, (0,)), Step("RECV_COPY", 0, 1, 0, (1,))),
+        (Step("SEND", 0, 0), Step("RECV_REDUCE", 0, 0, 0, (0,)), Step("SEND", 0, 0, 0, (1,)))))
+    return {"one-rank": one, "exchange": exchange, "out-of-order": out_of_order, "broadcast": broadcast,
+            "allgather-exchange": gather, "reduce-scatter-exchange": scatter, "repeat": repeat}
 
 
 def seed_schedules(planner: bool = True) -> dict:
@@ -108,7 +120,40 @@ def seed_schedules(planner: bool = True) -> dict:
                                                  dtype="float32", chunks=chunks)
     seeds["trees:star-chain"] = lower_trees([_star(4), _chain(4)], nranks=4, collective="allreduce",
                                             count=64, dtype="float32", chunks=3)
+    # format version 2: reduce ops, the sharded collectives, rings (repeated triples)
+    for n, per_rank, shard, chunks, coll, dtype, op in ((3, 1, 5, 2, "reduce_scatter", "float32", "max"),
+                                                        (4, 2, 3, 1, "allgather", "bfloat16", "min"),
+                                                        (5, 1, 4, 3, "reduce_scatter", "int64", "sum"),
+                                                        (66, 1, 1, 1, "allgather", "int32", "sum")):
+        trees = [_random_tree(rng, n) for _ in range(n * per_rank)]
+        for i, t in enumerate(trees):  # re-root each tree at rank i % n
+            t.root, t.edges = i % n, _rerooted(t.edges, i % n)
+        seeds[f"trees:{coll}:{n}:{op}"] = lower_trees(trees, nranks=n, collective=coll, count=n * shard,
+                                                      dtype=dtype, chunks=chunks, op=op)
+    for n, coll, chunks, op in ((4, "allreduce", 2, "max"), (3, "reduce_scatter", 1, "sum"),
+                                (5, "allgather", 2, "min"), (2, "allreduce", 1, "sum")):
+        order = list(range(n))
+        rng.shuffle(order)
+        seeds[f"ring:{coll}:{n}"] = lower_ring(order, collective=coll, count=n * 4, dtype="float32",
+                                               chunks=chunks, op=op)
     return {name: s.validate() for name, s in seeds.items()}
+
+
+def _rerooted(edges, root):
+    """The (parent, child) edges of the same undirected tree, rooted at ``root``."""
+    adj = {}
+    for a, b in edges:
+        adj.setdefault(a, []).append(b)
+        adj.setdefault(b, []).append(a)
+    out, seen, stack = [], {root}, [root]
+    while stack:
+        v = stack.pop()
+        for w in adj.get(v, ()):
+            if w not in seen:
+                seen.add(w)
+                out.append((v, w))
+                stack.append(w)
+    return out
 
 
 # ---------------------------------------------------------------- layout
@@ -124,8 +169,9 @@ class Layout:
     @classmethod
     def of(cls, words):
         w = [int(x) for x in words]
-        nranks, nchunks = w[2], w[7]
-        counts_at = HEADER_WORDS + 2 * nchunks
+        v1 = w[1] == 1
+        nranks, nchunks = w[2], w[7] if v1 else w[10]
+        counts_at = (HEADER_WORDS_V1 if v1 else HEADER_WORDS) + 2 * nchunks
         pos = counts_at + nranks
         steps = []
         for r in range(nranks):
@@ -137,8 +183,12 @@ class Layout:
         return cls(nranks, nchunks, counts_at, steps)
 
 
-def _as_schedule_words(s: Schedule) -> list:
-    return [int(x) for x in s.encode()]
+def _as_schedule_words(s: Schedule, rng=None) -> list:
+    """The encoding of ``s``; now and then (given ``rng``) in format version 1 (its 9-word header)."""
+    w = [int(x) for x in s.encode()]
+    if rng is not None and rng.random() < 0.1:
+        w = [MAGIC, 1] + w[2:7] + w[10:]
+    return w
 
 
 # ------------------------------------------------------------- mutations
@@ -160,7 +210,7 @@ def _field_change(rng, s: Schedule, w: list) -> list:
     flat = [(r, i) for r in range(layout.nranks) for i in range(len(layout.steps[r]))]
     where = rng.random()
     if where < 0.15 or not flat:
-        k = rng.randrange(2, HEADER_WORDS)
+        k = rng.randrange(2, HEADER_WORDS if w[1] != 1 else HEADER_WORDS_V1)
     elif where < 0.3:
         k = rng.randrange(HEADER_WORDS, layout.counts_at + layout.nranks)
     elif where < 0.4:
@@ -171,7 +221,7 @@ def _field_change(rng, s: Schedule, w: list) -> list:
         k = start + rng.randrange(5 + w[start + 4])
     w = list(w)
     w[k] = _value(rng, w[k], extra=(s.nranks, len(s.chunks),
-                                     s.count, s.ntrees))
+                                     s.count, s.ntrees, s.count // max(s.nranks, 1)))
     return w
 
 
@@ -189,8 +239,18 @@ def _step_edit(rng, s: Schedule) -> Schedule:
     lst = steps[r]
     i = rng.randrange(len(lst))
     st = lst[i]
-    kind = rng.randrange(10)
-    if kind == 0:  # change the op
+    kind = rng.randrange(11)
+    if kind == 10:  # repeat a transfer at the end of both lists: a (sender, receiver, chunk) triple again
+        sends = [(q, j) for q in range(s.nranks) for j, x in enumerate(steps[q]) if x.op == "SEND"]
+        if not sends:
+            return s
+        q, j = rng.choice(sends)
+        x = steps[q][j]
+        ordered = rng.random() < 0.8  # else the repeated SEND is unordered (refused)
+        steps[q].append(Step("SEND", x.chunk, x.peer, x.tree, tuple(range(len(steps[q]))) if ordered else ()))
+        steps[x.peer].append(Step(rng.choice(("RECV_COPY", "RECV_COPY", "RECV_REDUCE")), x.chunk, q, x.tree,
+                                  tuple(range(len(steps[x.peer])))))
+    elif kind == 0:  # change the op
         lst[i] = dataclasses.replace(st, op=rng.choice(("SEND", "RECV_REDUCE", "RECV_COPY")))
     elif kind == 1:  # drop a dependency
         if st.deps:
@@ -265,11 +325,13 @@ def _chunk_edit(rng, s: Schedule) -> Schedule:
 
 
 def _header_edit(rng, s: Schedule) -> Schedule:
-    """Collective, root, ntrees or nranks changed with the rest kept consistent."""
-    kind = rng.randrange(4)
+    """Collective, root, reduce op, ntrees or nranks changed with the rest kept consistent."""
+    kind = rng.randrange(5)
+    if kind == 4:
+        return dataclasses.replace(s, op=rng.choice(REDUCE_OPS), routes=())
     if kind == 0:
-        coll = rng.choice(("allreduce", "broadcast", "reduce"))
-        root = -1 if coll == "allreduce" else rng.randrange(s.nranks)
+        coll = rng.choice(("allreduce", "broadcast", "reduce", "reduce_scatter", "allgather"))
+        root = rng.randrange(s.nranks) if coll in ("broadcast", "reduce") else -1
         return dataclasses.replace(s, collective=coll, root=root, routes=())
     if kind == 1:
         return dataclasses.replace(s, ntrees=rng.choice((s.ntrees + 1, 1 << 28, (1 << 28) + 1, 1 << 40)),
@@ -322,9 +384,9 @@ def mutate(rng: random.Random, s: Schedule) -> np.ndarray:
         elif k < 0.5:
             s = _header_edit(rng, s)
         else:
-            w = _as_schedule_words(s)
+            w = _as_schedule_words(s, rng)
             return _array(rng, _field_change(rng, s, w) if k < 0.85 else _truncate_or_extend(rng, w))
-    return _array(rng, _as_schedule_words(s))
+    return _array(rng, _as_schedule_words(s, rng))
 
 
 def mutated_cases(seeds: dict, cases: int, seed: int):

@@ -20,8 +20,11 @@
 namespace jax_blink {
 
 inline constexpr int64_t kScheduleMagic = 0x4B4E494C42;  // "BLINK"
-inline constexpr int64_t kScheduleVersion = 1;
-inline constexpr int64_t kHeaderWords = 9;
+inline constexpr int64_t kScheduleVersion = 2;
+inline constexpr int64_t kHeaderWords = 12;
+// Version 1 (still read: op = sum, in_count = out_count = count) has no
+// op, in_count and out_count words.
+inline constexpr int64_t kHeaderWordsV1 = 9;
 
 // The limits of docs/schedule_format.md ("Limits"), the same as the Python
 // validator's (jax_blink/schedule/constants.py). DecodeSchedule refuses a
@@ -39,9 +42,20 @@ inline constexpr int64_t kMaxWords = int64_t{1} << 28;
 inline constexpr int64_t kMaxProofWords = int64_t{1} << 24;
 
 enum class Op : uint8_t { kSend = 0, kRecvReduce = 1, kRecvCopy = 2 };
-enum class Collective : uint8_t { kAllReduce = 0, kBroadcast = 1, kReduce = 2 };
+enum class Collective : uint8_t {
+  kAllReduce = 0,
+  kBroadcast = 1,
+  kReduce = 2,
+  kReduceScatter = 3,
+  kAllGather = 4,
+};
+inline constexpr int kNumCollectives = 5;
+// What RECV_REDUCE computes (core/reduce_op.h defines max and min exactly).
+enum class ReduceOp : uint8_t { kSum = 0, kMax = 1, kMin = 2 };
+inline constexpr int kNumReduceOps = 3;
 const char* OpName(Op op);
 const char* CollectiveName(Collective c);
+const char* ReduceOpName(ReduceOp op);
 
 // RECV_REDUCEs that executors fuse into one reduction at most (following
 // Step::fuse_next), so a fused reduction has at most kMaxFuse + 1 operands.
@@ -99,10 +113,15 @@ struct RankSteps {
 
 struct Schedule {
   int64_t nranks = 0;
-  int64_t count = 0;
+  int64_t count = 0;  // elements of the accumulator (the full vector)
   Collective collective = Collective::kAllReduce;
   int64_t root = -1;
   DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  // Elements of each rank's input and output buffers: count, except
+  // count / nranks for an allgather's input and a reduce_scatter's output.
+  int64_t in_count = 0;
+  int64_t out_count = 0;
   int64_t nchunks = 0;
   int64_t ntrees = 0;
   std::vector<int64_t> chunk_offset;
@@ -113,6 +132,17 @@ struct Schedule {
   int64_t total_steps = 0;
   // Hash of the encoded words; ranks compare it at the rendezvous.
   uint64_t fingerprint = 0;
+
+  // Where rank r's input starts in the accumulator's index space (its shard
+  // for an allgather, else 0), and its output (its shard for a
+  // reduce_scatter, else 0): element i of the input is ACC element
+  // InputOffset(r) + i.
+  int64_t InputOffset(int64_t r) const {
+    return collective == Collective::kAllGather ? r * (count / nranks) : 0;
+  }
+  int64_t OutputOffset(int64_t r) const {
+    return collective == Collective::kReduceScatter ? r * (count / nranks) : 0;
+  }
 };
 
 // Decodes and validates `n` words. Returns "" on success, else a message

@@ -180,37 +180,64 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
     return Err("the encoding has ", n, " words, more than the limit of ",
                kMaxWords);
   }
-  if (n < static_cast<size_t>(kHeaderWords)) {
-    return Err("array has ", n, " words, the header alone needs ",
-               kHeaderWords);
+  if (n < 2) {
+    return Err("array has ", n, " words, the header alone needs ", kHeaderWords);
   }
   if (words[0] != kScheduleMagic) {
     return Err("bad magic ", words[0], " (expected ", kScheduleMagic,
                " = \"BLINK\")");
   }
-  if (words[1] != kScheduleVersion) {
-    return Err("unsupported version ", words[1], " (this build reads version ",
-               kScheduleVersion, ")");
+  const int64_t version = words[1];
+  if (version != 1 && version != kScheduleVersion) {
+    return Err("unsupported format version ", version,
+               " (this build reads versions 1 and ", kScheduleVersion, ")");
+  }
+  const int64_t header_words = version == 1 ? kHeaderWordsV1 : kHeaderWords;
+  if (n < static_cast<size_t>(header_words)) {
+    return Err("array has ", n, " words, the version ", version,
+               " header alone needs ", header_words);
+  }
+  // The words limit applies to the version 2 encoding (a version 1 array is
+  // 3 words shorter), as the Python validator counts it.
+  if (version == 1 && n + (kHeaderWords - kHeaderWordsV1) > static_cast<size_t>(kMaxWords)) {
+    return Err("the encoding has ", n + (kHeaderWords - kHeaderWordsV1),
+               " words in format version 2, more than the limit of ", kMaxWords);
   }
   s.nranks = words[2];
   s.count = words[3];
   const int64_t collective = words[4];
   s.root = words[5];
   const int64_t dtype = words[6];
-  s.nchunks = words[7];
-  s.ntrees = words[8];
+  int64_t op = 0, in_count = s.count, out_count = s.count;
+  if (version == 1) {
+    s.nchunks = words[7];
+    s.ntrees = words[8];
+  } else {
+    op = words[7];
+    in_count = words[8];
+    out_count = words[9];
+    s.nchunks = words[10];
+    s.ntrees = words[11];
+  }
   if (s.nranks < 1 || s.nranks > kMaxRanks) {
     return Err("nranks = ", s.nranks, " (must be in [1, ", kMaxRanks, "])");
   }
   if (s.count < 1 || s.count > kMaxCount) {
     return Err("count = ", s.count, " (must be in [1, 2^48])");
   }
-  if (collective < 0 || collective > 2) {
+  if (collective < 0 || collective >= kNumCollectives) {
     return Err("unknown collective code ", collective);
   }
   s.collective = static_cast<Collective>(collective);
-  if (s.collective == Collective::kAllReduce) {
-    if (s.root != -1) return Err("allreduce needs root = -1, got ", s.root);
+  const bool rooted = s.collective == Collective::kBroadcast ||
+                      s.collective == Collective::kReduce;
+  const bool sharded = s.collective == Collective::kReduceScatter ||
+                       s.collective == Collective::kAllGather;
+  if (!rooted) {
+    if (s.root != -1) {
+      return Err(CollectiveName(s.collective), " has no root: needs root = -1, got ",
+                 s.root);
+    }
   } else if (s.root < 0 || s.root >= s.nranks) {
     return Err(CollectiveName(s.collective), " root = ", s.root,
                " is not a rank in [0, ", s.nranks, ")");
@@ -218,6 +245,8 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
   if (dtype < 0 || dtype >= kNumDTypes)
     return Err("unknown dtype code ", dtype);
   s.dtype = static_cast<DType>(dtype);
+  if (op < 0 || op >= kNumReduceOps) return Err("unknown reduce-op code ", op);
+  s.op = static_cast<ReduceOp>(op);
   if (s.nchunks < 1 || s.nchunks > s.count || s.nchunks > kMaxChunks) {
     return Err("nchunks = ", s.nchunks, " (must be in [1, min(count = ",
                s.count, ", ", kMaxChunks, ")])");
@@ -225,7 +254,27 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
   if (s.ntrees < 1 || s.ntrees > kMaxTrees) {
     return Err("ntrees = ", s.ntrees, " (must be in [1, ", kMaxTrees, "])");
   }
-  size_t pos = kHeaderWords;
+  // The buffers' sizes follow from the collective (docs/schedule_format.md).
+  s.in_count = s.count;
+  s.out_count = s.count;
+  if (sharded) {
+    if (s.count % s.nranks != 0) {
+      return Err(CollectiveName(s.collective), " needs count divisible by nranks, got count ",
+                 s.count, " and ", s.nranks, " ranks");
+    }
+    (s.collective == Collective::kAllGather ? s.in_count : s.out_count) = s.count / s.nranks;
+  }
+  if (in_count != s.in_count) {
+    return Err("in_count is ", in_count, ", but a ", CollectiveName(s.collective),
+               " of count ", s.count, " over ", s.nranks, " ranks takes ", s.in_count,
+               " input elements");
+  }
+  if (out_count != s.out_count) {
+    return Err("out_count is ", out_count, ", but a ", CollectiveName(s.collective),
+               " of count ", s.count, " over ", s.nranks, " ranks gives ", s.out_count,
+               " output elements");
+  }
+  size_t pos = static_cast<size_t>(header_words);
   const size_t table_words = 2 * static_cast<size_t>(s.nchunks);
   if (n - pos < table_words + static_cast<size_t>(s.nranks)) {
     return Err("array of ", n,
@@ -254,6 +303,17 @@ std::string DecodeStructure(const int64_t* words, size_t n, Schedule* out) {
   if (expect != s.count) {
     return Err("chunks cover [0, ", expect, "), not [0, count = ", s.count,
                ")");
+  }
+  if (sharded) {
+    const int64_t shard = s.count / s.nranks;
+    for (int64_t c = 0; c < s.nchunks; ++c) {
+      const int64_t lo = s.chunk_offset[c], hi = lo + s.chunk_length[c];
+      if (lo / shard != (hi - 1) / shard) {
+        return Err("chunk ", c, " = [", lo, ", ", hi, ") crosses the boundary of shard ",
+                   lo / shard, " (shards of ", shard, " elements); a ",
+                   CollectiveName(s.collective), " chunk lies inside one shard");
+      }
+    }
   }
   std::vector<int64_t> nsteps(s.nranks);
   // Every step takes at least 5 words, so the steps all ranks claim must fit
@@ -402,28 +462,21 @@ std::string MatchSendsToRecvs(Schedule* out) {
       }
     }
   }
+  // Sorted, the steps of one triple are adjacent and in list order: the
+  // k-th SEND of a triple matches its k-th RECV.
   std::sort(sends.begin(), sends.end());
   std::sort(recvs.begin(), recvs.end());
-  for (size_t k = 1; k < sends.size(); ++k) {
-    if (sends[k].SameTriple(sends[k - 1])) {
-      return Err(DescribeStep(s, sends[k].rank, sends[k].idx), " repeats ",
-                 DescribeStep(s, sends[k - 1].rank, sends[k - 1].idx),
-                 " ((sender, receiver, chunk) must be unique)");
-    }
-  }
-  for (size_t k = 1; k < recvs.size(); ++k) {
-    if (recvs[k].SameTriple(recvs[k - 1])) {
-      return Err(DescribeStep(s, recvs[k].rank, recvs[k].idx), " repeats ",
-                 DescribeStep(s, recvs[k - 1].rank, recvs[k - 1].idx),
-                 " ((sender, receiver, chunk) must be unique)");
-    }
-  }
+  auto triple_less = [](const MatchKey& a, const MatchKey& b) {
+    return std::tie(a.sender, a.receiver, a.chunk) <
+           std::tie(b.sender, b.receiver, b.chunk);
+  };
+  std::vector<Reach> reach;  // per rank, built on first use
+  std::vector<int8_t> have_reach(s.nranks, 0);
+  reach.reserve(s.nranks);
+  std::vector<int32_t> reach_index(s.nranks, -1);
   size_t a = 0, b = 0;
   while (a < sends.size() || b < recvs.size()) {
-    if (b == recvs.size() ||
-        (a < sends.size() &&
-         std::tie(sends[a].sender, sends[a].receiver, sends[a].chunk) <
-             std::tie(recvs[b].sender, recvs[b].receiver, recvs[b].chunk))) {
+    if (b == recvs.size() || (a < sends.size() && triple_less(sends[a], recvs[b]))) {
       return Err(DescribeStep(s, sends[a].rank, sends[a].idx),
                  " has no matching RECV at rank ", sends[a].receiver);
     }
@@ -431,12 +484,37 @@ std::string MatchSendsToRecvs(Schedule* out) {
       return Err(DescribeStep(s, recvs[b].rank, recvs[b].idx),
                  " has no matching SEND at rank ", recvs[b].sender);
     }
-    Step& snd = s.ranks[sends[a].rank].steps[sends[a].idx];
-    Step& rcv = s.ranks[recvs[b].rank].steps[recvs[b].idx];
-    snd.match = recvs[b].idx;
-    rcv.match = sends[a].idx;
-    ++a;
-    ++b;
+    size_t a_end = a, b_end = b;
+    while (a_end < sends.size() && sends[a_end].SameTriple(sends[a])) ++a_end;
+    while (b_end < recvs.size() && recvs[b_end].SameTriple(recvs[b])) ++b_end;
+    if (a_end - a != b_end - b) {
+      return Err("chunk ", sends[a].chunk, " is sent ", sends[a].sender, "->",
+                 sends[a].receiver, " ", a_end - a, " time(s) but received ",
+                 b_end - b, " time(s) (first: ",
+                 DescribeStep(s, sends[a].rank, sends[a].idx), ")");
+    }
+    // Repeated SENDs of a triple are ordered by deps (the RECVs, writes of
+    // the chunk, are ordered by the determinism rule).
+    for (size_t k = a + 1; k < a_end; ++k) {
+      const int32_t r = sends[k].rank;
+      if (!have_reach[r]) {
+        have_reach[r] = 1;
+        reach_index[r] = static_cast<int32_t>(reach.size());
+        reach.emplace_back(s.ranks[r]);
+      }
+      if (!reach[reach_index[r]](sends[k - 1].idx, sends[k].idx)) {
+        return Err(DescribeStep(s, r, sends[k].idx), " and ",
+                   DescribeStep(s, r, sends[k - 1].idx),
+                   " send the same chunk over the same link but are not "
+                   "ordered by deps (repeated sends must be)");
+      }
+    }
+    for (; a < a_end; ++a, ++b) {
+      Step& snd = s.ranks[sends[a].rank].steps[sends[a].idx];
+      Step& rcv = s.ranks[recvs[b].rank].steps[recvs[b].idx];
+      snd.match = recvs[b].idx;
+      rcv.match = sends[a].idx;
+    }
   }
   return std::string();
 }
@@ -541,11 +619,23 @@ std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_write) {
     auto acc_at = [&](int64_t r, int64_t c) {
       return acc.data() + (r * s.nchunks + c) * set_words;
     };
+    // A chunk's set is empty while it is UNDEFINED (an allgather's chunks
+    // outside the rank's shard, until a RECV_COPY writes them).
+    // (reduce_scatter and allgather only: their count divides by nranks)
+    const int64_t shard = std::max<int64_t>(s.count / s.nranks, 1);
+    auto shard_of = [&](int64_t c) { return s.chunk_offset[c] / shard; };
     for (int64_t r = 0; r < s.nranks; ++r) {
       for (int64_t c = 0; c < s.nchunks; ++c) {
+        if (s.collective == Collective::kAllGather && shard_of(c) != r) continue;
         acc_at(r, c)[r / 64] |= uint64_t{1} << (r % 64);
       }
     }
+    auto undefined = [&](const uint64_t* set) {
+      for (int64_t w = 0; w < set_words; ++w) {
+        if (set[w] != 0) return false;
+      }
+      return true;
+    };
     for (int64_t g : topo) {
       const int64_t r = static_cast<int64_t>(
           std::upper_bound(s.step_base.begin(), s.step_base.end(), g) -
@@ -554,6 +644,10 @@ std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_write) {
       const Step& st = s.ranks[r].steps[i];
       uint64_t* a = acc_at(r, st.chunk);
       if (st.op == Op::kSend) {
+        if (undefined(a)) {
+          return Err(DescribeStep(s, r, i), " sends a chunk that is UNDEFINED at rank ",
+                     r, " (nothing wrote it yet)");
+        }
         std::memcpy(snap.data() + g * set_words, a, set_words * 8);
         continue;
       }
@@ -562,6 +656,10 @@ std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_write) {
       if (st.op == Op::kRecvCopy) {
         std::memcpy(a, v, set_words * 8);
       } else {
+        if (undefined(a)) {
+          return Err(DescribeStep(s, r, i), " reduces into a chunk that is UNDEFINED at rank ",
+                     r, " (nothing wrote it yet; a RECV_COPY defines it)");
+        }
         for (int64_t w = 0; w < set_words; ++w) {
           if (a[w] & v[w]) {
             return Err(DescribeStep(s, r, i), " adds contributions ",
@@ -573,23 +671,27 @@ std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_write) {
         for (int64_t w = 0; w < set_words; ++w) a[w] |= v[w];
       }
     }
-    std::vector<uint64_t> full(set_words, 0), root_only(set_words, 0);
+    std::vector<uint64_t> full(set_words, 0), one(set_words, 0);
     for (int64_t r = 0; r < s.nranks; ++r)
       full[r / 64] |= uint64_t{1} << (r % 64);
-    if (s.root >= 0) root_only[s.root / 64] |= uint64_t{1} << (s.root % 64);
     for (int64_t r = 0; r < s.nranks; ++r) {
-      const std::vector<uint64_t>* want = nullptr;
-      if (s.collective == Collective::kAllReduce) want = &full;
-      if (s.collective == Collective::kBroadcast) want = &root_only;
-      if (s.collective == Collective::kReduce && r == s.root) want = &full;
-      if (want == nullptr) continue;
+      if (s.collective == Collective::kReduce && r != s.root) continue;
       for (int64_t c = 0; c < s.nchunks; ++c) {
+        const uint64_t* want = full.data();
+        if (s.collective == Collective::kBroadcast || s.collective == Collective::kAllGather) {
+          const int64_t owner = s.collective == Collective::kBroadcast ? s.root : shard_of(c);
+          std::fill(one.begin(), one.end(), 0);
+          one[owner / 64] = uint64_t{1} << (owner % 64);
+          want = one.data();
+        } else if (s.collective == Collective::kReduceScatter && shard_of(c) != r) {
+          continue;
+        }
         const uint64_t* a = acc_at(r, c);
-        if (!std::equal(a, a + set_words, want->begin())) {
+        if (!std::equal(a, a + set_words, want)) {
           return Err(CollectiveName(s.collective), ": rank ", r, " ends with ",
-                     "chunk ", c, " = contributions of ranks ",
-                     DescribeSet(a, s.nranks), ", expected ",
-                     DescribeSet(want->data(), s.nranks));
+                     "chunk ", c, undefined(a) ? " UNDEFINED" : " = contributions of ranks ",
+                     undefined(a) ? "" : DescribeSet(a, s.nranks), ", expected ",
+                     DescribeSet(want, s.nranks));
         }
       }
     }

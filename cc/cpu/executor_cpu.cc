@@ -2,6 +2,7 @@
 // See executor_cpu.h for the protocol and docs/schedule_format.md for the
 // semantics it implements.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -22,6 +23,7 @@
 
 #include "core/debug.h"
 #include "core/half.h"
+#include "core/reduce_op.h"
 #include "core/schedule.h"
 #include "core/step_tracker.h"
 #include "sync/join.h"
@@ -33,8 +35,8 @@ namespace {
 
 // ---- Per-dtype traits
 // -------------------------------------------------------- T: element type of
-// the buffers; A: accumulator type. Signed integers use unsigned arithmetic
-// (wrapping, bit-identical to two's complement).
+// the buffers; A: accumulator type. Sums of signed integers wrap (unsigned
+// arithmetic, core/reduce_op.h); max/min compare them signed.
 
 template <typename E>
 struct SameTraits {
@@ -72,10 +74,12 @@ constexpr int64_t kBlock = 1024;
 // inlines them and then falls back to scalar code behind alias checks.
 #define JAX_BLINK_KERNEL __attribute__((noinline))
 
-template <class Tr>
+// Reductions by kOp (core/reduce_op.h), left to right in step order.
+template <class Tr, ReduceOp kOp>
 struct Kernels {
   using T = typename Tr::T;
   using A = typename Tr::A;
+  static A Op(A a, A b) { return Combine<kOp, A>(a, b); }
 
   JAX_BLINK_KERNEL static void LoadBlock(A* __restrict__ tmp, Src s,
                                          int64_t off, int64_t m) {
@@ -90,24 +94,25 @@ struct Kernels {
                                         int64_t m) {
     if (Tr::kSame || !s.is_input) {
       const A* __restrict__ p = static_cast<const A*>(s.p) + off;
-      for (int64_t i = 0; i < m; ++i) tmp[i] += p[i];
+      for (int64_t i = 0; i < m; ++i) tmp[i] = Op(tmp[i], p[i]);
     } else {
       const T* __restrict__ p = static_cast<const T*>(s.p) + off;
-      for (int64_t i = 0; i < m; ++i) tmp[i] += Tr::ToAcc(p[i]);
+      for (int64_t i = 0; i < m; ++i) tmp[i] = Op(tmp[i], Tr::ToAcc(p[i]));
     }
   }
 
   // A sum that starts from a rank's input starts from +0 first, as
   // lax.psum's does: a sum of -0.0 only is +0.0 (x + 0 == x otherwise).
+  // (max and min need no start: Combine canonicalises both operands.)
   static bool ZeroFirst(Src base, int k) {
-    return std::is_floating_point<A>::value && base.is_input && k > 0;
+    return kOp == ReduceOp::kSum && std::is_floating_point<A>::value && base.is_input && k > 0;
   }
   template <bool kZero>
   static A Base(A b) {
     return kZero ? A(0) + b : b;
   }
 
-  // dst = base + s0 + s1 + ..., added left to right (deterministic).
+  // dst = op(op(op(base, s0), s1), ...), left to right (deterministic).
   static void Reduce(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
     if (ZeroFirst(base, k)) {
       ReduceFrom<true>(dst_v, base, srcs, k, n);
@@ -157,25 +162,25 @@ struct Kernels {
   template <bool kZero>
   JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d,
                                           const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Base<kZero>(d[i]) + s[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = Op(Base<kZero>(d[i]), s[i]);
   }
   template <bool kZero>
   JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d,
                                            const A* __restrict__ s0,
                                            const A* __restrict__ s1,
                                            int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = (Base<kZero>(d[i]) + s0[i]) + s1[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = Op(Op(Base<kZero>(d[i]), s0[i]), s1[i]);
   }
   template <bool kZero>
   JAX_BLINK_KERNEL static void Add2(A* __restrict__ d, const A* __restrict__ b,
                                     const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Base<kZero>(b[i]) + s[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = Op(Base<kZero>(b[i]), s[i]);
   }
   template <bool kZero>
   JAX_BLINK_KERNEL static void Add3(A* __restrict__ d, const A* __restrict__ b,
                                     const A* __restrict__ s0,
                                     const A* __restrict__ s1, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = (Base<kZero>(b[i]) + s0[i]) + s1[i];
+    for (int64_t i = 0; i < n; ++i) d[i] = Op(Op(Base<kZero>(b[i]), s0[i]), s1[i]);
   }
 
   // dst = src
@@ -253,9 +258,10 @@ struct PushDst {
   bool nt;  // non-temporal stores (nobody reads it soon)
 };
 
-template <class Tr>
+template <class Tr, ReduceOp kOp>
 struct MultiKernels {
   using A = typename Tr::A;
+  using K = Kernels<Tr, kOp>;
   // dst = base + s0 + ... (k >= 0 sources; k = 0 copies base) and the same
   // value into every extra destination, in one pass over the sources.
   static void Produce(void* dst_v, bool dst_nt, Src base, const Src* srcs,
@@ -264,12 +270,12 @@ struct MultiKernels {
     alignas(64) A tmp[kBlock];
     bool any_nt = dst_nt;
     for (int e = 0; e < nextra; ++e) any_nt |= extra[e].nt;
-    const bool zero = Kernels<Tr>::ZeroFirst(base, k);
+    const bool zero = K::ZeroFirst(base, k);
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
-      Kernels<Tr>::LoadBlock(tmp, base, off, m);
-      if (zero) Kernels<Tr>::ZeroBlock(tmp, m);
-      for (int j = 0; j < k; ++j) Kernels<Tr>::AddBlock(tmp, srcs[j], off, m);
+      K::LoadBlock(tmp, base, off, m);
+      if (zero) K::ZeroBlock(tmp, m);
+      for (int j = 0; j < k; ++j) K::AddBlock(tmp, srcs[j], off, m);
       if (dst_nt) {
         StreamStoreNoFence(dst + off, tmp, m * sizeof(A));
       } else {
@@ -296,49 +302,36 @@ struct KernelTable {
   void (*finalize)(void*, const void*, int64_t);
 };
 
-template <class Tr>
+template <class Tr, ReduceOp kOp>
 constexpr KernelTable MakeTable() {
-  return {&MultiKernels<Tr>::Produce, &Kernels<Tr>::Reduce, &Kernels<Tr>::Copy,
-          &Kernels<Tr>::Finalize};
+  return {&MultiKernels<Tr, kOp>::Produce, &Kernels<Tr, kOp>::Reduce,
+          &Kernels<Tr, kOp>::Copy, &Kernels<Tr, kOp>::Finalize};
 }
 
-const KernelTable& TableFor(DType d) {
-  static const KernelTable kTables[kNumDTypes] = {
-      MakeTable<SameTraits<float>>(),     // F32
-      MakeTable<SameTraits<double>>(),    // F64
-      MakeTable<F16Traits>(),             // F16
-      MakeTable<BF16Traits>(),            // BF16
-      MakeTable<SameTraits<uint32_t>>(),  // I32 (wrapping)
-      MakeTable<SameTraits<uint64_t>>(),  // I64 (wrapping)
-      MakeTable<SameTraits<uint32_t>>(),  // U32
+template <ReduceOp kOp>
+constexpr std::array<KernelTable, kNumDTypes> MakeTables() {
+  return {
+      MakeTable<SameTraits<float>, kOp>(),     // F32
+      MakeTable<SameTraits<double>, kOp>(),    // F64
+      MakeTable<F16Traits, kOp>(),             // F16
+      MakeTable<BF16Traits, kOp>(),            // BF16
+      MakeTable<SameTraits<int32_t>, kOp>(),   // I32
+      MakeTable<SameTraits<int64_t>, kOp>(),   // I64
+      MakeTable<SameTraits<uint32_t>, kOp>(),  // U32
   };
-  return kTables[static_cast<int>(d)];
+}
+
+const KernelTable& TableFor(DType d, ReduceOp op) {
+  static const std::array<KernelTable, kNumDTypes> kTables[kNumReduceOps] = {
+      MakeTables<ReduceOp::kSum>(), MakeTables<ReduceOp::kMax>(), MakeTables<ReduceOp::kMin>()};
+  return kTables[static_cast<int>(op)][static_cast<int>(d)];
 }
 
 // ---- Per-thread reusable state
 // -------------------------------------------------
 
-class AlignedBuffer {
- public:
-  ~AlignedBuffer() { std::free(p_); }
-  void* Get(size_t bytes) {
-    if (bytes > cap_) {
-      std::free(p_);
-      cap_ = (bytes + 63) / 64 * 64;
-      p_ = std::aligned_alloc(64, cap_);
-      if (p_ == nullptr) cap_ = 0;
-    }
-    return p_;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t cap_ = 0;
-};
-
 struct ThreadState {
   StepTracker tracker;
-  AlignedBuffer scratch;
 };
 thread_local ThreadState tls;
 
@@ -369,7 +362,7 @@ class RankRunner {
         deadline_(deadline),
         flags_(slot.flags()),
         bell_(slot.bell(a.rank)),
-        kt_(TableFor(s_.dtype)),
+        kt_(TableFor(s_.dtype, s_.op)),
         tsize_(DTypeSize(s_.dtype)),
         asize_(AccSize(s_.dtype)),
         in_(static_cast<const char*>(a.in)),
@@ -535,9 +528,9 @@ class RankRunner {
     }
   }
 
-  // Large outputs of types without a scratch accumulator.
+  // Large outputs that hold the accumulator (not a workspace).
   bool StreamEligible() const {
-    return same_types_ && nt_bytes_ > 0 &&
+    return same_types_ && acc_ == a_.out && nt_bytes_ > 0 &&
            s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
   }
   // The value a RECV writes is not read again soon (no later SEND of it).
@@ -548,8 +541,8 @@ class RankRunner {
   Src SourceOf(const Step& st) const {
     const RankInfo& pi = slot_.info[st.peer];
     const int64_t off = s_.chunk_offset[st.chunk];
-    if (st.src_input) {
-      return {static_cast<const char*>(pi.in) + off * tsize_, true};
+    if (st.src_input) {  // (an allgather's input is its shard of the vector)
+      return {static_cast<const char*>(pi.in) + (off - s_.InputOffset(st.peer)) * tsize_, true};
     }
     return {static_cast<const char*>(pi.acc) + off * asize_, false};
   }
@@ -634,7 +627,8 @@ class RankRunner {
       j = sj.fuse_next;
     }
     const Src base =
-        st.first_write ? Src{in_ + off * tsize_, true} : Src{dst, false};
+        st.first_write ? Src{in_ + (off - s_.InputOffset(a_.rank)) * tsize_, true}
+                       : Src{dst, false};
     const Step& last = rs_.steps[group[k - 1]];
     bool all_pushed = false;
     const int np = last.last_write ? CollectPushes(tr, group, k, push_sends,
@@ -719,19 +713,24 @@ class RankRunner {
     return Status();
   }
 
-  // OUT = ACC (rounded) for chunks written here; OUT = IN for the others.
+  // OUT = ACC (rounded) for chunks written here; OUT = IN for the others
+  // (an allgather's unwritten chunks are its own shard). A reduce_scatter's
+  // output is its shard of ACC only.
   void Finalize() {
     char* out = static_cast<char*>(a_.out);
     const bool separate_acc = acc_ != out;
+    const int64_t out_lo = s_.OutputOffset(a_.rank);
+    const int64_t in_lo = s_.InputOffset(a_.rank);
     for (int64_t c = 0; c < s_.nchunks; ++c) {
       const int64_t off = s_.chunk_offset[c];
       const int64_t len = s_.chunk_length[c];
+      if (off < out_lo || off + len > out_lo + s_.out_count) continue;
+      char* dst = out + (off - out_lo) * tsize_;
       if (rs_.chunk_written[c]) {
-        if (separate_acc) {
-          kt_.finalize(out + off * tsize_, acc_ + off * asize_, len);
-        }
-      } else if (out != in_) {
-        std::memcpy(out + off * tsize_, in_ + off * tsize_, len * tsize_);
+        if (separate_acc) kt_.finalize(dst, acc_ + off * asize_, len);
+      } else {
+        const char* src = in_ + (off - in_lo) * tsize_;
+        if (dst != src) std::memcpy(dst, src, len * tsize_);
       }
     }
   }
@@ -788,6 +787,29 @@ ExecTunables& MutableTunables() {
 const ExecTunables& GetExecTunables() { return MutableTunables(); }
 void SetExecTunables(const ExecTunables& t) { MutableTunables() = t; }
 
+WorkspacePool::~WorkspacePool() {
+  for (void* p : all_) std::free(p);
+}
+
+void* WorkspacePool::Acquire() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!free_.empty()) {
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  const size_t cap = (static_cast<size_t>(bytes_) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, cap);
+  if (p != nullptr) all_.push_back(p);
+  return p;
+}
+
+void WorkspacePool::Release(void* p) {
+  if (p == nullptr) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  free_.push_back(p);
+}
+
 ExecResult ExecuteCpu(const ExecArgs& a) {
   ExecResult res;
   const auto t0 = Clock::now();
@@ -814,19 +836,20 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   info.nranks = s.nranks;
   info.total_steps = s.total_steps;
   info.fingerprint = s.fingerprint;
-  if (info.error.ok() && (HasScratchAcc(s.dtype) || a.in == a.out)) {
-    // float32 accumulator for f16/bf16; a separate accumulator when XLA
-    // aliases input and output (peers may still read the input).
-    info.acc = tls.scratch.Get(s.count * AccSize(s.dtype));
-    if (info.acc == nullptr) {
-      info.error = Status::Internal("cannot allocate " +
-                                    std::to_string(s.count * AccSize(s.dtype)) +
-                                    " bytes for the accumulator");
+  const int64_t ws_bytes = CpuWorkspaceBytes(s, a.in == a.out);
+  if (info.error.ok() && ws_bytes > 0) {
+    // The accumulator lives in the caller's workspace (see CpuWorkspaceBytes).
+    if (a.workspace == nullptr || a.workspace_bytes < ws_bytes) {
+      info.error = Status::Internal(
+          "the CPU executor needs a workspace of " + std::to_string(ws_bytes) +
+          " bytes for the accumulator, got " + std::to_string(a.workspace_bytes) +
+          (a.workspace == nullptr ? " (none)" : ""));
     }
+    info.acc = a.workspace;
   }
   void* acc = info.acc;
   if (info.error.ok()) {
-    AdviseHugePages(a.out, s.count * DTypeSize(s.dtype),
+    AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype),
                     GetExecTunables().hugepage_bytes);
   }
 

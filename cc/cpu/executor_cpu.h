@@ -14,6 +14,8 @@
 #define JAX_BLINK_CC_CPU_EXECUTOR_CPU_H_
 
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "core/schedule.h"
 #include "core/status.h"
@@ -26,10 +28,15 @@ struct ExecArgs {
   int64_t run_id = 0;
   int64_t op_id = 0;
   int64_t group = 0;
-  const void* in = nullptr;
-  void* out = nullptr;
+  const void* in = nullptr;   // schedule.in_count elements
+  void* out = nullptr;        // schedule.out_count elements
   int64_t in_count = 0;   // elements in `in`
   int64_t out_count = 0;  // elements in `out`
+  // The rank's workspace for the accumulator, 64-byte aligned: at least
+  // CpuWorkspaceBytes() bytes (none needed when that is 0). Peers read it
+  // until every rank's call returned.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
   int32_t dtype = -1;  // dtype code of the buffers (-1: not a schedule dtype)
   int64_t timeout_ms = 60000;
   // An error found by the caller before joining (e.g. a buffer type that
@@ -45,6 +52,37 @@ struct ExecResult {
 
 // Runs rank args.rank of args.schedule; blocks until done or failed.
 ExecResult ExecuteCpu(const ExecArgs& args);
+
+// Bytes of workspace a call of `s` needs for its accumulator when it is not
+// the output buffer: count elements of the accumulator type for f16/bf16
+// (float32), when the input aliases the output (peers still read the
+// input), and for reduce_scatter (the output is one shard); else 0.
+inline int64_t CpuWorkspaceBytes(const Schedule& s, bool aliased) {
+  const bool separate = HasScratchAcc(s.dtype) || aliased || s.out_count != s.count;
+  return separate ? s.count * static_cast<int64_t>(AccSize(s.dtype)) : 0;
+}
+
+// Workspaces of one size, reused across calls (the CPU FFI handler's state
+// holds one per executable): Acquire hands out one no other call holds,
+// allocating only when all are in use, so calls allocate nothing in the
+// steady state. Thread-safe.
+class WorkspacePool {
+ public:
+  explicit WorkspacePool(int64_t bytes) : bytes_(bytes) {}
+  ~WorkspacePool();
+  WorkspacePool(const WorkspacePool&) = delete;
+  WorkspacePool& operator=(const WorkspacePool&) = delete;
+  int64_t bytes() const { return bytes_; }
+  // A 64-byte aligned buffer of bytes() bytes, or null when out of memory.
+  void* Acquire();
+  void Release(void* p);
+
+ private:
+  const int64_t bytes_;
+  std::mutex mu_;
+  std::vector<void*> free_;
+  std::vector<void*> all_;
+};
 
 // Tunables of the waits and copies (the values of the module's configure(),
 // cc/ffi/py_blink_ext.cc; these defaults until it is called).

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <cstring>
 #include <sstream>
+#include "core/reduce_op.h"
 
 
 namespace jax_blink {
@@ -16,8 +17,9 @@ namespace jax_blink {
 namespace {
 
 // ---- Per-dtype traits (device side) ------------------------------------
-// T: element type of the buffers; A: accumulator type. Signed integers use
-// unsigned arithmetic (wrapping, like the CPU executor and lax.psum).
+// T: element type of the buffers; A: accumulator type. Sums of signed
+// integers wrap (core/reduce_op.h's Combine adds them as unsigned, like the
+// CPU executor and lax.psum); max/min compare them signed.
 template <typename E>
 struct SameTraits {
   using T = E;
@@ -52,8 +54,9 @@ struct ReduceOperands {
   const void* p[kMaxFuse + 1];
   uint32_t input_mask = 0;  // bit j: operand j has the buffer type T
   int nops = 0;
-  // The sum starts from a rank's input: add it to +0 first, as lax.psum
-  // does (a sum of -0.0 only is +0.0; x + 0 == x otherwise).
+  // A sum starts from a rank's input: add it to +0 first, as lax.psum
+  // does (a sum of -0.0 only is +0.0; x + 0 == x otherwise). Never for
+  // max/min.
   bool zero_first = false;
 };
 
@@ -89,12 +92,12 @@ __device__ __forceinline__ Pack<typename Tr::A, V> LoadPack(const ReduceOperands
   return reinterpret_cast<const Pack<A, V>*>(static_cast<const A*>(ops.p[j]) + head)[k];
 }
 
-// dst[i] = ops[0][i] + ops[1][i] + ... summed left to right (the CPU
-// executor's order). Elements [0, head) and [head + nvec * V, n) are scalar;
+// dst[i] = op(op(ops[0][i], ops[1][i]), ...) left to right (the CPU
+// executor's order; op is core/reduce_op.h's Combine<kOp>). Elements [0, head) and [head + nvec * V, n) are scalar;
 // the middle is vectorised (16-byte accesses of dst), valid only when the
 // caller found every operand aligned at `head` (else nvec == 0). ops[0] may
 // alias dst: every element is read before it is written, by one thread.
-template <class Tr>
+template <class Tr, ReduceOp kOp>
 __global__ void ReduceKernel(typename Tr::A* __restrict__ dst, const ReduceOperands ops,
                              int64_t n, int64_t head, int64_t nvec) {
   using A = typename Tr::A;
@@ -111,7 +114,7 @@ __global__ void ReduceKernel(typename Tr::A* __restrict__ dst, const ReduceOpera
     for (int j = 1; j < ops.nops; ++j) {
       const Pack<A, V> x = LoadPack<Tr, V>(ops, j, head, k);
 #pragma unroll
-      for (int e = 0; e < V; ++e) acc.v[e] = acc.v[e] + x.v[e];
+      for (int e = 0; e < V; ++e) acc.v[e] = Combine<kOp, A>(acc.v[e], x.v[e]);
     }
     dv[k] = acc;
   }
@@ -121,7 +124,7 @@ __global__ void ReduceKernel(typename Tr::A* __restrict__ dst, const ReduceOpera
     const int64_t i = k < head ? k : tail_begin + (k - head);
     A acc = LoadAcc<Tr>(ops, 0, i);
     if (ops.zero_first) acc = A(0) + acc;
-    for (int j = 1; j < ops.nops; ++j) acc = acc + LoadAcc<Tr>(ops, j, i);
+    for (int j = 1; j < ops.nops; ++j) acc = Combine<kOp, A>(acc, LoadAcc<Tr>(ops, j, i));
     dst[i] = acc;
   }
 }
@@ -172,7 +175,7 @@ bool Aligned(const void* p, size_t a) {
   return (reinterpret_cast<uintptr_t>(p) % a) == 0;
 }
 
-template <class Tr>
+template <class Tr, ReduceOp kOp>
 cudaError_t ReduceTyped(void* dst_v, const StreamOperand* in_ops, int nops, int64_t n,
                         cudaStream_t stream) {
   using A = typename Tr::A;
@@ -183,7 +186,8 @@ cudaError_t ReduceTyped(void* dst_v, const StreamOperand* in_ops, int nops, int6
   A* dst = static_cast<A*>(dst_v);
   ReduceOperands ops;
   ops.nops = nops;
-  ops.zero_first = std::is_floating_point<A>::value && in_ops[0].is_input;
+  ops.zero_first =
+      kOp == ReduceOp::kSum && std::is_floating_point<A>::value && in_ops[0].is_input;
   for (int j = 0; j < nops; ++j) {
     ops.p[j] = in_ops[j].p;
     if (!Tr::kSame && in_ops[j].is_input) ops.input_mask |= 1u << j;
@@ -202,7 +206,7 @@ cudaError_t ReduceTyped(void* dst_v, const StreamOperand* in_ops, int nops, int6
     }
   }
   const int64_t work = std::max<int64_t>(nvec, n - nvec * V);
-  ReduceKernel<Tr><<<GridFor(work), kThreads, 0, stream>>>(dst, ops, n, head, nvec);
+  ReduceKernel<Tr, kOp><<<GridFor(work), kThreads, 0, stream>>>(dst, ops, n, head, nvec);
   return cudaGetLastError();
 }
 
@@ -238,16 +242,27 @@ cudaError_t LaunchToAcc(DType d, void* dst, const void* src, int64_t n,
   }
 }
 
-cudaError_t LaunchReduce(DType d, void* dst, const StreamOperand* ops, int nops,
-                         int64_t n, cudaStream_t s) {
+template <ReduceOp kOp>
+cudaError_t LaunchReduceOp(DType d, void* dst, const StreamOperand* ops, int nops,
+                           int64_t n, cudaStream_t s) {
   switch (d) {
-    case DType::kF32: return ReduceTyped<SameTraits<float>>(dst, ops, nops, n, s);
-    case DType::kF64: return ReduceTyped<SameTraits<double>>(dst, ops, nops, n, s);
-    case DType::kF16: return ReduceTyped<F16Traits>(dst, ops, nops, n, s);
-    case DType::kBF16: return ReduceTyped<BF16Traits>(dst, ops, nops, n, s);
-    case DType::kI32:
-    case DType::kU32: return ReduceTyped<SameTraits<uint32_t>>(dst, ops, nops, n, s);
-    case DType::kI64: return ReduceTyped<SameTraits<uint64_t>>(dst, ops, nops, n, s);
+    case DType::kF32: return ReduceTyped<SameTraits<float>, kOp>(dst, ops, nops, n, s);
+    case DType::kF64: return ReduceTyped<SameTraits<double>, kOp>(dst, ops, nops, n, s);
+    case DType::kF16: return ReduceTyped<F16Traits, kOp>(dst, ops, nops, n, s);
+    case DType::kBF16: return ReduceTyped<BF16Traits, kOp>(dst, ops, nops, n, s);
+    case DType::kI32: return ReduceTyped<SameTraits<int32_t>, kOp>(dst, ops, nops, n, s);
+    case DType::kU32: return ReduceTyped<SameTraits<uint32_t>, kOp>(dst, ops, nops, n, s);
+    case DType::kI64: return ReduceTyped<SameTraits<int64_t>, kOp>(dst, ops, nops, n, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchReduce(DType d, ReduceOp op, void* dst, const StreamOperand* ops, int nops,
+                         int64_t n, cudaStream_t s) {
+  switch (op) {
+    case ReduceOp::kSum: return LaunchReduceOp<ReduceOp::kSum>(d, dst, ops, nops, n, s);
+    case ReduceOp::kMax: return LaunchReduceOp<ReduceOp::kMax>(d, dst, ops, nops, n, s);
+    case ReduceOp::kMin: return LaunchReduceOp<ReduceOp::kMin>(d, dst, ops, nops, n, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -416,10 +431,10 @@ std::string CudaTransport::Copy(StreamId s, void* dst, int dst_device, const voi
   });
 }
 
-std::string CudaTransport::Reduce(StreamId s, DType d, void* dst, const StreamOperand* ops,
-                                  int nops, int64_t n) {
+std::string CudaTransport::Reduce(StreamId s, DType d, ReduceOp op, void* dst,
+                                  const StreamOperand* ops, int nops, int64_t n) {
   return OnStream(s, "reduction kernel", [&](cudaStream_t st) {
-    return LaunchReduce(d, dst, ops, nops, n, st);
+    return LaunchReduce(d, op, dst, ops, nops, n, st);
   });
 }
 

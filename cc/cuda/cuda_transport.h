@@ -105,8 +105,8 @@ class CudaTransport : public StreamTransport {
   std::string Wait(StreamId s, EventId e) override;
   std::string Copy(StreamId s, void* dst, int dst_device, const void* src,
                    int src_device, size_t bytes) override;
-  std::string Reduce(StreamId s, DType d, void* dst, const StreamOperand* ops,
-                     int nops, int64_t n) override;
+  std::string Reduce(StreamId s, DType d, ReduceOp op, void* dst,
+                     const StreamOperand* ops, int nops, int64_t n) override;
   std::string ToAcc(StreamId s, DType d, void* dst, const void* src,
                     int64_t n) override;
   std::string Finalize(StreamId s, DType d, void* out, const void* acc,
@@ -152,9 +152,9 @@ class CudaDeviceGuard {
 };
 
 // Kernel-level entry points (for tests and benchmarks), on `stream`:
-// dst[i] = ops[0][i] + ... + ops[nops-1][i] over n elements of dtype `d`
-// (see StreamTransport::Reduce for the operand types).
-cudaError_t LaunchReduce(DType d, void* dst, const StreamOperand* ops, int nops,
+// dst[i] = op(...op(ops[0][i], ops[1][i])..., ops[nops-1][i]) over n
+// elements of dtype `d` (see StreamTransport::Reduce for the operand types).
+cudaError_t LaunchReduce(DType d, ReduceOp op, void* dst, const StreamOperand* ops, int nops,
                          int64_t n, cudaStream_t stream);
 // dst[i] = float32(src[i]) for f16/bf16.
 cudaError_t LaunchToAcc(DType d, void* dst, const void* src, int64_t n,

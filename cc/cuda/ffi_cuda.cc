@@ -111,9 +111,11 @@ std::string DeviceRankOf(CudaState* st, int device, cudaStream_t stream,
 
 ffi::ErrorOr<std::unique_ptr<CudaState>> Instantiate(int64_t op_id,
                                                      ffi::Span<const int64_t> schedule,
+                                                     int64_t collective, int64_t reduce_op,
                                                      int64_t timeout_ms) {
   auto state = std::make_unique<CudaState>();
-  ffi::Error err = DecodeAttributes(op_id, schedule, timeout_ms, &state->schedule);
+  ffi::Error err = DecodeAttributes(op_id, schedule, collective, reduce_op, timeout_ms,
+                                    &state->schedule);
   if (err.failure()) return ffi::Unexpected(std::move(err));
   std::string e = state->plan.Build(state->schedule);
   if (!e.empty()) {
@@ -127,7 +129,8 @@ ffi::Error Execute(cudaStream_t stream, ffi::RunId run_id, int32_t device,
                    CudaState* state, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                    ffi::BufferR0<ffi::S32> rank_buf, ffi::BufferR0<ffi::S32> group_buf,
                    ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                   ffi::Span<const int64_t> /*schedule*/, int64_t timeout_ms) {
+                   ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
+                   int64_t /*reduce_op*/, int64_t timeout_ms) {
   if (state == nullptr) return ffi::Error::Internal("jax_blink: missing schedule state");
   const Schedule& s = state->schedule;
   const auto t0 = Clock::now();
@@ -189,6 +192,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     ffi::Ffi::BindInstantiate()
         .Attr<int64_t>("op_id")
         .Attr<ffi::Span<const int64_t>>("schedule")
+        .Attr<int64_t>("collective")  // the schedule must perform it
+        .Attr<int64_t>("reduce_op")   // and reduce with it
         .Attr<int64_t>("timeout_ms"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
@@ -199,12 +204,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<ffi::DeviceOrdinal>()                 // local CUDA device
         .Ctx<ffi::State<CudaState>>()              // decoded and planned once
         .Ctx<ffi::ScratchAllocator>()              // the executor's workspace
-        .Arg<ffi::AnyBuffer>()                     // x: 1-D, count
+        .Arg<ffi::AnyBuffer>()                     // x: 1-D, the schedule's in_count
         .Arg<ffi::BufferR0<ffi::S32>>()            // rank (device scalar)
         .Arg<ffi::BufferR0<ffi::S32>>()            // group (device scalar)
-        .Ret<ffi::AnyBuffer>()                     // out
+        .Ret<ffi::AnyBuffer>()                     // out: 1-D, the schedule's out_count
         .Attr<int64_t>("op_id")
         .Attr<ffi::Span<const int64_t>>("schedule")
+        .Attr<int64_t>("collective")               // checked at instantiation
+        .Attr<int64_t>("reduce_op")                // checked at instantiation
         .Attr<int64_t>("timeout_ms"));
 
 XLA_FFI_Handler* CudaInstantiateHandler() { return JaxBlinkCudaInstantiate; }

@@ -57,14 +57,34 @@ inline xla::ffi::Error ToFfiError(const Status& st) {
 }
 
 // Instantiate stage: decodes and validates the `schedule` attribute into
-// *out and checks the timeout.
+// *out, checks that it performs the `collective` and `reduce_op` (codes of
+// docs/schedule_format.md) the lowering asked for, and checks the timeout.
 inline xla::ffi::Error DecodeAttributes(int64_t op_id,
                                         xla::ffi::Span<const int64_t> schedule,
+                                        int64_t collective, int64_t reduce_op,
                                         int64_t timeout_ms, Schedule* out) {
   std::string err = DecodeSchedule(schedule.begin(), schedule.size(), out);
   if (!err.empty()) {
     return xla::ffi::Error::InvalidArgument(
         "jax_blink (op_id=" + std::to_string(op_id) + "): " + err);
+  }
+  auto name = [](int64_t code, int64_t n, const char* (*fn)(int)) {
+    return code >= 0 && code < n ? std::string(fn(static_cast<int>(code)))
+                                 : "code " + std::to_string(code);
+  };
+  const auto coll_name = [](int c) { return CollectiveName(static_cast<Collective>(c)); };
+  const auto op_name = [](int c) { return ReduceOpName(static_cast<ReduceOp>(c)); };
+  if (collective != static_cast<int64_t>(out->collective)) {
+    return xla::ffi::Error::InvalidArgument(
+        "jax_blink (op_id=" + std::to_string(op_id) + "): the custom call is a " +
+        name(collective, kNumCollectives, coll_name) + " but its schedule is a " +
+        CollectiveName(out->collective));
+  }
+  if (reduce_op != static_cast<int64_t>(out->op)) {
+    return xla::ffi::Error::InvalidArgument(
+        "jax_blink (op_id=" + std::to_string(op_id) + "): the custom call reduces with " +
+        name(reduce_op, kNumReduceOps, op_name) + " but its schedule with " +
+        ReduceOpName(out->op));
   }
   // At most a week (jax_blink.settings.MAX_TIMEOUT_S): deadlines are
   // computed as now + timeout and must not overflow.

@@ -17,31 +17,62 @@ namespace ffi = xla::ffi;
 namespace jax_blink {
 namespace {
 
-// The decoded schedule, owned by XLA for the lifetime of the executable.
+// The decoded schedule, owned by XLA for the lifetime of the executable,
+// and the workspaces its calls keep their accumulators in when the output
+// cannot hold it (cpu/executor_cpu.h, CpuWorkspaceBytes): allocated on first
+// need and reused by later calls, one per call running at a time.
 struct ScheduleState {
   static ffi::TypeId id;
   Schedule schedule;
+  std::unique_ptr<WorkspacePool> workspaces;
+};
+
+// Holds a workspace of the pool for one call.
+class WorkspaceLease {
+ public:
+  WorkspaceLease(WorkspacePool* pool, bool needed)
+      : pool_(pool), p_(needed && pool != nullptr ? pool->Acquire() : nullptr) {}
+  ~WorkspaceLease() {
+    if (pool_ != nullptr) pool_->Release(p_);
+  }
+  void* get() const { return p_; }
+
+ private:
+  WorkspacePool* pool_;
+  void* p_;
 };
 ffi::TypeId ScheduleState::id = {};
 
 const XLA_FFI_TypeInfo kScheduleStateInfo = ffi::MakeTypeInfo<ScheduleState>();
 
 ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
-    int64_t op_id, ffi::Span<const int64_t> schedule, int64_t timeout_ms) {
+    int64_t op_id, ffi::Span<const int64_t> schedule, int64_t collective,
+    int64_t reduce_op, int64_t timeout_ms) {
   auto state = std::make_unique<ScheduleState>();
-  ffi::Error err = DecodeAttributes(op_id, schedule, timeout_ms, &state->schedule);
+  ffi::Error err = DecodeAttributes(op_id, schedule, collective, reduce_op, timeout_ms,
+                                    &state->schedule);
   if (err.failure()) return ffi::Unexpected(std::move(err));
+  // The largest workspace a call may need (an aliased one); none is
+  // allocated until a call needs it.
+  const int64_t bytes = CpuWorkspaceBytes(state->schedule, /*aliased=*/true);
+  state->workspaces = std::make_unique<WorkspacePool>(bytes);
   return state;
 }
 
 ffi::Error Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
                    ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group,
                    ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                   ffi::Span<const int64_t> /*schedule*/, int64_t timeout_ms) {
-  if (state == nullptr) {
+                   ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
+                   int64_t /*reduce_op*/, int64_t timeout_ms) {
+  if (state == nullptr || state->workspaces == nullptr) {
     return ffi::Error::Internal("jax_blink: missing schedule state");
   }
+  const bool aliased = x.untyped_data() == out->untyped_data();
+  WorkspaceLease ws(state->workspaces.get(),
+                    CpuWorkspaceBytes(state->schedule, aliased) > 0);
   ExecArgs a;
+  a.workspace = ws.get();
+  a.workspace_bytes = ws.get() == nullptr ? 0 : state->workspaces->bytes();
   a.schedule = &state->schedule;
   a.rank = rank.typed_data()[0];
   a.group = group.typed_data()[0];
@@ -64,6 +95,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     ffi::Ffi::BindInstantiate()
         .Attr<int64_t>("op_id")  // static call-site id
         .Attr<ffi::Span<const int64_t>>("schedule")
+        .Attr<int64_t>("collective")  // the schedule must perform it
+        .Attr<int64_t>("reduce_op")   // and reduce with it
         .Attr<int64_t>("timeout_ms"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
@@ -71,12 +104,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     ffi::Ffi::Bind()
         .Ctx<ffi::RunId>()                 // same on all devices of a run
         .Ctx<ffi::State<ScheduleState>>()  // decoded once
-        .Arg<ffi::AnyBuffer>()             // x: 1-D, count
+        .Arg<ffi::AnyBuffer>()             // x: 1-D, the schedule's in_count
         .Arg<ffi::BufferR0<ffi::S32>>()    // rank
         .Arg<ffi::BufferR0<ffi::S32>>()    // group
-        .Ret<ffi::AnyBuffer>()             // out
+        .Ret<ffi::AnyBuffer>()             // out: 1-D, the schedule's out_count
         .Attr<int64_t>("op_id")            // call-site id
         .Attr<ffi::Span<const int64_t>>("schedule")
+        .Attr<int64_t>("collective")       // checked at instantiation
+        .Attr<int64_t>("reduce_op")        // checked at instantiation
         .Attr<int64_t>("timeout_ms"));  // rendezvous limit
 
 XLA_FFI_Handler* CpuInstantiateHandler() { return JaxBlinkCpuInstantiate; }

@@ -27,6 +27,9 @@ py::dict ValidateSchedule(const py::object& obj) {
   d["collective"] = CollectiveName(s.collective);
   d["root"] = s.root;
   d["dtype"] = DTypeName(s.dtype);
+  d["op"] = ReduceOpName(s.op);
+  d["in_count"] = s.in_count;
+  d["out_count"] = s.out_count;
   d["nchunks"] = s.nchunks;
   d["ntrees"] = s.ntrees;
   d["total_steps"] = s.total_steps;

@@ -45,6 +45,13 @@ void CheckDecoded(const Schedule& s) {
     off += s.chunk_length[c];
   }
   Require(off == s.count, "chunks cover count");
+  Require(static_cast<int>(s.op) >= 0 && static_cast<int>(s.op) < kNumReduceOps, "op");
+  const bool gather = s.collective == Collective::kAllGather;
+  const bool scatter = s.collective == Collective::kReduceScatter;
+  Require(s.in_count == (gather ? s.count / s.nranks : s.count) &&
+              s.out_count == (scatter ? s.count / s.nranks : s.count) &&
+              (!(gather || scatter) || s.count % s.nranks == 0),
+          "in_count and out_count");
   int64_t total = 0;
   for (int64_t r = 0; r < s.nranks; ++r) {
     const RankSteps& rs = s.ranks[r];
@@ -62,6 +69,13 @@ void CheckDecoded(const Schedule& s) {
       const Step& m = ps.steps[st.match];
       Require(m.peer == r && m.chunk == st.chunk && m.match == i, "match is mutual");
       Require((st.op == Op::kSend) != (m.op == Op::kSend), "SEND matches RECV");
+      // Executors read a value sent from the input (and the base of a first
+      // RECV_REDUCE) from the rank's input buffer: the chunk must be in it.
+      const int64_t lo = s.InputOffset(r);
+      const bool in_input = s.chunk_offset[st.chunk] >= lo &&
+                            s.chunk_offset[st.chunk] + s.chunk_length[st.chunk] <= lo + s.in_count;
+      if (st.op == Op::kSend && st.src_input) Require(in_input, "sent input lies in the input");
+      if (st.op == Op::kRecvReduce && st.first_write) Require(in_input, "reduced input lies in the input");
       Require(0 <= st.deps_begin && st.deps_begin <= st.deps_end &&
                   st.deps_end <= static_cast<int32_t>(rs.deps.size()),
               "deps range");

@@ -29,10 +29,12 @@ enum WaitClass : uint32_t {
   kExit = kOmitExitWaits,
 };
 
-// Merged runs of the chunks with (or without) `flag` set, in offset order.
-std::vector<StreamPlan::Span> ChunkSpans(const Schedule& s,
+// Merged runs of the chunks with (or without) `flag` set inside rank r's
+// output (all of the vector, or a reduce_scatter's shard), in offset order.
+std::vector<StreamPlan::Span> ChunkSpans(const Schedule& s, int64_t r,
                                          const std::vector<uint8_t>& written,
                                          bool want) {
+  const int64_t lo = s.OutputOffset(r), hi = lo + s.out_count;
   std::vector<int64_t> order(s.nchunks);
   for (int64_t c = 0; c < s.nchunks; ++c) order[c] = c;
   std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
@@ -41,6 +43,7 @@ std::vector<StreamPlan::Span> ChunkSpans(const Schedule& s,
   std::vector<StreamPlan::Span> spans;
   for (int64_t c : order) {
     if ((written[c] != 0) != want || s.chunk_length[c] == 0) continue;
+    if (s.chunk_offset[c] < lo || s.chunk_offset[c] + s.chunk_length[c] > hi) continue;
     const int64_t off = s.chunk_offset[c], len = s.chunk_length[c];
     if (!spans.empty() && spans.back().offset + spans.back().length == off) {
       spans.back().length += len;
@@ -250,8 +253,8 @@ std::string StreamPlan::Build(const Schedule& s, uint32_t omit_bits) {
     for (int64_t p = 0; p < n; ++p) {
       if (links[p]) R.links.push_back(static_cast<int32_t>(p));
     }
-    R.written = ChunkSpans(s, s.ranks[r].chunk_written, true);
-    R.unwritten = ChunkSpans(s, s.ranks[r].chunk_written, false);
+    R.written = ChunkSpans(s, r, s.ranks[r].chunk_written, true);
+    R.unwritten = ChunkSpans(s, r, s.ranks[r].chunk_written, false);
   }
 
   // Number the events that some stream waits on; resolve the waits.
@@ -331,8 +334,8 @@ size_t StreamRankExecutor::WorkspaceBytes(const Schedule& s, const StreamPlan& p
                                           bool alias) {
   const size_t count = static_cast<size_t>(s.count);
   size_t bytes = 0;
-  if (HasScratchAcc(s.dtype)) bytes += AlignUp(count * AccSize(s.dtype));
-  if (alias) bytes += AlignUp(count * DTypeSize(s.dtype));
+  if (HasScratchAcc(s.dtype) || s.out_count != s.count) bytes += AlignUp(count * AccSize(s.dtype));
+  if (alias) bytes += AlignUp(static_cast<size_t>(s.in_count) * DTypeSize(s.dtype));
   const StreamPlan::Rank& P = plan.ranks[rank];
   for (const StreamPlan::Item& item : P.items) {
     for (int32_t j = item.src_begin; j < item.src_end; ++j) {
@@ -368,7 +371,11 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
   const size_t asize = AccSize(s.dtype);
   const size_t count = static_cast<size_t>(s.count);
   const bool scratch = HasScratchAcc(s.dtype);
+  // The accumulator is the output unless it must be float32 or the output
+  // is a reduce_scatter's shard (in WorkspaceBytes' order).
+  const bool separate_acc = scratch || s.out_count != s.count;
   const bool alias = s.count > 0 && me.in == me.out;
+  const int64_t in_lo = s.InputOffset(rank), out_lo = s.OutputOffset(rank);
   for (int64_t p = 0; p < n; ++p) stats_.staged_links += p != rank && staged[p];
 
   // Workspace, in the order WorkspaceBytes counts it.
@@ -379,8 +386,9 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
     used += AlignUp(bytes);
     return p;
   };
-  char* acc = scratch ? carve(count * asize) : static_cast<char*>(me.out);
-  const char* in = alias ? carve(count * tsize) : static_cast<const char*>(me.in);
+  char* acc = separate_acc ? carve(count * asize) : static_cast<char*>(me.out);
+  const size_t in_bytes = static_cast<size_t>(s.in_count) * tsize;
+  const char* in = alias ? carve(in_bytes) : static_cast<const char*>(me.in);
   char* out = static_cast<char*>(me.out);
   const int dev = me.device;
 
@@ -449,11 +457,13 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
     JB_TRY(tp_->Wait(me.stream, view_.events[StreamPlan::kDoneEvent]));
   }
   if (alias) {
-    JB_TRY(copy(me.stream, const_cast<char*>(in), dev, me.in, dev, count * tsize));
+    JB_TRY(copy(me.stream, const_cast<char*>(in), dev, me.in, dev, in_bytes));
   } else {
+    // (an allgather's unwritten chunks are its own shard: its input)
     for (const StreamPlan::Span& sp : P.unwritten) {
-      JB_TRY(copy(me.stream, out + sp.offset * tsize, dev,
-                  static_cast<const char*>(me.in) + sp.offset * tsize, dev, sp.length * tsize));
+      JB_TRY(copy(me.stream, out + (sp.offset - out_lo) * tsize, dev,
+                  static_cast<const char*>(me.in) + (sp.offset - in_lo) * tsize, dev,
+                  sp.length * tsize));
     }
   }
   JB_TRY(record(StreamPlan::kStartEvent, me.stream));
@@ -474,15 +484,16 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
     // copy of it next to this rank.
     int nops = 0;
     if (item.op == Op::kRecvReduce) {
-      ops[nops++] = item.base_input ? StreamOperand{in + off * tsize, true}
+      ops[nops++] = item.base_input ? StreamOperand{in + (off - in_lo) * tsize, true}
                                     : StreamOperand{dst, false};
     }
     for (int32_t j = item.src_begin; j < item.src_end; ++j) {
       const StreamPlan::Src& src = P.srcs[j];
       const StreamPeerView& v = *peers[src.peer].view;
       const size_t size = src.input ? tsize : asize;
-      const char* p = (src.input ? static_cast<const char*>(v.in)
-                                 : static_cast<const char*>(v.acc)) + off * size;
+      const char* p = src.input ? static_cast<const char*>(v.in) +
+                                      (off - s.InputOffset(src.peer)) * size
+                                : static_cast<const char*>(v.acc) + off * size;
       const size_t sb = staged[src.peer] ? StagedBytes(s, item, src) : 0;
       if (sb > 0) {
         char* stg = carve(sb);
@@ -494,7 +505,7 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
     if (len > 0) {
       if (item.op == Op::kRecvReduce) {
         ++stats_.kernels;
-        JB_TRY(tp_->Reduce(st, s.dtype, dst, ops, nops, len));
+        JB_TRY(tp_->Reduce(st, s.dtype, s.op, dst, ops, nops, len));
       } else if (ops[0].is_input && scratch) {  // T -> float32
         ++stats_.kernels;
         JB_TRY(tp_->ToAcc(st, s.dtype, dst, ops[0].p, len));
@@ -508,14 +519,15 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
   }
 
   // Exit, on the caller stream: wait for every stream that touches this
-  // rank's memory, then write the output from the float32 accumulator.
+  // rank's memory, then write the output from a separate accumulator (its
+  // float32 values rounded, or a reduce_scatter's shard copied).
   JB_AWAIT(P.exit_gates, 0, static_cast<int32_t>(P.exit_gates.size()));
   for (const StreamPlan::WaitRef& w : P.exit_waits) JB_TRY(wait(me.stream, w));
-  if (scratch) {
+  if (separate_acc) {
     for (const StreamPlan::Span& sp : P.written) {
       ++stats_.kernels;
-      JB_TRY(tp_->Finalize(me.stream, s.dtype, out + sp.offset * tsize, acc + sp.offset * asize,
-                           sp.length));
+      JB_TRY(tp_->Finalize(me.stream, s.dtype, out + (sp.offset - out_lo) * tsize,
+                           acc + sp.offset * asize, sp.length));
     }
   }
   JB_TRY(record(StreamPlan::kDoneEvent, me.stream));

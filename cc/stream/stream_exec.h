@@ -90,11 +90,12 @@ class StreamTransport {
   // Copies `bytes` from src (on src_device) to dst (on dst_device).
   virtual std::string Copy(StreamId s, void* dst, int dst_device,
                            const void* src, int src_device, size_t bytes) = 0;
-  // dst[i] = ops[0][i] + ops[1][i] + ... + ops[nops-1][i], summed left to
-  // right in the accumulator type of d (float32 for f16/bf16; wrapping for
-  // integers); 2 <= nops <= kMaxFuse + 1. dst has type A; ops[0] may equal
-  // dst (in place).
-  virtual std::string Reduce(StreamId s, DType d, void* dst,
+  // dst[i] = op(...op(op(ops[0][i], ops[1][i]), ops[2][i])..., ops[nops-1][i]),
+  // left to right in the accumulator type of d (float32 for f16/bf16) with
+  // core/reduce_op.h's Combine (sums of integers wrap; a sum starting from
+  // an input starts from +0); 2 <= nops <= kMaxFuse + 1. dst has type A;
+  // ops[0] may equal dst (in place).
+  virtual std::string Reduce(StreamId s, DType d, ReduceOp op, void* dst,
                              const StreamOperand* ops, int nops, int64_t n) = 0;
   // dst[i] = float32(src[i]) (d is f16 or bf16).
   virtual std::string ToAcc(StreamId s, DType d, void* dst, const void* src,
@@ -166,9 +167,10 @@ struct StreamPlan {
     // Exit: the caller stream's waits and their gates.
     std::vector<WaitRef> exit_waits;
     std::vector<Gate> exit_gates;
-    // Chunks some RECV writes here (merged runs; the output is the
-    // accumulator rounded, or the accumulator itself) and the others (the
-    // output is the input).
+    // The chunks of the rank's output (all, or a reduce_scatter's shard)
+    // some RECV writes here (merged runs; the output is the accumulator
+    // rounded, or the accumulator itself) and the others (the output is the
+    // input), in the accumulator's element offsets.
     std::vector<Span> written, unwritten;
     int32_t nevents = 2;  // start, done, then the items' events
     int64_t fused_steps = 0;  // RECV_REDUCEs that joined an earlier one
@@ -184,8 +186,8 @@ struct StreamPlan {
 // One rank of a collective, as the caller hands it in.
 struct StreamRank {
   int device = 0;             // device of the rank's buffers
-  const void* in = nullptr;   // count elements of the schedule dtype
-  void* out = nullptr;        // count elements; may equal `in`
+  const void* in = nullptr;   // in_count elements of the schedule dtype
+  void* out = nullptr;        // out_count elements; may equal `in`
   StreamId stream = -1;       // the caller's stream (e.g. XLA's)
 };
 
@@ -196,8 +198,10 @@ struct StreamRank {
 struct StreamPeerView {
   std::atomic<uint64_t> progress{0};
   int device = -1;
-  const void* in = nullptr;  // the input as peers read it (a snapshot when aliased)
-  void* acc = nullptr;       // the accumulator (the output, or scratch)
+  // The input as peers read it (a snapshot when aliased): in_count
+  // elements, element 0 at the accumulator's Schedule::InputOffset(rank).
+  const void* in = nullptr;
+  void* acc = nullptr;       // the accumulator (the output, or scratch): count elements
   std::vector<EventId> events;  // StreamPlan::Rank::nevents events
 };
 
@@ -235,9 +239,11 @@ class StreamRankExecutor {
   // The progress base of the next call (publish it at the rendezvous).
   uint64_t next_base() const { return view_.progress.load(std::memory_order_relaxed); }
 
-  // Device memory the rank needs for one call: the float32 accumulator
-  // (f16/bf16), a snapshot of the input when the output aliases it, and
-  // staging for reads from peers with staged[p] set.
+  // Device memory the rank needs for one call: the accumulator when the
+  // output cannot hold it (float32 for f16/bf16; count elements for a
+  // reduce_scatter, whose output is one shard), a snapshot of the input when
+  // the output aliases it, and staging for reads from peers with staged[p]
+  // set.
   static size_t WorkspaceBytes(const Schedule& s, const StreamPlan& plan, int64_t rank,
                                const std::vector<uint8_t>& staged, bool alias);
 

@@ -32,9 +32,10 @@ Status CheckBuffers(const Schedule& s, int32_t dtype, int64_t in_count,
        << (dtype >= 0 && dtype < kNumDTypes ? DTypeName(static_cast<DType>(dtype))
                                             : "(unsupported)")
        << " but the schedule is for " << DTypeName(s.dtype);
-  } else if (in_count != s.count || out_count != s.count) {
+  } else if (in_count != s.in_count || out_count != s.out_count) {
     os << "the buffers have " << in_count << " (input) and " << out_count
-       << " (output) elements but the schedule is for " << s.count;
+       << " (output) elements but the " << CollectiveName(s.collective)
+       << " schedule's are " << s.in_count << " and " << s.out_count;
   } else if (in == nullptr || out == nullptr) {
     os << "null buffer";
   } else {

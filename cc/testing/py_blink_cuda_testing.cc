@@ -54,7 +54,7 @@ struct DevBuf {
 struct SimRanks {
   const Schedule& s;
   int device;
-  size_t bytes;
+  size_t in_bytes, out_bytes;  // of each rank's input and output
   StreamPlan plan;
   CudaTransport transport;
   std::vector<DevBuf> in, out, ws;
@@ -69,15 +69,16 @@ struct SimRanks {
     static std::atomic<int64_t> next_run{int64_t{3} << 48};
     run_id = next_run.fetch_add(1);
     const int64_t n = s.nranks;
-    bytes = static_cast<size_t>(s.count) * DTypeSize(s.dtype);
+    in_bytes = static_cast<size_t>(s.in_count) * DTypeSize(s.dtype);
+    out_bytes = static_cast<size_t>(s.out_count) * DTypeSize(s.dtype);
     const std::string err = plan.Build(s);
     if (!err.empty()) throw std::runtime_error(err);
     ws.resize(n);
     ws_bytes.assign(n, 0);
     stats.resize(n);
     for (int64_t r = 0; r < n; ++r) {
-      in.emplace_back(bytes);
-      out.emplace_back(bytes);
+      in.emplace_back(in_bytes);
+      out.emplace_back(out_bytes);
       cudaStream_t st;
       Check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
       streams.push_back(st);
@@ -111,7 +112,7 @@ struct SimRanks {
         };
         for (int64_t k = 0; k < calls && errs[r].empty(); ++k) {
           RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), in[r].p, out[r].p,
-                                         s.count, s.count, device, streams[r], Status());
+                                         s.in_count, s.out_count, device, streams[r], Status());
           int64_t generation = -1;
           errs[r] = JoinAndEnqueue(RendezvousKey{run_id, 0, 0}, s, plan, r, std::move(info),
                                    ids[r], direct, transport, *ex[r], workspace,
@@ -181,18 +182,18 @@ py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, boo
   for (int64_t r = 0; r < n; ++r) {
     py::array a = py::reinterpret_borrow<py::array>(inputs[r]);
     if (!py::isinstance<py::array>(inputs[r]) || !(a.flags() & py::array::c_style) ||
-        static_cast<size_t>(a.itemsize()) != tsize || a.size() != s.count) {
+        static_cast<size_t>(a.itemsize()) != tsize || a.size() != s.in_count) {
       throw py::value_error("inputs[" + std::to_string(r) + "] must be a C-contiguous array of " +
-                            std::to_string(s.count) + " " + DTypeName(s.dtype) + " elements");
+                            std::to_string(s.in_count) + " " + DTypeName(s.dtype) + " elements");
     }
     host.push_back(a);
   }
   Check(cudaSetDevice(device), "cudaSetDevice");
   SimRanks sim(s, device);
   for (int64_t r = 0; r < n; ++r) {
-    Check(cudaMemcpy(sim.in[r].p, host[r].data(), sim.bytes, cudaMemcpyHostToDevice),
+    Check(cudaMemcpy(sim.in[r].p, host[r].data(), sim.in_bytes, cudaMemcpyHostToDevice),
           "cudaMemcpy H2D");
-    Check(cudaMemset(sim.out[r].p, 0xA5, sim.bytes ? sim.bytes : 1), "cudaMemset");  // poison
+    Check(cudaMemset(sim.out[r].p, 0xA5, sim.out_bytes), "cudaMemset");  // poison
   }
   std::string err;
   {
@@ -204,8 +205,8 @@ py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, boo
   py::module_ np = py::module_::import("numpy");
   py::list out;
   for (int64_t r = 0; r < n; ++r) {
-    py::array o = np.attr("empty_like")(host[r]);
-    Check(cudaMemcpy(o.mutable_data(), sim.out[r].p, sim.bytes, cudaMemcpyDeviceToHost),
+    py::array o = np.attr("empty")(s.out_count, host[r].dtype());
+    Check(cudaMemcpy(o.mutable_data(), sim.out[r].p, sim.out_bytes, cudaMemcpyDeviceToHost),
           "cudaMemcpy D2H");
     out.append(o);
   }
@@ -224,7 +225,7 @@ py::dict TimeSchedule(const py::object& schedule, int64_t iters, int64_t warmup,
   const int64_t n = s.nranks;
   Check(cudaSetDevice(device), "cudaSetDevice");
   SimRanks sim(s, device);
-  for (int64_t r = 0; r < n; ++r) Check(cudaMemset(sim.in[r].p, 0, sim.bytes), "cudaMemset");
+  for (int64_t r = 0; r < n; ++r) Check(cudaMemset(sim.in[r].p, 0, sim.in_bytes), "cudaMemset");
   cudaEvent_t t0, t1, joined;
   Check(cudaEventCreate(&t0), "cudaEventCreate");
   Check(cudaEventCreate(&t1), "cudaEventCreate");
@@ -286,7 +287,7 @@ double TimeKernel(int dtype, int64_t count, int64_t iters, bool from_input, bool
             "cudaMemcpyAsync");
     } else {
       const StreamOperand ops[2] = {{a.p, from_input}, {b.p, from_input}};
-      Check(LaunchReduce(d, dst.p, ops, 2, count, stream), "reduce");
+      Check(LaunchReduce(d, ReduceOp::kSum, dst.p, ops, 2, count, stream), "reduce");
     }
   };
   once();

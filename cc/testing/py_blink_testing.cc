@@ -125,6 +125,12 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
   }
   std::vector<Buffer> ins, outs;
   std::vector<ExecArgs> args(nranks);
+  // Each rank's workspace for its accumulator (cpu/executor_cpu.h), held
+  // across the repeats as the FFI handler's pool holds it across calls.
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<void, FreeDeleter>> workspaces(nranks);
   // Harness runs use negative RunIds (XLA's are not negative).
   const int64_t run_id =
       run_id_arg ? *run_id_arg : next_test_run_id.fetch_sub(1);
@@ -145,6 +151,13 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
     a.out_count = outs.back().count;
     a.dtype = static_cast<int32_t>(s.dtype);  // trust the schedule's dtype
     a.timeout_ms = timeout_ms;
+    const int64_t ws = CpuWorkspaceBytes(s, a.in == a.out);
+    if (ws > 0) {
+      workspaces[r].reset(std::aligned_alloc(64, (static_cast<size_t>(ws) + 63) / 64 * 64));
+      if (!workspaces[r]) throw std::bad_alloc();
+      a.workspace = workspaces[r].get();
+      a.workspace_bytes = ws;
+    }
   }
   std::vector<std::optional<std::string>> errors(nranks);
   {
@@ -194,7 +207,8 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   const Schedule s = ScheduleFromPython(schedule);
   const int64_t n = s.nranks;
   const size_t tsize = DTypeSize(s.dtype);
-  const size_t bytes = static_cast<size_t>(s.count) * tsize;
+  const size_t in_bytes = static_cast<size_t>(s.in_count) * tsize;
+  const size_t out_bytes = static_cast<size_t>(s.out_count) * tsize;
   if (static_cast<int64_t>(py::len(inputs)) != n) {
     throw py::value_error("need " + std::to_string(n) + " inputs, got " +
                           std::to_string(py::len(inputs)));
@@ -202,11 +216,11 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   std::vector<Buffer> ins;
   for (int64_t r = 0; r < n; ++r) {
     ins.push_back(GetBuffer(inputs[r], false, "inputs", r, tsize));
-    if (ins.back().count != s.count) {
+    if (ins.back().count != s.in_count) {
       throw py::value_error("inputs[" + std::to_string(r) + "] has " +
                             std::to_string(ins.back().count) +
                             " elements but the schedule needs " +
-                            std::to_string(s.count));
+                            std::to_string(s.in_count));
     }
   }
   std::vector<int> dev(n, 0);
@@ -235,7 +249,7 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
     void operator()(void* p) const { std::free(p); }
   };
   std::vector<std::unique_ptr<void, FreeDeleter>> host;
-  auto host_buffer = [&]() -> char* {
+  auto host_buffer = [&](size_t bytes) -> char* {
     const size_t cap = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, cap);
     if (p == nullptr) throw std::bad_alloc();
@@ -268,11 +282,15 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
     StreamRank& R = ranks[r];
     const std::string rs = "[" + std::to_string(r) + "]";
     R.device = dev[r];
-    char* in = host_buffer();
+    if (alias && in_bytes != out_bytes) {
+      throw py::value_error("alias needs input and output of one size (not a " +
+                            std::string(CollectiveName(s.collective)) + ")");
+    }
+    char* in = host_buffer(std::max(in_bytes, out_bytes));
     R.in = in;
-    R.out = alias ? in : host_buffer();
-    check(em.Label(R.in, bytes, "in" + rs, R.device));
-    check(em.Label(R.out, bytes, "out" + rs, R.device));
+    R.out = alias ? in : host_buffer(out_bytes);
+    check(em.Label(R.in, in_bytes, "in" + rs, R.device));
+    check(em.Label(R.out, out_bytes, "out" + rs, R.device));
     check(em.CreateStream(R.device, &R.stream));
     em.NameStream(R.stream, "caller" + rs);
   }
@@ -282,9 +300,9 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
     void* dst = const_cast<void*>(R.in);
     const void* src = ins[r].ptr;
     std::vector<Range> reads;
-    if (reads_out) reads.push_back({R.out, bytes});
-    return em.Touch(R.stream, reads, {{R.in, bytes}}, label,
-                    [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    if (reads_out) reads.push_back({R.out, out_bytes});
+    return em.Touch(R.stream, reads, {{R.in, in_bytes}}, label,
+                    [dst, src, in_bytes] { std::memcpy(dst, src, in_bytes); });
   };
 
   // One thread per rank, as XLA's device threads: each writes its input,
@@ -321,9 +339,10 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
                                                 : "caller writes in");
           if (!errs[r].empty()) break;
           const StreamRank& R = ranks[r];
-          const int64_t count = r == bad_count_rank ? s.count + 1 : s.count;
-          RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), R.in, R.out, count,
-                                         count, R.device, nullptr, Status());
+          const int64_t bad = r == bad_count_rank ? 1 : 0;
+          RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), R.in, R.out,
+                                         s.in_count + bad, s.out_count + bad, R.device, nullptr,
+                                         Status());
           int64_t generation = -1;
           errs[r] = JoinAndEnqueue(RendezvousKey{run_id, 0, 0}, s, plan, r, std::move(info),
                                    R.stream, direct, em, *ex[r], workspace,
@@ -345,7 +364,7 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
                                   : py::object(py::str(errs[r])));
   }
   for (const StreamRank& R : ranks) {
-    check(em.Touch(R.stream, {}, {{R.in, bytes}, {R.out, bytes}},
+    check(em.Touch(R.stream, {}, {{R.in, in_bytes}, {R.out, out_bytes}},
                    "caller reuses in and out"));
   }
   // Destroying the executors releases their streams and events under queued
@@ -360,8 +379,8 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   py::module_ np = py::module_::import("numpy");
   py::list outputs;
   for (int64_t r = 0; r < n; ++r) {
-    py::array o = np.attr("empty_like")(inputs[r]);
-    std::memcpy(o.mutable_data(), ranks[r].out, bytes);
+    py::array o = np.attr("empty")(s.out_count, py::reinterpret_borrow<py::array>(inputs[r]).dtype());
+    std::memcpy(o.mutable_data(), ranks[r].out, out_bytes);
     outputs.append(o);
   }
   const StreamEmulatorStats& st = em.stats();

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/half.h"
+#include "core/reduce_op.h"
 
 namespace jax_blink {
 
@@ -63,16 +64,17 @@ void StoreAt(void* p, int64_t i, X x) {
   std::memcpy(static_cast<char*>(p) + i * sizeof(X), &x, sizeof(X));
 }
 
-// dst = ops[0] + ops[1] + ... left to right in A (integers are unsigned:
-// wrapping).
-template <typename A>
+// dst = op(op(ops[0], ops[1]), ...) left to right in A (core/reduce_op.h:
+// the CUDA kernels' and the CPU executor's Combine).
+template <ReduceOp kOp, typename A>
 void ReduceSame(void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
   // A sum starting from an input starts from +0 (the CUDA kernel's rule).
-  const bool zero = std::is_floating_point<A>::value && ops[0].is_input;
+  const bool zero =
+      kOp == ReduceOp::kSum && std::is_floating_point<A>::value && ops[0].is_input;
   for (int64_t i = 0; i < n; ++i) {
     A acc = LoadAt<A>(ops[0].p, i);
     if (zero) acc = A(0) + acc;
-    for (size_t j = 1; j < ops.size(); ++j) acc = static_cast<A>(acc + LoadAt<A>(ops[j].p, i));
+    for (size_t j = 1; j < ops.size(); ++j) acc = Combine<kOp, A>(acc, LoadAt<A>(ops[j].p, i));
     StoreAt<A>(dst, i, acc);
   }
 }
@@ -84,25 +86,35 @@ float LoadWide(const StreamOperand& op, int64_t i) {
 }
 
 // The same in float32 (the CUDA kernel's order).
-template <float (*Widen)(uint16_t)>
+template <ReduceOp kOp, float (*Widen)(uint16_t)>
 void ReduceHalf(void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float acc = LoadWide<Widen>(ops[0], i);
-    if (ops[0].is_input) acc = 0.0f + acc;
-    for (size_t j = 1; j < ops.size(); ++j) acc += LoadWide<Widen>(ops[j], i);
+    if (kOp == ReduceOp::kSum && ops[0].is_input) acc = 0.0f + acc;
+    for (size_t j = 1; j < ops.size(); ++j) acc = Combine<kOp, float>(acc, LoadWide<Widen>(ops[j], i));
     StoreAt<float>(dst, i, acc);
   }
 }
 
-void HostReduce(DType d, void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
+template <ReduceOp kOp>
+void HostReduceOp(DType d, void* dst, const std::vector<StreamOperand>& ops, int64_t n) {
   switch (d) {
-    case DType::kF32: return ReduceSame<float>(dst, ops, n);
-    case DType::kF64: return ReduceSame<double>(dst, ops, n);
-    case DType::kF16: return ReduceHalf<HalfToFloat>(dst, ops, n);
-    case DType::kBF16: return ReduceHalf<BF16ToFloat>(dst, ops, n);
-    case DType::kI32:
-    case DType::kU32: return ReduceSame<uint32_t>(dst, ops, n);
-    case DType::kI64: return ReduceSame<uint64_t>(dst, ops, n);
+    case DType::kF32: return ReduceSame<kOp, float>(dst, ops, n);
+    case DType::kF64: return ReduceSame<kOp, double>(dst, ops, n);
+    case DType::kF16: return ReduceHalf<kOp, HalfToFloat>(dst, ops, n);
+    case DType::kBF16: return ReduceHalf<kOp, BF16ToFloat>(dst, ops, n);
+    case DType::kI32: return ReduceSame<kOp, int32_t>(dst, ops, n);
+    case DType::kU32: return ReduceSame<kOp, uint32_t>(dst, ops, n);
+    case DType::kI64: return ReduceSame<kOp, int64_t>(dst, ops, n);
+  }
+}
+
+void HostReduce(DType d, ReduceOp op, void* dst, const std::vector<StreamOperand>& ops,
+                int64_t n) {
+  switch (op) {
+    case ReduceOp::kSum: return HostReduceOp<ReduceOp::kSum>(d, dst, ops, n);
+    case ReduceOp::kMax: return HostReduceOp<ReduceOp::kMax>(d, dst, ops, n);
+    case ReduceOp::kMin: return HostReduceOp<ReduceOp::kMin>(d, dst, ops, n);
   }
 }
 
@@ -156,6 +168,7 @@ struct OpRec {
   int32_t acc_begin = 0, acc_end = 0;  // its Accesses
   int64_t seq = 0;                     // issue number since construction
   // Work.
+  ReduceOp reduce_op = ReduceOp::kSum;  // Reduce
   DType dtype = DType::kF32;
   void* dst = nullptr;
   const void* a = nullptr;  // Copy/ToAcc: src; Finalize: acc
@@ -396,7 +409,7 @@ struct StreamEmulator::Impl {
         std::memmove(op.dst, op.a, op.bytes);
         break;
       case Kind::kReduce:
-        HostReduce(op.dtype, op.dst, op.operands, op.n);
+        HostReduce(op.dtype, op.reduce_op, op.dst, op.operands, op.n);
         break;
       case Kind::kToAcc:
         HostToAcc(op.dtype, op.dst, op.a, op.n);
@@ -677,19 +690,21 @@ std::string StreamEmulator::Copy(StreamId s, void* dst, int dst_device,
                       {{src, bytes, false}, {dst, bytes, true}}, false);
 }
 
-std::string StreamEmulator::Reduce(StreamId s, DType d, void* dst,
+std::string StreamEmulator::Reduce(StreamId s, DType d, ReduceOp rop, void* dst,
                                    const StreamOperand* ops, int nops, int64_t n) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   std::string err = impl_->CheckStream(s, "Reduce");
   if (!err.empty()) return err;
-  if (!ValidDType(d) || n < 0 || nops < 2 || nops > kMaxFuse + 1) {
-    return "stream emulator: Reduce: invalid dtype, count or operand count";
+  if (!ValidDType(d) || n < 0 || nops < 2 || nops > kMaxFuse + 1 ||
+      static_cast<int>(rop) < 0 || static_cast<int>(rop) >= kNumReduceOps) {
+    return "stream emulator: Reduce: invalid dtype, reduce op, count or operand count";
   }
   const size_t un = static_cast<size_t>(n);
   OpRec op;
   op.kind = Kind::kReduce;
   op.stream = s;
   op.dtype = d;
+  op.reduce_op = rop;
   op.dst = dst;
   op.operands.assign(ops, ops + nops);
   op.n = n;

@@ -96,8 +96,8 @@ class StreamEmulator : public StreamTransport {
   std::string Wait(StreamId s, EventId e) override;
   std::string Copy(StreamId s, void* dst, int dst_device, const void* src,
                    int src_device, size_t bytes) override;
-  std::string Reduce(StreamId s, DType d, void* dst, const StreamOperand* ops,
-                     int nops, int64_t n) override;
+  std::string Reduce(StreamId s, DType d, ReduceOp op, void* dst,
+                     const StreamOperand* ops, int nops, int64_t n) override;
   std::string ToAcc(StreamId s, DType d, void* dst, const void* src,
                     int64_t n) override;
   std::string Finalize(StreamId s, DType d, void* out, const void* acc,

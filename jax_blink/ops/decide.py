@@ -190,16 +190,12 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
         alone = types.SimpleNamespace(root=0, edges=(), weight=1.0)
         schedule = lower_trees([alone], nranks=1, collective=request.collective,
                                root=-1 if root is None else root, count=count, dtype=dtype,
-                               **_op_kwargs(request.op))
+                               op=request.op)
         return None, schedule, EncodedSchedule(schedule.encode())
     p = plan(topology, request.collective, root=root)
     schedule = p.lower(count * DTYPES[dtype][1], dtype, chunks=request.chunks,
-                       launch_s=request.launch_s, **_op_kwargs(request.op))
+                       launch_s=request.launch_s, op=request.op)
     return p, schedule, EncodedSchedule(schedule.encode())
-
-
-def _op_kwargs(op):
-    return {} if op == "sum" else {"op": op}  # V1-HANDLER: pass op always at the v2 merge
 
 
 _SHARDED = ("reduce_scatter", "allgather")

@@ -34,13 +34,12 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
 from jax_blink.ops.decide import schedule_for
-from jax_blink.schedule.constants import COLLECTIVE_CODE
+from jax_blink.schedule.constants import COLLECTIVE_CODE, REDUCE_OP_CODE
 
 __all__ = ["blink_collective_p", "bind_collective", "MODES"]
 
 blink_collective_p = Primitive("blink_collective")
 MODES = ("varying", "unreduced", "untyped")
-_REDUCE_OP_CODE = {"sum": 0, "max": 1, "min": 2}
 
 _sites = itertools.count()
 
@@ -179,6 +178,8 @@ def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, *
         _op_ids[module] = itertools.count(1)
     # one id per call site in the module; a call site inside a loop is told
     # apart by the executor's per-rank generation counter
+    # collective and reduce_op: header words 4 and 7 of the (format version 2) schedule; the
+    # handler checks them against the schedule it decodes
     return _ffi_rule(ctx, x, rank, group, schedule=schedule.words,
                      op_id=np.int64(next(_op_ids[module])), timeout_ms=np.int64(timeout_ms),
                      **_lowering_checks(request))
@@ -186,7 +187,8 @@ def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, *
 
 def _lowering_checks(request):
     """The attributes the handler checks the schedule against."""
-    return {}  # V1-HANDLER: restore {"collective": ..., "reduce_op": ...} at the v2 merge
+    return {"collective": np.int64(COLLECTIVE_CODE[request.collective]),
+            "reduce_op": np.int64(REDUCE_OP_CODE[request.op])}
 
 
 blink_collective_p.def_abstract_eval(_abstract_eval)

@@ -21,7 +21,6 @@ import numpy as np
 
 from .._jsonio import read_document
 from ..schedule import DTYPES, dtype_name, lower_trees
-from ..schedule.constants import COLLECTIVES as SCHEDULE_COLLECTIVES
 from ..topo import Topology, TopologyError
 from . import cost
 from .collectives import COLLECTIVES, DIRECTIONS, FAMILIES, FAMILY_TEXT, ROOTED, bus_factor
@@ -217,7 +216,7 @@ class Plan:
                                             cost.MAX_CHUNKS_PER_TREE))
         return out
 
-    def lower(self, size_bytes: int, dtype, chunks=None, launch_s: float = 0.0):
+    def lower(self, size_bytes: int, dtype, chunks=None, launch_s: float = 0.0, op: str = "sum"):
         """The :class:`~jax_blink.schedule.Schedule` moving ``size_bytes`` of ``dtype``.
 
         Parameters
@@ -230,17 +229,10 @@ class Plan:
             default: :meth:`chunks_for` (with ``launch_s``).
         launch_s : float
             The executor's host cost per pipeline step, for :meth:`chunks_for`.
-
-        Raises
-        ------
-        PlanError
-            For a bad size, or a collective the schedule format cannot carry
-            yet (reduce-scatter and all-gather need its version 2).
+        op : str
+            ``"sum"``, ``"max"`` or ``"min"``: what the schedule's reductions
+            compute (``size_bytes`` is the full vector: count * itemsize).
         """
-        if self.collective not in SCHEDULE_COLLECTIVES:
-            raise PlanError(f"cannot lower {self.collective} plans: this build's schedule format (lower_trees) "
-                            f"carries only {', '.join(SCHEDULE_COLLECTIVES)}; {self.collective} needs the "
-                            f"schedule format version 2")
         itemsize = DTYPES[dtype_name(dtype)][1]
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, (int, np.integer)) \
                 or size_bytes < itemsize or size_bytes % itemsize:
@@ -250,7 +242,7 @@ class Plan:
             chunks = self.chunks_for(int(size_bytes), launch_s)
         return lower_trees(self.trees, nranks=self.topology.n, collective=self.collective,
                            root=-1 if self.root is None else self.root, count=int(size_bytes) // itemsize,
-                           dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees])
+                           dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees], op=op)
 
     @property
     def busbw_gbps(self) -> float:

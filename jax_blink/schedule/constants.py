@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "HEADER_WORDS", "OPS", "OP_CODE", "COLLECTIVES", "COLLECTIVE_CODE",
-           "DTYPES", "DTYPE_BY_CODE", "MAX_RANKS", "MAX_COUNT", "MAX_CHUNKS", "MAX_TREES", "MAX_STEPS_PER_RANK",
-           "MAX_WORDS", "MAX_PROOF_WORDS", "LIMITS", "ScheduleError", "dtype_name"]
+__all__ = ["FORMAT_VERSION", "READ_VERSIONS", "MAGIC", "HEADER_WORDS", "HEADER_WORDS_V1", "OPS", "OP_CODE",
+           "COLLECTIVES", "COLLECTIVE_CODE", "REDUCE_OPS", "REDUCE_OP_CODE", "DTYPES", "DTYPE_BY_CODE", "MAX_RANKS", "MAX_COUNT", "MAX_CHUNKS", "MAX_TREES", "MAX_STEPS_PER_RANK",
+           "MAX_WORDS", "MAX_PROOF_WORDS", "LIMITS", "ScheduleError", "dtype_name", "ROOTED", "io_counts"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: versions the decoders read (a version 1 array is an op=sum schedule with in_count = out_count = count)
+READ_VERSIONS = (1, 2)
 MAGIC = 0x4B4E494C42  # "BLINK" in ASCII, little-endian
-HEADER_WORDS = 9
+HEADER_WORDS = 12
+HEADER_WORDS_V1 = 9
 
 OPS = ("SEND", "RECV_REDUCE", "RECV_COPY")
 OP_CODE = {name: code for code, name in enumerate(OPS)}
-COLLECTIVES = ("allreduce", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "reduce_scatter", "allgather")
 COLLECTIVE_CODE = {name: code for code, name in enumerate(COLLECTIVES)}
+#: collectives with a root rank (the others have root -1)
+ROOTED = ("broadcast", "reduce")
+#: the elementwise operation of RECV_REDUCE
+REDUCE_OPS = ("sum", "max", "min")
+REDUCE_OP_CODE = {name: code for code, name in enumerate(REDUCE_OPS)}
 
 #: dtype name -> (code in the flat encoding, itemsize in bytes)
 DTYPES = {
@@ -51,6 +59,32 @@ LIMITS = {"ranks": MAX_RANKS, "count": MAX_COUNT, "chunks": MAX_CHUNKS, "trees":
 
 class ScheduleError(ValueError):
     """A schedule is malformed or does not compute its collective."""
+
+
+def io_counts(collective: str, count: int, nranks: int) -> tuple:
+    """``(in_count, out_count)``: the elements of each rank's input and output buffers.
+
+    ``count`` is the accumulator's length (the full vector). reduce_scatter
+    outputs and allgather inputs are one shard, ``count / nranks`` elements.
+
+    Raises
+    ------
+    ScheduleError
+        If ``collective`` is reduce_scatter or allgather and ``count`` is not
+        a multiple of ``nranks``.
+
+    Examples
+    --------
+    >>> io_counts("reduce_scatter", 12, 4), io_counts("allgather", 12, 4), io_counts("allreduce", 10, 4)
+    ((12, 3), (3, 12), (10, 10))
+    """
+    if collective in ("reduce_scatter", "allgather"):
+        if count % nranks:
+            raise ScheduleError(f"{collective} needs count divisible by nranks, got count {count} "
+                                f"and {nranks} ranks")
+        shard = count // nranks
+        return (count, shard) if collective == "reduce_scatter" else (shard, count)
+    return count, count
 
 
 def dtype_name(dtype) -> str:

@@ -20,8 +20,9 @@ import numpy as np
 
 from .._jsonio import read_document
 from . import validate as _validate
-from .constants import (COLLECTIVE_CODE, COLLECTIVES, DTYPE_BY_CODE, DTYPES, FORMAT_VERSION, HEADER_WORDS, MAGIC,
-                        OP_CODE, OPS, ScheduleError, dtype_name)
+from .constants import (COLLECTIVE_CODE, COLLECTIVES, DTYPE_BY_CODE, DTYPES, FORMAT_VERSION, HEADER_WORDS,
+                        HEADER_WORDS_V1, MAGIC, OP_CODE, OPS, READ_VERSIONS, REDUCE_OP_CODE, REDUCE_OPS, ScheduleError,
+                        dtype_name, io_counts)
 
 __all__ = ["Step", "Schedule"]
 
@@ -64,11 +65,14 @@ class Schedule:
     ----------
     nranks : int
     count : int
-        Number of elements of the vector being reduced/broadcast.
+        Number of elements of the accumulator: the full vector (for
+        reduce_scatter the input, for allgather the output; see
+        :attr:`in_count` and :attr:`out_count`).
     collective : str
-        ``"allreduce"``, ``"broadcast"`` or ``"reduce"``.
+        ``"allreduce"``, ``"broadcast"``, ``"reduce"``, ``"reduce_scatter"``
+        or ``"allgather"``.
     root : int
-        Root rank for broadcast/reduce, ``-1`` for allreduce.
+        Root rank for broadcast/reduce, ``-1`` for the others.
     dtype : str
         Canonical dtype name (see :data:`DTYPES`).
     ntrees : int
@@ -83,6 +87,9 @@ class Schedule:
         Empty when the schedule carries none (data then takes the default
         route of :meth:`jax_blink.topo.LinkGraph.route`). Not part of the flat
         encoding: the executors do not need it.
+    op : str
+        The elementwise operation of ``RECV_REDUCE``: ``"sum"`` (default),
+        ``"max"`` or ``"min"``.
     """
 
     nranks: int
@@ -94,6 +101,7 @@ class Schedule:
     chunks: tuple
     steps: tuple
     routes: tuple = ()
+    op: str = "sum"
 
     # ------------------------------------------------------------------ info
     @property
@@ -103,6 +111,21 @@ class Schedule:
     @property
     def size_bytes(self) -> int:
         return self.count * self.itemsize
+
+    @property
+    def in_count(self) -> int:
+        """Elements of each rank's input: ``count / nranks`` for allgather, else ``count``."""
+        return io_counts(self.collective, self.count, self.nranks)[0]
+
+    @property
+    def out_count(self) -> int:
+        """Elements of each rank's output: ``count / nranks`` for reduce_scatter, else ``count``."""
+        return io_counts(self.collective, self.count, self.nranks)[1]
+
+    def shard(self, rank: int) -> tuple:
+        """``(lo, hi)``: the elements ``[lo, hi)`` of shard ``rank``, ``[rank * count / nranks, (rank + 1) * count / nranks)``
+        (reduce_scatter keeps it, allgather starts from it; integer division for the other collectives)."""
+        return rank * self.count // self.nranks, (rank + 1) * self.count // self.nranks
 
     @property
     def num_steps(self) -> int:
@@ -128,11 +151,14 @@ class Schedule:
         dependencies are done, a RECV once its SEND is done, a write of a
         chunk once the receivers of the accumulator value sent before it have
         read it) and executes them symbolically in such an order. Each
-        accumulator is the set of ranks whose input it contains; a
-        ``RECV_REDUCE`` of overlapping sets means a contribution counted
-        twice. At the end every rank (allreduce), the root (reduce), or every
-        rank holding exactly ``{root}`` (broadcast) is checked for every
-        chunk. The phases are the functions of
+        accumulator chunk is UNDEFINED (allgather: the chunks outside the
+        rank's own shard, until a RECV_COPY defines them) or the set of ranks
+        whose input it contains; sending an UNDEFINED chunk or reducing into
+        one is an error, and a ``RECV_REDUCE`` of overlapping sets means a
+        contribution counted twice. A (sender, receiver, chunk) triple may
+        repeat: the k-th SEND matches the k-th RECV, and the SENDs of one
+        triple must be ordered by dependencies. At the end the final state of
+        the collective is checked (``docs/schedule_format.md``). The phases are the functions of
         :mod:`jax_blink.schedule.validate`; the C++ decoder accepts exactly
         the same schedules.
 
@@ -146,10 +172,14 @@ class Schedule:
 
     # -------------------------------------------------------------- encoding
     def encode(self) -> np.ndarray:
-        """The flat ``int64`` array the custom call receives (see the doc)."""
+        """The flat ``int64`` array the custom call receives (see the doc), in format version 2."""
+        try:
+            in_count, out_count = io_counts(self.collective, self.count, self.nranks)
+        except (ScheduleError, ZeroDivisionError):  # an invalid schedule still encodes (validators refuse it)
+            in_count = out_count = self.count
         words = [MAGIC, FORMAT_VERSION, self.nranks, self.count,
                  COLLECTIVE_CODE[self.collective], self.root, DTYPES[self.dtype][0],
-                 len(self.chunks), self.ntrees]
+                 REDUCE_OP_CODE[self.op], in_count, out_count, len(self.chunks), self.ntrees]
         for offset, length in self.chunks:
             words += (offset, length)
         words += [len(s) for s in self.steps]
@@ -167,25 +197,41 @@ class Schedule:
 
         ``array`` is a 1-D int64 array (as for the C++ decoder: no other
         type can hold the magic word); one longer than the words limit of
-        ``docs/schedule_format.md`` is refused before it is read."""
+        ``docs/schedule_format.md`` is refused before it is read. Format
+        versions 1 and 2 are read: a version 1 array is a ``"sum"`` schedule
+        whose buffers all have ``count`` elements."""
         a = np.asarray(array)
         if a.ndim != 1 or a.dtype != np.int64:
             raise ScheduleError(f"expected a 1-D int64 array, got {a.dtype} with shape {a.shape}")
         _validate.check_words(len(a))
-        if len(a) < HEADER_WORDS:
-            raise ScheduleError(f"array of {len(a)} words is shorter than the {HEADER_WORDS}-word header")
-        magic, version, nranks, count, coll, root, dtype_code, nchunks, ntrees = a[:HEADER_WORDS].tolist()
+        if len(a) < 2:
+            raise ScheduleError(f"array of {len(a)} words is shorter than the header")
+        magic, version = a[:2].tolist()
         if magic != MAGIC:
             raise ScheduleError(f"bad magic {magic:#x}: not a jax_blink schedule")
-        if version != FORMAT_VERSION:
-            raise ScheduleError(f"schedule format version {version}; this jax_blink reads {FORMAT_VERSION}")
+        if version not in READ_VERSIONS:
+            raise ScheduleError(f"schedule format version {version}; this jax_blink reads versions "
+                                f"{' and '.join(map(str, READ_VERSIONS))}")
+        header_words = HEADER_WORDS if version == 2 else HEADER_WORDS_V1
+        if len(a) < header_words:
+            raise ScheduleError(f"array of {len(a)} words is shorter than the {header_words}-word header "
+                                f"of format version {version}")
+        if version == 2:
+            (nranks, count, coll, root, dtype_code, op_code, in_count, out_count, nchunks,
+             ntrees) = a[2:HEADER_WORDS].tolist()
+        else:
+            nranks, count, coll, root, dtype_code, nchunks, ntrees = a[2:HEADER_WORDS_V1].tolist()
+            op_code, in_count, out_count = 0, count, count
         if not 0 <= coll < len(COLLECTIVES):
             raise ScheduleError(f"unknown collective code {coll}")
         if dtype_code not in DTYPE_BY_CODE:
             raise ScheduleError(f"unknown dtype code {dtype_code}")
+        if not 0 <= op_code < len(REDUCE_OPS):
+            raise ScheduleError(f"unknown reduce-op code {op_code}")
         _validate.check_header(nranks, count, nchunks, ntrees)
+        _validate.check_io_counts(COLLECTIVES[coll], count, nranks, in_count, out_count)
         w = a.tolist()  # after the header's checks: a large array that is no schedule is not read
-        pos = HEADER_WORDS
+        pos = header_words
 
         def take(k):
             nonlocal pos
@@ -212,14 +258,14 @@ class Schedule:
         if pos != len(w):
             raise ScheduleError(f"{len(w) - pos} trailing words after the last step")
         return cls(nranks, count, COLLECTIVES[coll], root, DTYPE_BY_CODE[dtype_code],
-                   ntrees, chunks, tuple(steps))
+                   ntrees, chunks, tuple(steps), (), REDUCE_OPS[op_code])
 
     def to_dict(self) -> dict:
         """The JSON object of :meth:`to_json` (``"routes"`` only when the schedule carries them)."""
         data = {
             "format": "jax_blink.schedule", "version": FORMAT_VERSION,
             "nranks": self.nranks, "count": self.count, "collective": self.collective,
-            "root": self.root, "dtype": self.dtype, "ntrees": self.ntrees,
+            "root": self.root, "dtype": self.dtype, "op": self.op, "ntrees": self.ntrees,
             "chunks": [list(c) for c in self.chunks],
             "steps": [[s.to_dict() for s in steps] for steps in self.steps],
         }
@@ -233,8 +279,9 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text) -> "Schedule":
-        """Load a schedule from JSON text, a dict, or a path to a JSON file."""
-        d = read_document(text, fmt="jax_blink.schedule", version=FORMAT_VERSION,
+        """Load a schedule from JSON text, a dict, or a path to a JSON file (format version 1 or 2;
+        ``"op"`` is ``"sum"`` when absent)."""
+        d = read_document(text, fmt="jax_blink.schedule", version=READ_VERSIONS,
                           error=ScheduleError, what="schedule")
         try:
             steps = tuple(
@@ -243,9 +290,12 @@ class Schedule:
                 for rank_steps in d["steps"])
             routes = tuple(tuple(tuple(int(x) for x in path) for path in paths)
                            for paths in d.get("routes", ()))
+            op = d.get("op", "sum")
+            if op not in REDUCE_OPS:
+                raise ScheduleError(f"unknown reduce op {op!r:.40} in schedule JSON; expected one of {REDUCE_OPS}")
             return cls(int(d["nranks"]), int(d["count"]), d["collective"], int(d["root"]),
                        dtype_name(d["dtype"]), int(d["ntrees"]),
-                       tuple((int(o), int(n)) for o, n in d["chunks"]), steps, routes)
+                       tuple((int(o), int(n)) for o, n in d["chunks"]), steps, routes, op)
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ScheduleError):
                 raise

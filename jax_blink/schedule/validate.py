@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from .constants import (COLLECTIVE_CODE, COLLECTIVES, DTYPES, HEADER_WORDS, MAX_CHUNKS, MAX_COUNT,
                         MAX_PROOF_WORDS, MAX_RANKS, MAX_STEPS_PER_RANK, MAX_TREES, MAX_WORDS, OP_CODE, OPS,
-                        ScheduleError)
+                        REDUCE_OPS, ROOTED, ScheduleError, io_counts)
 
-__all__ = ["validate", "check_header", "check_structure", "check_words", "proof_words", "match_transfers", "check_determinism",
-           "check_routes", "symbolic_run"]
+__all__ = ["validate", "check_header", "check_io_counts", "check_structure", "check_words", "proof_words",
+           "match_transfers", "check_determinism", "check_routes", "symbolic_run"]
 
 
 def validate(schedule) -> None:
@@ -30,10 +30,10 @@ def validate(schedule) -> None:
         Naming the first violation found.
     """
     check_structure(schedule)
-    sends = match_transfers(schedule)
+    match = match_transfers(schedule)
     guards = check_determinism(schedule)
     check_routes(schedule)
-    symbolic_run(schedule, sends, guards)
+    symbolic_run(schedule, match, guards)
 
 
 def check_words(nwords: int) -> None:
@@ -60,6 +60,17 @@ def check_header(nranks: int, count: int, nchunks: int, ntrees: int) -> None:
         raise ScheduleError(f"ntrees must be in [1, {MAX_TREES}], got {ntrees}")
 
 
+def check_io_counts(collective: str, count: int, nranks: int, in_count: int, out_count: int) -> None:
+    """The header's ``in_count`` and ``out_count`` words are those the collective implies (:func:`io_counts`)."""
+    want_in, want_out = io_counts(collective, count, nranks)
+    if in_count != want_in:
+        raise ScheduleError(f"in_count is {in_count}, but a {collective} of count {count} over {nranks} ranks "
+                            f"takes {want_in} input elements")
+    if out_count != want_out:
+        raise ScheduleError(f"out_count is {out_count}, but a {collective} of count {count} over {nranks} ranks "
+                            f"gives {want_out} output elements")
+
+
 def check_structure(schedule) -> None:
     """The limits, header fields, the chunk partition, every step's fields in range; deps distinct and
     pointing backwards.
@@ -72,13 +83,16 @@ def check_structure(schedule) -> None:
     check_header(schedule.nranks, schedule.count, nchunks, schedule.ntrees)
     if schedule.collective not in COLLECTIVE_CODE:
         raise ScheduleError(f"unknown collective {schedule.collective!r}; expected one of {COLLECTIVES}")
-    if schedule.collective == "allreduce":
+    if schedule.collective not in ROOTED:
         if schedule.root != -1:
-            raise ScheduleError(f"allreduce has no root (use -1), got {schedule.root}")
+            raise ScheduleError(f"{schedule.collective} has no root (use -1), got {schedule.root}")
     elif not 0 <= schedule.root < schedule.nranks:
         raise ScheduleError(f"root {schedule.root} out of range for {schedule.nranks} ranks")
     if schedule.dtype not in DTYPES:
         raise ScheduleError(f"unsupported dtype {schedule.dtype!r}")
+    if schedule.op not in REDUCE_OPS:
+        raise ScheduleError(f"unknown reduce op {schedule.op!r}; expected one of {REDUCE_OPS}")
+    io_counts(schedule.collective, schedule.count, schedule.nranks)  # shards divide the vector
     expected = 0
     for i, (offset, length) in enumerate(schedule.chunks):
         if offset != expected or length < 1:
@@ -88,6 +102,13 @@ def check_structure(schedule) -> None:
         expected += length
     if expected != schedule.count:
         raise ScheduleError(f"chunks cover {expected} elements, count is {schedule.count}")
+    if schedule.collective in ("reduce_scatter", "allgather"):
+        shard = schedule.count // schedule.nranks
+        for i, (offset, length) in enumerate(schedule.chunks):
+            if offset // shard != (offset + length - 1) // shard:
+                raise ScheduleError(
+                    f"chunk {i} = [{offset}, {offset + length}) crosses the boundary of shard {offset // shard} "
+                    f"(shards of {shard} elements); a {schedule.collective} chunk lies inside one shard")
     if len(schedule.steps) != schedule.nranks:
         raise ScheduleError(f"steps has {len(schedule.steps)} rank lists, nranks is {schedule.nranks}")
     for rank, steps in enumerate(schedule.steps):
@@ -119,29 +140,52 @@ def check_structure(schedule) -> None:
                 raise ScheduleError(f"{where}: a dependency is listed twice in {list(s.deps)}")
 
 
-def match_transfers(schedule) -> dict:
-    """Match every SEND with its RECV one-to-one.
+def match_transfers(schedule) -> list:
+    """Match SENDs with RECVs: the k-th SEND of chunk c from u to v in u's list with the k-th RECV_* of
+    chunk c from u in v's list.
+
+    A (sender, receiver, chunk) triple may occur several times (a ring sends
+    a chunk over a link in reduce-scatter and again in all-gather); its SENDs
+    and RECVs must be equally many, and its SENDs at the sender ordered by
+    dependencies (its RECVs, writes of the chunk, are ordered by the
+    determinism rule), so that list order is the order they run in.
 
     Returns
     -------
-    dict
-        ``(sender, receiver, chunk) -> (index of the SEND at the sender, index of the RECV at the receiver)``.
+    list of list of int
+        ``match[r][i]``: the index, in the peer's list, of the step matched with rank ``r``'s step ``i``.
     """
     sends, recvs = {}, {}
     for rank, steps in enumerate(schedule.steps):
         for i, s in enumerate(steps):
-            key = (rank, s.peer, s.chunk) if s.op == "SEND" else (s.peer, rank, s.chunk)
-            table = sends if s.op == "SEND" else recvs
-            if key in table:
-                raise ScheduleError(
-                    f"rank {rank} step {i}: chunk {s.chunk} moves {key[0]}->{key[1]} twice "
-                    f"({'sent' if s.op == 'SEND' else 'received'} by steps {table[key]} and {i})")
-            table[key] = i
+            if s.op == "SEND":
+                sends.setdefault((rank, s.peer, s.chunk), []).append(i)
+            else:
+                recvs.setdefault((s.peer, rank, s.chunk), []).append(i)
     for key in sends.keys() - recvs.keys():
         raise ScheduleError(f"chunk {key[2]} sent {key[0]}->{key[1]} but never received")
     for key in recvs.keys() - sends.keys():
         raise ScheduleError(f"chunk {key[2]} received {key[0]}->{key[1]} but never sent")
-    return {key: (i, recvs[key]) for key, i in sends.items()}
+    match = [[-1] * len(steps) for steps in schedule.steps]
+    reach = {}
+    for key, send_list in sends.items():
+        sender, receiver, chunk = key
+        recv_list = recvs[key]
+        if len(send_list) != len(recv_list):
+            raise ScheduleError(f"chunk {chunk} is sent {sender}->{receiver} {len(send_list)} time(s) "
+                                f"(steps {send_list[:4]}) but received {len(recv_list)} time(s) "
+                                f"(steps {recv_list[:4]} of rank {receiver})")
+        for a, b in zip(send_list, send_list[1:]):
+            if sender not in reach:
+                reach[sender] = _Reach(schedule.steps[sender])
+            if not reach[sender](a, b):
+                raise ScheduleError(f"rank {sender}: steps {a} and {b} both send chunk {chunk} to rank {receiver} "
+                                    f"but step {b} does not depend on step {a}; repeated sends of a chunk over "
+                                    f"one link must be ordered")
+        for a, b in zip(send_list, recv_list):
+            match[sender][a] = b
+            match[receiver][b] = a
+    return match
 
 
 class _Reach:
@@ -204,7 +248,13 @@ def check_determinism(schedule) -> list:
     return guards
 
 
-def symbolic_run(schedule, sends: dict, guards: list) -> None:
+def _shard_of_chunks(schedule) -> list:
+    """Per chunk, the shard (the rank) it lies in: reduce_scatter and allgather only."""
+    shard = schedule.count // schedule.nranks
+    return [offset // shard for offset, _ in schedule.chunks]
+
+
+def symbolic_run(schedule, match: list, guards: list) -> None:
     """Order the steps as an executor may run them, execute them on sets of contributing ranks, and
     check the final state.
 
@@ -213,12 +263,14 @@ def symbolic_run(schedule, sends: dict, guards: list) -> None:
     earlier SENDs of the chunk's accumulator value have read it (``guards``
     of :func:`check_determinism`). No order satisfying all of these means a
     deadlock. Otherwise the steps run in such an order (by the determinism
-    rule any such order gives the same sets): each accumulator is the set of
-    ranks whose input it contains, a RECV gets the set its SEND had when it
-    ran, and a RECV_REDUCE of overlapping sets counts a contribution twice.
-    At the end every rank (allreduce), the root (reduce), or every rank
-    holding exactly ``{root}`` (broadcast) is checked for every chunk.
-    ``sends`` is the matching of :func:`match_transfers`.
+    rule any such order gives the same sets): each accumulator chunk is the
+    set of ranks whose input it contains, or UNDEFINED (the empty set here:
+    allgather's chunks outside the rank's own shard before a RECV_COPY
+    writes them); a RECV gets the set its SEND had when it ran. Sending an
+    UNDEFINED chunk, reducing into one, or a RECV_REDUCE of overlapping sets
+    (a contribution counted twice) is an error. At the end the collective's
+    final state is checked (``docs/schedule_format.md``). ``match`` is the
+    matching of :func:`match_transfers`.
     """
     steps = schedule.steps
     n = schedule.nranks
@@ -234,11 +286,11 @@ def symbolic_run(schedule, sends: dict, guards: list) -> None:
             for d in s.deps:
                 succs[b + d].append(b + i)
             if s.op == "SEND":
-                succs[b + i].append(base[s.peer] + sends[(r, s.peer, s.chunk)][1])
+                succs[b + i].append(base[s.peer] + match[r][i])
         for send, write in guards[r].items():
             indeg[b + write] += 1
             peer = rank_steps[send].peer
-            succs[base[peer] + sends[(r, peer, rank_steps[send].chunk)][1]].append(b + write)
+            succs[base[peer] + match[r][send]].append(b + write)
     order = [g for g in range(base[n]) if indeg[g] == 0]
     for g in order:  # grows while it is walked
         for h in succs[g]:
@@ -252,17 +304,29 @@ def symbolic_run(schedule, sends: dict, guards: list) -> None:
                             "that a sent chunk is not overwritten before its receiver read it form a "
                             "cycle; stuck steps include " + "; ".join(stuck))
     rank_of = [r for r in range(n) for _ in steps[r]]
-    acc = [[1 << r] * len(schedule.chunks) for r in range(n)]
+    nchunks = len(schedule.chunks)
+    coll = schedule.collective
+    shard_of = _shard_of_chunks(schedule) if coll in ("reduce_scatter", "allgather") else None
+    if coll == "allgather":  # 0: UNDEFINED
+        acc = [[(1 << r) if shard_of[c] == r else 0 for c in range(nchunks)] for r in range(n)]
+    else:
+        acc = [[1 << r] * nchunks for r in range(n)]
     sent_value = {}
     for g in order:
         r = rank_of[g]
         i = g - base[r]
         s = steps[r][i]
         if s.op == "SEND":
-            sent_value[(r, s.peer, s.chunk)] = acc[r][s.chunk]
+            if not acc[r][s.chunk]:
+                raise ScheduleError(f"rank {r} step {i}: sends chunk {s.chunk} to rank {s.peer}, but the chunk "
+                                    f"is UNDEFINED there (nothing wrote it yet)")
+            sent_value[g] = acc[r][s.chunk]
             continue
-        value = sent_value[(s.peer, r, s.chunk)]
+        value = sent_value[base[s.peer] + match[r][i]]
         if s.op == "RECV_REDUCE":
+            if not acc[r][s.chunk]:
+                raise ScheduleError(f"rank {r} step {i}: reduces chunk {s.chunk} from rank {s.peer} into an "
+                                    f"UNDEFINED chunk (nothing wrote it yet; a RECV_COPY defines it)")
             overlap = acc[r][s.chunk] & value
             if overlap:
                 raise ScheduleError(
@@ -273,14 +337,23 @@ def symbolic_run(schedule, sends: dict, guards: list) -> None:
             acc[r][s.chunk] = value
     full = (1 << n) - 1
     for r in range(n):
-        if schedule.collective == "reduce" and r != schedule.root:
+        if coll == "reduce" and r != schedule.root:
             continue
-        want = (1 << schedule.root) if schedule.collective == "broadcast" else full
         for c, value in enumerate(acc[r]):
+            if coll == "broadcast":
+                want = 1 << schedule.root
+            elif coll == "allgather":
+                want = 1 << shard_of[c]
+            elif coll == "reduce_scatter":
+                if shard_of[c] != r:
+                    continue
+                want = full
+            else:
+                want = full
             if value != want:
+                got = "UNDEFINED" if not value else f"= sum over ranks {_ranks(value)}"
                 raise ScheduleError(
-                    f"rank {r} ends with chunk {c} = sum over ranks {_ranks(value)}, "
-                    f"expected ranks {_ranks(want)}")
+                    f"{coll}: rank {r} ends with chunk {c} {got}, expected ranks {_ranks(want)}")
 
 
 def check_routes(schedule) -> None:

@@ -14,9 +14,11 @@ NCCL's P2P/SHM transports do.
     Where the NVLinks form no ring -- as on many partial DGX-1 allocations --
     NCCL fell back to one ring over PCIe in PCI (rank) order, NVLink hops
     used where consecutive ranks have one; so does this baseline.
-    The schedule format moves a chunk across a directed link at most once, and
-    a ring allreduce crosses some links twice with the same chunk, so each ring
-    reduce-scatters in its own direction and all-gathers in the opposite one.
+    Format version 1 moved a chunk across a directed link at most once, and a
+    ring allreduce crosses some links twice with the same chunk, so each ring
+    here reduce-scatters in its own direction and all-gathers in the opposite
+    one (version 2 allows repeats: :func:`jax_blink.schedule.lower_ring` writes
+    NCCL's ring exactly; this baseline is unchanged).
     On ring sets closed under reversal (all but a few DGX-1 allocations) every
     link carries exactly NCCL's bytes; otherwise the load is spread more evenly
     than NCCL's, so the baseline is never slower than NCCL's rings on the

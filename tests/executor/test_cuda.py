@@ -213,3 +213,34 @@ def test_configure_debug_logs_each_cuda_call(jax_gpus, capfd):
     lines = [ln for ln in err.splitlines() if ln.startswith("jax_blink cuda: op=")]
     assert lines, err[-2000:]
     assert " rank=0 " in lines[0] and " bytes=4000 " in lines[0] and lines[0].endswith(" ok")
+
+
+# ------------------------------------------------------- format version 2
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "staged"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint32"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_v2_collectives_equal_numpy_and_the_cpu_executor(cuda, direct, dtype, op):
+    """Every collective (trees and rings, repeated triples) with every reduce op: the outputs
+    against numpy (max/min bitwise, NaN and signed zeros included) and the CPU executor, bitwise."""
+    from reference import check_outputs, v2_schedules
+
+    harness = _ffi.load_testing()
+    for name, s in v2_schedules(5, 5 * 2001, dtype, op, chunks=3).items():
+        inputs = make_inputs(dtype, s.nranks, s.in_count, seed=len(name), specials=op != "sum")
+        gpu = cuda.run_schedule(s.encode(), inputs, direct=direct)
+        check_outputs(s, inputs, gpu)
+        cpu = [np.zeros(s.out_count, NP_DTYPES[dtype]) for _ in range(s.nranks)]
+        assert harness.run_ranks(s.encode(), inputs, cpu, 20000) == [None] * s.nranks
+        for r in range(s.nranks):
+            if s.collective != "reduce" or r == s.root:
+                assert cpu[r].tobytes() == gpu[r].tobytes(), (name, r)
+
+
+def test_v2_ring_reduce_scatter_repeats_without_host_sync(cuda):
+    s = jbs.lower_ring([3, 1, 0, 2], collective="reduce_scatter", count=4 * 50_000, dtype="bfloat16",
+                       chunks=4, op="min")
+    inputs = make_inputs("bfloat16", 4, s.in_count, seed=9, specials=True)
+    once = cuda.run_schedule(s.encode(), inputs)
+    many = cuda.run_schedule(s.encode(), inputs, repeat=10)
+    for a, b in zip(once, many):
+        assert a.shape == (s.out_count,) and a.tobytes() == b.tobytes()

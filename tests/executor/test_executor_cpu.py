@@ -52,8 +52,9 @@ class Builder:
     """Writes a schedule in the flat encoding of docs/schedule_format.md."""
 
     def __init__(self, nranks, count, nchunks, dtype="float32", collective=ALLREDUCE,
-                 root=-1, ntrees=1):
+                 root=-1, ntrees=1, op=0):
         self.nranks, self.count, self.collective, self.root = nranks, count, collective, root
+        self.op = op
         self.dtype_code = DTYPES[dtype][0]
         self.ntrees = ntrees
         bounds = np.linspace(0, count, nchunks + 1).astype(int)
@@ -74,8 +75,9 @@ class Builder:
         return idx
 
     def encode(self):
-        w = [MAGIC, 1, self.nranks, self.count, self.collective, self.root, self.dtype_code,
-             len(self.chunks), self.ntrees]
+        # format version 2; these collectives' buffers all have count elements
+        w = [MAGIC, 2, self.nranks, self.count, self.collective, self.root, self.dtype_code,
+             self.op, self.count, self.count, len(self.chunks), self.ntrees]
         for off, ln in self.chunks:
             w += [off, ln]
         w += [len(s) for s in self.steps]
@@ -296,20 +298,23 @@ def test_validator_accepts_and_describes_a_good_schedule():
 
 
 def _first_step_word(sched):
-    nchunks, nranks = int(sched[7]), int(sched[2])
-    return 9 + 2 * nchunks + nranks
+    nchunks, nranks = int(sched[10]), int(sched[2])
+    return 12 + 2 * nchunks + nranks
 
 
 @pytest.mark.parametrize("mutate,message", [
     (lambda w: w[:5], "header"),
     (lambda w: _corrupt(w, 0, 12345), "bad magic"),
-    (lambda w: _corrupt(w, 1, 2), "unsupported version"),
+    (lambda w: _corrupt(w, 1, 3), "unsupported format version 3"),
     (lambda w: _corrupt(w, 2, 0), "nranks"),
     (lambda w: _corrupt(w, 4, 7), "unknown collective"),
     (lambda w: _corrupt(w, 5, 1), "root"),
     (lambda w: _corrupt(w, 6, 9), "unknown dtype"),
-    (lambda w: _corrupt(w, 10, 0), "chunk 0 has length 0"),
-    (lambda w: _corrupt(w, 11, 1), "starts at"),
+    (lambda w: _corrupt(w, 7, 3), "unknown reduce-op code 3"),
+    (lambda w: _corrupt(w, 8, 99), "in_count is 99"),
+    (lambda w: _corrupt(w, 9, 99), "out_count is 99"),
+    (lambda w: _corrupt(w, 13, 0), "chunk 0 has length 0"),
+    (lambda w: _corrupt(w, 14, 1), "starts at"),
     (lambda w: np.append(w, 0), "trailing"),
     (lambda w: w[:-1], "ends"),
     (lambda w: _corrupt(w, _first_step_word(w), 5), "unknown op"),
@@ -573,18 +578,24 @@ def test_push_and_pull_give_identical_bits(push):
 # These call the custom call with jax.ffi.ffi_call directly (not through
 # jax_blink.psum), to pin down what the C++ handler does with its operands
 # and attributes on 8 CPU devices.
-def _ffi_allreduce(schedule, x, *, timeout_ms=20000, op_id=1, rank_fn=None, scan=0):
+def _ffi_allreduce(schedule, x, *, timeout_ms=20000, op_id=1, rank_fn=None, scan=0, collective=None,
+                   reduce_op=None):
+    """The custom call on 8 devices; ``collective`` and ``reduce_op`` default to the schedule's
+    (header words 4 and 7), the output to its out_count elements (word 9)."""
     jax = pytest.importorskip("jax")
     from jax import lax
     from jax.sharding import PartitionSpec as P
 
     _ffi.ensure_registered()
     mesh = jax.make_mesh((8,), ("i",))
+    words = np.asarray(schedule, np.int64)
 
     def call(v, rank):
-        return jax.ffi.ffi_call(_ffi.TARGET, jax.ShapeDtypeStruct(v.shape, v.dtype))(
-            v, rank, np.int32(0), schedule=np.asarray(schedule, np.int64),
-            op_id=np.int64(op_id), timeout_ms=np.int64(timeout_ms))
+        return jax.ffi.ffi_call(_ffi.TARGET, jax.ShapeDtypeStruct((int(words[9]),), v.dtype))(
+            v, rank, np.int32(0), schedule=words, op_id=np.int64(op_id),
+            collective=np.int64(words[4] if collective is None else collective),
+            reduce_op=np.int64(words[7] if reduce_op is None else reduce_op),
+            timeout_ms=np.int64(timeout_ms))
 
     def body(v):
         v = v.reshape(-1)
@@ -625,6 +636,17 @@ def test_ffi_call_rejects_invalid_schedule_with_the_validator_message():
     bad[0] = 7
     with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT: .*bad magic"):
         _ffi_allreduce(bad, np.ones((8, 100), np.float32))
+
+
+@pytest.mark.parametrize("attr, value, message", [
+    ("collective", 3, "the custom call is a reduce_scatter but its schedule is a allreduce"),
+    ("collective", 9, "the custom call is a code 9 but its schedule is a allreduce"),
+    ("reduce_op", 2, "the custom call reduces with min but its schedule with sum"),
+])
+def test_ffi_call_refuses_a_schedule_of_another_collective_or_op_at_instantiation(attr, value, message):
+    jax = pytest.importorskip("jax")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT: .*" + message):
+        _ffi_allreduce(star_allreduce(8, 100, 1), np.ones((8, 100), np.float32), **{attr: value})
 
 
 def test_ffi_call_rejects_dtype_not_matching_schedule():

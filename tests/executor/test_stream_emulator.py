@@ -375,7 +375,7 @@ def test_handler_protocol_fails_every_rank_on_one_bad_buffer():
     assert len(set(res["errors"])) == 1  # the same verdict everywhere
     assert res["errors"][0].startswith("INVALID_ARGUMENT: ")
     assert "rank 1: the buffers have 101 (input) and 101 (output) elements" in res["errors"][0]
-    assert "the schedule is for 100" in res["errors"][0]
+    assert "the allreduce schedule's are 100 and 100" in res["errors"][0]
     assert res["stats"]["exec_kernels"] == 0  # nothing was enqueued
 
 

@@ -19,7 +19,6 @@ from scipy.optimize import linprog
 
 from jax_blink.planning import COLLECTIVES, Plan, PlanError, bounds, cache, clear_memory_cache, plan
 from jax_blink.planning.collectives import DIRECTIONS, bus_factor
-from jax_blink.schedule.constants import COLLECTIVES as SCHEDULE_COLLECTIVES
 from jax_blink.sim import bus_factor as sim_bus_factor
 from jax_blink.topo import Topology
 from strategies import connected_topologies
@@ -301,13 +300,17 @@ def test_full_dgx1_uses_few_trees():
         assert len(plan(DGX1V, collective).trees) <= 32
 
 
-def test_lowering_needs_a_schedule_format_that_carries_the_collective():
-    p = plan(Topology.preset("shm:3"), "reduce_scatter")
-    if "reduce_scatter" in SCHEDULE_COLLECTIVES:
-        p.lower(4 * 3 * 100, "float32").validate()
-    else:
-        with pytest.raises(PlanError, match="cannot lower reduce_scatter plans: .* carries only allreduce"):
-            p.lower(4 * 3 * 100, "float32")
+@pytest.mark.parametrize("collective", SHARDED)
+def test_plans_lower_into_schedules_that_prove_their_collective(collective):
+    """Schedule format v2 carries both: the lowered schedule passes the
+    symbolic proof (every shard reduced into, or delivered from, its rank)."""
+    for topology in (Topology.preset("shm:3"), DGX1V.subset([0, 1, 2, 5, 6])):
+        n = topology.n
+        p = plan(topology, collective)
+        s = p.lower(4 * n * 1000, "float32").validate()
+        assert s.collective == collective and s.count == n * 1000
+        assert (s.in_count, s.out_count) == ((n * 1000, 1000) if collective == "reduce_scatter"
+                                             else (1000, n * 1000))
 
 
 # ------------------------------------------------------------------ vocabulary, cache, CLI

@@ -212,3 +212,58 @@ def test_a_schedule_too_large_to_prove_is_refused_before_its_state_is_allocated(
     lines = out.stdout.splitlines()
     assert out.returncode == 0 and len(lines) == 2, out.stderr[-3000:]
     assert all("too large to verify" in line for line in lines), lines
+
+
+# ------------------------------------------------------- format version 2
+def v1_words(s):
+    """``s`` in format version 1 (the 9-word header: no op, in_count, out_count)."""
+    w = s.encode().tolist()
+    return np.asarray([MAGIC, 1] + w[2:7] + w[10:], np.int64)
+
+
+def test_version_1_arrays_are_read_by_both_and_other_versions_refused_by_name():
+    from jax_blink.schedule import lower_ring
+
+    s = lower_ring([0, 2, 1], collective="allreduce", count=12, dtype="float32", chunks=2)
+    both_accept(v1_words(s))
+    header = lambda info: {k: v for k, v in info.items() if k != "fingerprint"}  # noqa: E731
+    assert header(ext.validate_schedule(v1_words(s))) == header(ext.validate_schedule(s.encode()))
+    g = ext.validate_schedule(lower_ring([1, 0], collective="allgather", count=6, dtype="int32", op="min").encode())
+    assert (g["collective"], g["op"], g["in_count"], g["out_count"]) == ("allgather", "min", 3, 6)
+    # a version 1 array has in_count = out_count = count: no reduce_scatter over several ranks
+    both_reject(v1_words(lower_ring([0, 1], collective="reduce_scatter", count=4, dtype="float32")),
+                "out_count is 4")
+    for version in (0, 3, 1 << 33):
+        w = s.encode()
+        w[1] = version
+        both_reject(w, f"version {version}")
+
+
+def test_both_refuse_header_words_that_disagree_with_the_collective():
+    from jax_blink.schedule import lower_ring
+
+    for coll, word, value, message in (("reduce_scatter", 9, 12, "out_count is 12"),
+                                       ("allgather", 8, 12, "in_count is 12"),
+                                       ("allreduce", 7, 3, "reduce-op code 3"),
+                                       ("allgather", 5, 0, "no root")):
+        w = lower_ring([0, 2, 1], collective=coll, count=12, dtype="int32").encode()
+        w[word] = value
+        both_reject(w, message)
+
+
+def test_both_apply_the_v2_proof():
+    """UNDEFINED chunks, shards and ordered repeats, on both sides."""
+    gather = ((Step("SEND", 0, 1), Step("SEND", 1, 1)), (Step("RECV_COPY", 0, 0), Step("RECV_COPY", 1, 0)))
+    both_reject(Schedule(2, 4, "allgather", -1, "float32", 1, ((0, 2), (2, 2)), gather).encode(), "UNDEFINED")
+    one_way = ((Step("SEND", 0, 1),), (Step("RECV_COPY", 0, 0),))
+    both_reject(Schedule(2, 4, "allgather", -1, "float32", 1, ((0, 2), (2, 2)), one_way).encode(),
+                "rank 0 ends with chunk 1 UNDEFINED")
+    crossing = ((Step("SEND", 0, 1),), (Step("RECV_REDUCE", 0, 0),))
+    both_reject(Schedule(2, 4, "reduce_scatter", -1, "float32", 1, ((0, 4),), crossing).encode(),
+                "crosses the boundary of shard 0")
+    unordered = ((Step("RECV_COPY", 0, 1), Step("RECV_COPY", 0, 1, 0, (0,))), (Step("SEND", 0, 0), Step("SEND", 0, 0)))
+    both_reject(Schedule(2, 3, "broadcast", 1, "float64", 1, ((0, 3),), unordered).encode(), "ordered")
+    ordered = (unordered[0], (Step("SEND", 0, 0), Step("SEND", 0, 0, 0, (0,))))
+    both_accept(Schedule(2, 3, "broadcast", 1, "float64", 1, ((0, 3),), ordered).encode())
+    uneven = (unordered[0][:1], ordered[1])
+    both_reject(Schedule(2, 3, "broadcast", 1, "float64", 1, ((0, 3),), uneven).encode(), "2 time.*1 time")

@@ -1,0 +1,53 @@
+// The elementwise operations of RECV_REDUCE (docs/schedule_format.md,
+// "Semantics"): one definition for the host executors (cpu/executor_cpu.cc,
+// testing/stream_emulator.cc) and the CUDA kernels (cuda/cuda_transport.cu),
+// so that every executor computes the same bits.
+//
+// sum: a + b (integers wrap: signed types add as unsigned). max/min: a NaN
+// operand counts as -inf (max) or +inf (min), so NaN never wins and an
+// all-NaN reduction gives -inf / +inf, as XLA CPU's lax.pmax / lax.pmin do;
+// of +0 and -0, max gives +0 and min -0 (on bits commutative and
+// associative, so every schedule and fusion order gives the same result).
+#ifndef JAX_BLINK_CC_CORE_REDUCE_OP_H_
+#define JAX_BLINK_CC_CORE_REDUCE_OP_H_
+
+#include <type_traits>
+
+#include "core/schedule.h"
+
+#if defined(__CUDACC__)
+#define JAX_BLINK_HD __host__ __device__ __forceinline__
+#else
+#define JAX_BLINK_HD inline
+#endif
+
+namespace jax_blink {
+
+template <ReduceOp kOp, typename A>
+JAX_BLINK_HD A Combine(A a, A b) {
+  if constexpr (kOp == ReduceOp::kSum) {
+    if constexpr (std::is_integral<A>::value) {
+      using U = typename std::make_unsigned<A>::type;
+      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return a + b;
+    }
+  } else if constexpr (std::is_floating_point<A>::value) {
+    constexpr bool kMax = kOp == ReduceOp::kMax;
+    const A fill = kMax ? -static_cast<A>(__builtin_inf()) : static_cast<A>(__builtin_inf());
+    a = a != a ? fill : a;  // NaN never wins
+    b = b != b ? fill : b;
+    if (kMax) {
+      // equal values differ only as +0 / -0: +0 + -0 = +0, -0 + -0 = -0
+      return a > b ? a : (b > a ? b : (a == A(0) ? a + b : a));
+    }
+    return a < b ? a : (b < a ? b : (a == A(0) ? -((-a) + (-b)) : a));
+  } else {
+    if (kOp == ReduceOp::kMax) return a < b ? b : a;
+    return b < a ? b : a;
+  }
+}
+
+}  // namespace jax_blink
+
+#endif  // JAX_BLINK_CC_CORE_REDUCE_OP_H_
