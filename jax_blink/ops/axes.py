@@ -59,9 +59,10 @@ def typed(a, axes: tuple, name: str, *, unreduced_ok: bool = True):
     return a, "varying" if varying else "untyped"
 
 
-def canonical_groups(axis_index_groups, n: int, name: str):
+def canonical_groups(axis_index_groups, n: int, name: str, equal_sizes: bool = True):
     """``axis_index_groups`` as a tuple of tuples, checked as lax checks them:
-    equal sizes, every index of ``range(n)`` exactly once."""
+    every index of ``range(n)`` exactly once, and (``equal_sizes``: all but
+    the allreduces) groups of one size."""
     if axis_index_groups is None:
         return None
     try:
@@ -69,7 +70,7 @@ def canonical_groups(axis_index_groups, n: int, name: str):
     except TypeError:
         raise TypeError(f"jax_blink.{name}: axis_index_groups must be a list of lists of axis "
                         f"indices, got {axis_index_groups!r}") from None
-    if not groups or len({len(g) for g in groups}) != 1:
+    if not groups or (equal_sizes and len({len(g) for g in groups}) != 1):
         raise ValueError(f"jax_blink.{name}: axis_index_groups must all have the same size, got "
                          f"{[len(g) for g in groups]}")
     flat = sorted(i for g in groups for i in g)

@@ -15,6 +15,8 @@ from jax_blink.ops.collective import run
 
 __all__ = ["broadcast"]
 
+_LAX_PSUM = lax.psum  # as imported (not a drop-in a user swapped into jax.lax)
+
 
 def broadcast(x, axis_name, *, root=0, topology=None, min_bytes=None, timeout_s=None,
               chunks=None):
@@ -59,7 +61,7 @@ def broadcast(x, axis_name, *, root=0, topology=None, min_bytes=None, timeout_s=
 
     def fallback(blocks, mode):
         mine = lax.axis_index(axes) == root
-        return lax.psum([jnp.where(mine, b, jnp.zeros_like(b)) for b in blocks], axes)
+        return _LAX_PSUM([jnp.where(mine, b, jnp.zeros_like(b)) for b in blocks], axes)
 
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]

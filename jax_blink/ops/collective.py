@@ -76,8 +76,11 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
     if not blocks:
         return []
     nranks_axis = axis_size(axes, name)
-    groups = canonical_groups(axis_index_groups, nranks_axis, name)
-    nranks = len(groups[0]) if groups else nranks_axis
+    # lax allows groups of different sizes for the allreduces only
+    groups = canonical_groups(axis_index_groups, nranks_axis, name,
+                              equal_sizes=collective != "allreduce")
+    sizes = [len(g) for g in groups] if groups else [nranks_axis]
+    nranks = sizes[0]
     timeout_ms = settings.timeout_ms(timeout_s)
 
     parts, restores, owners = [], [], []
@@ -110,12 +113,12 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
     for (dtype, _, _, mode), idx in by_key.items():
         count = sum(int(np.prod(parts[i].shape)) for i in idx) * (nranks if shards_out > 1 else 1)
         topologies = _group_topologies(topology, nranks_axis, groups)
-        decisions = [_decide.decide(count, np.dtype(dtype).name, nranks, collective=collective,
+        decisions = [_decide.decide(count, np.dtype(dtype).name, size, collective=collective,
                                     op=op, root=root, topology=t, min_bytes=min_bytes,
-                                    chunks=chunks) for t in topologies]
-        decision = decisions[0]
-        _decide.record(f"{name} over {axes}{_groups_text(groups)}: {decision.text}")
-        if not decision.uses_blink:
+                                    chunks=chunks) for t, size in zip(topologies, sizes)]
+        for text in dict.fromkeys(d.text for d in decisions):
+            _decide.record(f"{name} over {axes}{_groups_text(groups)}: {text}")
+        if not all(d.uses_blink for d in decisions):
             for i, r in zip(idx, fallback([parts[i] for i in idx], mode)):
                 out[i] = r
             continue
@@ -146,13 +149,12 @@ def _group_topologies(topology, nranks_axis, groups):
     allocation of the axis' topology), or ``[topology]`` without groups."""
     if groups is None:
         return [topology]
-    size = len(groups[0])
     if isinstance(topology, str):
         from jax_blink.topo import Topology
         topology = Topology.preset(topology)
     if topology is None:
         topology = _decide.topology_for(None, nranks_axis)
-    if topology.n == size:
+    if len({len(g) for g in groups}) == 1 and topology.n == len(groups[0]):
         return [topology] * len(groups)
     _decide.topology_for(topology, nranks_axis)  # checks the rank count
     return [topology.subset(list(g), name=f"{topology.name}{list(g)}") for g in groups]

@@ -42,6 +42,7 @@ blink_collective_p = Primitive("blink_collective")
 MODES = ("varying", "unreduced", "untyped")
 
 _sites = itertools.count()
+_LAX_ALL_GATHER = lax.all_gather  # as imported (not a drop-in a user swapped into jax.lax)
 
 
 def bind_collective(flat, rank, group, *, axes, request, timeout_ms, mode, schedule=None):
@@ -135,6 +136,8 @@ def _transpose(ct, x, rank, group, *, axes, request, mode, **params):
         return [_rebind(ct, rank, group, request=_with(request, collective="broadcast"), **params),
                 None, None]
     if collective == "reduce_scatter":
+        if mode == "unreduced":  # as lax's unreduced_psum_scatter: a reduced all-gather
+            return [_LAX_ALL_GATHER(ct, axes, tiled=True, to="reduced"), None, None]
         return [_rebind(ct, rank, group, request=_with(request, collective="allgather"), **params),
                 None, None]
     if collective == "allgather":

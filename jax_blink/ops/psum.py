@@ -31,7 +31,7 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
         # device: as lax does, psum multiplies them by the number of devices
         # (weak types kept) and pmax/pmin return them; no collective.
         n = axis_size(axes, name)
-        groups = canonical_groups(axis_index_groups, n, name)
+        groups = canonical_groups(axis_index_groups, n, name, equal_sizes=False)
         size = len(groups[0]) if groups else n
         arrays = [jnp.asarray(leaf) for leaf in leaves]
         if op != "sum":
@@ -109,7 +109,9 @@ def pmean(x, axis_name, *, axis_index_groups=None, **kwargs):
     Takes the same keyword arguments as :func:`psum`.
     """
     axes = axes_tuple(axis_name)
-    groups = canonical_groups(axis_index_groups, axis_size(axes, "pmean"), "pmean")
+    # as lax.pmean: the size of the first group, also for groups of different sizes
+    groups = canonical_groups(axis_index_groups, axis_size(axes, "pmean"), "pmean",
+                              equal_sizes=False)
     n = len(groups[0]) if groups else axis_size(axes, "pmean")
     return jax.tree.map(lambda v: v / n,
                         psum(x, axis_name, axis_index_groups=axis_index_groups, **kwargs))

@@ -16,6 +16,10 @@ from jax_blink.ops.collective import run
 
 __all__ = ["psum_scatter", "all_gather"]
 
+# the lax collectives, as imported (the fallbacks must not call a drop-in
+# that a user swapped into jax.lax)
+_LAX_PSUM_SCATTER, _LAX_ALL_GATHER = lax.psum_scatter, lax.all_gather
+
 
 def _dimension(d, ndim, name, what):
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not -ndim <= d < ndim:
@@ -56,7 +60,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
         blocks.append(moved.reshape(size, -1))
 
     def fallback(bs, mode):
-        return [lax.psum_scatter(b, axes, scatter_dimension=0, axis_index_groups=axis_index_groups,
+        return [_LAX_PSUM_SCATTER(b, axes, scatter_dimension=0, axis_index_groups=axis_index_groups,
                                  tiled=False).reshape(1, -1) for b in bs]
 
     out = run(blocks, axes, name="psum_scatter", collective="reduce_scatter",
@@ -85,7 +89,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
         axis_size(axes, "all_gather")
         _decide.record(f"all_gather over {axes}: lax.all_gather (to={to!r}: a typed replicated "
                        "result; jax_blink gathers to='varying' only)")
-        return lax.all_gather(x, axis_name, axis_index_groups=axis_index_groups, axis=axis,
+        return _LAX_ALL_GATHER(x, axis_name, axis_index_groups=axis_index_groups, axis=axis,
                               tiled=tiled, to=to)
     leaves, treedef = jax.tree.flatten(x)
     if not leaves:
@@ -104,7 +108,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
         blocks.append(leaf.reshape(1, -1))
 
     def fallback(bs, mode):
-        return [lax.all_gather(b[0], axes, axis_index_groups=axis_index_groups, axis=0,
+        return [_LAX_ALL_GATHER(b[0], axes, axis_index_groups=axis_index_groups, axis=0,
                                tiled=False) for b in bs]
 
     out = run(blocks, axes, name="all_gather", collective="allgather",

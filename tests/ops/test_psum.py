@@ -255,8 +255,8 @@ def test_axis_index_groups_that_do_not_cover_the_axis_are_a_clear_error():
         per_device(lambda v: jax_blink.psum(v, "x", axis_index_groups=[[0, 1]]),
                    np.ones((N, 4), np.float32), mesh)
     with pytest.raises(ValueError, match="same size"):
-        per_device(lambda v: jax_blink.psum(v, "x", axis_index_groups=[[0, 1, 2], [3, 4, 5, 6, 7]]),
-                   np.ones((N, 4), np.float32), mesh)
+        per_device(lambda v: jax_blink.psum_scatter(v, "x", axis_index_groups=[[0, 1, 2], [3, 4, 5, 6, 7]]),
+                   np.ones((N, 8), np.float32), mesh)
 
 
 def test_topology_of_the_wrong_size_is_a_clear_error():
