@@ -37,11 +37,16 @@ JAX_BLINK_HD A Combine(A a, A b) {
     const A fill = kMax ? -static_cast<A>(__builtin_inf()) : static_cast<A>(__builtin_inf());
     a = a != a ? fill : a;  // NaN never wins
     b = b != b ? fill : b;
+    // Equal values differ only as +0 / -0: +0 + -0 = +0 and -0 + -0 = -0
+    // give max's sign, -(-a + -b) min's. Every operand is computed
+    // unconditionally so that the compiler turns the selects into vector
+    // blends (it does not speculate a floating-point add behind a branch).
     if (kMax) {
-      // equal values differ only as +0 / -0: +0 + -0 = +0, -0 + -0 = -0
-      return a > b ? a : (b > a ? b : (a == A(0) ? a + b : a));
+      const A zeros = a + b;
+      return a > b ? a : (b > a ? b : (a == A(0) ? zeros : a));
     }
-    return a < b ? a : (b < a ? b : (a == A(0) ? -((-a) + (-b)) : a));
+    const A zeros = -((-a) + (-b));
+    return a < b ? a : (b < a ? b : (a == A(0) ? zeros : a));
   } else {
     if (kOp == ReduceOp::kMax) return a < b ? b : a;
     return b < a ? b : a;
