@@ -204,6 +204,16 @@ class _Simulation:
         self.capacity = [float(bw) * _GB for bw in graph.capacity_gbps]
         self.reducer = len(self.capacity)
         self.capacity += [model.reduce_gbps * _GB] * nranks
+        # each tree's share of the data: flows share an arc in proportion to it
+        tree_elems = [0] * max(schedule.ntrees, 1)
+        seen = set()
+        for steps in schedule.steps:
+            for st in steps:
+                if (st.tree, st.chunk) not in seen:
+                    seen.add((st.tree, st.chunk))
+                    tree_elems[st.tree] += schedule.chunks[st.chunk][1]
+        total = float(sum(tree_elems)) or 1.0
+        self.tree_share = [max(e / total, 1e-12) for e in tree_elems]
         self.route_cache = {}  # (src, dst, tree) -> (arcs, latency)
         self.carried = defaultdict(dict)  # tree -> {(src, dst): node path}
         for t, paths in enumerate(schedule.routes):
@@ -251,6 +261,7 @@ class _Simulation:
         self.channel_of = channel_of
         self.channel_busy = dict.fromkeys(self.channel_queue, False)
         self.send_ready = set()
+        self.arrival_latency = {}
 
         self.done_at = [math.nan] * g
         self.events = []          # (time, seq, kind, payload)
@@ -258,6 +269,7 @@ class _Simulation:
         # flows: id -> [arcs, remaining_bytes, rate, t_last, version, owner step]
         self.flows = {}
         self.arc_flows = defaultdict(set)
+        self.arc_weight = [0.0] * len(self.capacity)  # sum of the data shares of the flows on each arc
         self.arc_bytes = [0.0] * len(self.capacity)
         self.next_flow = 0
 
@@ -271,7 +283,7 @@ class _Simulation:
         for gid, m in enumerate(self.missing):
             if m == 0:
                 self.ready(gid, now)
-        handlers = {"start_flow": self.start_flow, "flow_end": self.flow_end,
+        handlers = {"issue": self.issue, "flow_end": self.flow_end,
                     "finish": self.finish}
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
@@ -286,14 +298,14 @@ class _Simulation:
     def ready(self, gid, now):
         """All of ``gid``'s dependencies (and, for a RECV, its data) are there."""
         op = self.op[gid]
-        if op == "SEND":
-            self.send_ready.add(gid)
-            self.try_channel(self.channel_of[gid], now)
-        elif op == "RECV_REDUCE" and self.capacity[self.reducer + self.rank[gid]] < math.inf:
-            arcs = (self.reducer + self.rank[gid],)
-            self.push(now + self.overhead_s, "start_flow", (arcs, self.chunk_bytes[self.chunk[gid]], gid))
-        else:
+        if op == "SEND":  # issued after its overhead, which overlaps the channel's transfer in progress
+            self.push(now + self.overhead_s, "issue", gid)
+        else:  # the data is there (a reduction was done as it arrived)
             self.push(now + self.overhead_s, "finish", gid)
+
+    def issue(self, gid, now):
+        self.send_ready.add(gid)
+        self.try_channel(self.channel_of[gid], now)
 
     def try_channel(self, channel, now):
         queue = self.channel_queue[channel]
@@ -302,8 +314,11 @@ class _Simulation:
         gid = queue.popleft()
         self.channel_busy[channel] = True
         arcs, latency = self.route(self.rank[gid], self.peer[gid], self.tree[gid])
-        self.push(now + self.overhead_s + latency, "start_flow",
-                  (arcs, self.chunk_bytes[self.chunk[gid]], gid))
+        reducer = self.reducer + self.peer[gid]
+        if self.op[self.recv_of[gid]] == "RECV_REDUCE" and self.capacity[reducer] < math.inf:
+            arcs = arcs + (reducer,)  # reduced by the receiver as it arrives
+        self.arrival_latency[gid] = latency
+        self.start_flow((arcs, self.chunk_bytes[self.chunk[gid]], gid), now)
 
     def route(self, src, dst, tree):
         """Arcs and latency of a transfer of ``tree`` from ``src`` to ``dst``: the
@@ -327,9 +342,10 @@ class _Simulation:
         arcs, nbytes, owner = payload
         fid = self.next_flow
         self.next_flow += 1
-        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner]
+        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner, self.tree_share[self.tree[owner]]]
         for a in arcs:
             self.arc_flows[a].add(fid)
+            self.arc_weight[a] += self.flows[fid][6]
             self.arc_bytes[a] += nbytes
         self.reshare(arcs, now)
 
@@ -341,8 +357,13 @@ class _Simulation:
         del self.flows[fid]
         for a in flow[0]:
             self.arc_flows[a].discard(fid)
+            self.arc_weight[a] = self.arc_weight[a] - flow[6] if self.arc_flows[a] else 0.0
         self.reshare(flow[0], now)
-        self.finish(flow[5], now)
+        gid = flow[5]  # a SEND: its channel is free, its data arrives after the route's latency
+        channel = self.channel_of[gid]
+        self.channel_busy[channel] = False
+        self.try_channel(channel, now)
+        self.push(now + self.arrival_latency[gid], "finish", gid)
 
     def reshare(self, arcs, now):
         """Recompute the rates of the flows crossing ``arcs`` after a change."""
@@ -353,7 +374,7 @@ class _Simulation:
             flow = self.flows[fid]
             farcs, remaining, rate, t_last = flow[0], flow[1], flow[2], flow[3]
             remaining -= rate * (now - t_last)
-            new_rate = min(self.capacity[a] / len(self.arc_flows[a]) for a in farcs)
+            new_rate = flow[6] * min(self.capacity[a] / self.arc_weight[a] for a in farcs)
             flow[1], flow[2], flow[3] = max(remaining, 0.0), new_rate, now
             flow[4] += 1
             self.push(now + flow[1] / new_rate, "flow_end", (fid, flow[4]))
@@ -361,13 +382,10 @@ class _Simulation:
     def finish(self, gid, now):
         self.done_at[gid] = now
         if self.op[gid] == "SEND":
-            channel = self.channel_of[gid]
-            self.channel_busy[channel] = False
             recv = self.recv_of[gid]
             self.missing[recv] -= 1
             if self.missing[recv] == 0:
                 self.ready(recv, now)
-            self.try_channel(channel, now)
         for d in self.dependents[gid]:
             self.missing[d] -= 1
             if self.missing[d] == 0:
