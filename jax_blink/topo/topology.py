@@ -33,12 +33,17 @@ from .graph import LinkGraph
 from .limits import MAX_BANDWIDTH_GBPS, MAX_NODES, MIN_BANDWIDTH_GBPS
 from .nvidia_smi import parse_topo_matrix
 
-__all__ = ["Topology", "Link", "LINK_KINDS", "FAST_KINDS", "load_topology"]
+__all__ = ["Topology", "Link", "LINK_KINDS", "FAST_KINDS", "LINK_CHOICES", "load_topology"]
 
 #: Link kinds, fastest class first.
 LINK_KINDS = ("nvlink", "pcie", "net", "shm")
-#: Kinds a plan uses on their own whenever they connect all ranks.
+#: Kinds a ``links="fast"`` plan uses on their own whenever they connect all ranks.
 FAST_KINDS = ("nvlink",)
+#: What :meth:`Topology.planning_kinds` (and ``plan(links=...)``) accepts:
+#: ``"all"`` plans over every link (Blink's hybrid transfers: NVLink, PCIe
+#: switches, QPI, NICs); ``"fast"`` over the fast kinds alone wherever they
+#: join all ranks (slow links only bridge fast islands), for comparison.
+LINK_CHOICES = ("all", "fast")
 FORMAT_VERSION = 1
 
 
@@ -315,12 +320,34 @@ class Topology:
         present = {l.kind for l in self.links}
         return tuple(k for k in LINK_KINDS if k in present)
 
-    def planning_kinds(self) -> tuple:
-        """The link kinds a plan uses: the fast kinds if they connect all
-        ranks, else every kind (slow links then bridge the fast islands)."""
-        fast = tuple(k for k in FAST_KINDS if k in self.kinds())
-        if fast and not self.unreachable(fast):
-            return fast
+    def planning_kinds(self, links: str = "all") -> tuple:
+        """The link kinds a plan uses.
+
+        Parameters
+        ----------
+        links : {"all", "fast"}
+            ``"all"`` (the default): every kind present. ``"fast"``: the fast
+            kinds (:data:`FAST_KINDS`) if they connect all ranks, else every
+            kind (slow links then bridge the fast islands).
+
+        Raises
+        ------
+        TopologyError
+            If ``links`` is not one of :data:`LINK_CHOICES`.
+
+        Examples
+        --------
+        >>> t = Topology.preset("dgx1-v100")
+        >>> t.planning_kinds(), t.planning_kinds("fast")
+        (('nvlink', 'pcie'), ('nvlink',))
+        """
+        if not isinstance(links, str) or links not in LINK_CHOICES:
+            raise TopologyError(f"links={links!r:.40} is not one of {', '.join(map(repr, LINK_CHOICES))}: "
+                                f"'all' plans over every link, 'fast' over NVLink alone where it joins the ranks")
+        if links == "fast":
+            fast = tuple(k for k in FAST_KINDS if k in self.kinds())
+            if fast and not self.unreachable(fast):
+                return fast
         return self.kinds()
 
     def unreachable(self, kinds: Sequence[str] | None = None, source: int = 0) -> list:
@@ -339,8 +366,8 @@ class Topology:
         return [r for r in range(self.n) if r not in seen]
 
     def link_graph(self, kinds: Sequence[str] | None = None) -> "LinkGraph":
-        """The directed capacity graph over links of ``kinds`` (default: :meth:`planning_kinds`)."""
-        return LinkGraph(self, self.planning_kinds() if kinds is None else tuple(kinds))
+        """The directed capacity graph over links of ``kinds`` (default: every kind)."""
+        return LinkGraph(self, self.kinds() if kinds is None else tuple(kinds))
 
     def __eq__(self, other):
         return isinstance(other, Topology) and self.to_dict() == other.to_dict()

@@ -323,7 +323,7 @@ def test_the_planner_lists_its_collectives_and_their_bus_factors():
 def test_each_collective_has_its_own_cache_entry_and_a_swapped_one_is_refused():
     t = Topology.preset("shm:4")
     plans = {c: plan(t, c) for c in ("allreduce",) + SHARDED}
-    keys = {c: cache.cache_key(t, (c, None, None, 0.0)) for c in plans}
+    keys = {c: cache.cache_key(t, (c, None, None, 0.0, "all")) for c in plans}
     assert len({cache.entry_path(k) for k in keys.values()}) == 3
     clear_memory_cache()
     for c, p in plans.items():
