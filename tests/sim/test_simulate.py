@@ -80,8 +80,11 @@ def test_link_channels_serialise_trees_on_a_hop():
     trees = [Tree(root=0, edges=[(0, 1)], weight=1.0)] * 2
     s = lower_trees(trees, nranks=2, collective="broadcast", root=0, count=2**20, dtype="float32")
     model = SimModel(latency_us={"nvlink": 5.0}, channels="link", **IDEAL)
-    # one stream per link direction: both latencies are paid in turn
-    assert simulate(s, topo, model=model).time_s == pytest.approx(2 * 5e-6 + 4 * 2**20 / 10e9)
+    # one stream per link direction: the trees transmit in turn, at the full 10 GB/s each, and the
+    # latency is pipelined (paid once, after the last transmission)
+    r = simulate(s, topo, model=model)
+    assert r.time_s == pytest.approx(5e-6 + 4 * 2**20 / 10e9)
+    assert r.tree_finish_s[0] == pytest.approx(5e-6 + 2 * 2**20 / 10e9)  # tree 0 does not share the link
 
 
 def test_full_duplex_directions_do_not_interfere():
