@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--root", type=int, default=None, help="root rank for broadcast/reduce (default 0)")
     p.add_argument("--max-trees", type=int, default=None, help="use at most this many trees")
     p.add_argument("--tolerance", type=float, default=0.0, help="accept this fraction below the optimum")
+    p.add_argument("--links", default="all", choices=("all", "fast"),
+                   help="all: plan over every link (NVLink, PCIe, QPI, NICs; default); fast: NVLink alone "
+                        "wherever it joins the GPUs, for comparison")
     p.add_argument("--no-cache", action="store_true", help="plan afresh, ignoring the plan cache")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--png", help="draw the topology and trees into this PNG file")
@@ -51,7 +54,7 @@ def run(args) -> int:
         gpus = _parse_gpus(args.gpus) if args.gpus else list(range(full.n))
         topology = full.subset(gpus, name=full.name if not args.gpus else "") if args.gpus else full
         result = plan(topology, args.collective, root=args.root, max_trees=args.max_trees,
-                      tolerance=args.tolerance, cache=not args.no_cache)
+                      tolerance=args.tolerance, cache=not args.no_cache, links=args.links)
     except (TopologyError, PlanError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

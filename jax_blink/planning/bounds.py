@@ -131,11 +131,12 @@ def min_partition(graph: LinkGraph, capacity=None):
         parts, and the number of parts.
     """
     capacity = graph.capacity_gbps if capacity is None else np.asarray(capacity, dtype=float)
+    link_capacity = np.minimum(capacity[0::2], capacity[1::2])  # a tree edge loads both directions alike
     labels = _partitions(graph.n)
     parts = labels.max(axis=1).astype(float) + 1.0
     links = range(0, len(graph.arcs), 2)  # one arc per link
     crossing = np.stack([labels[:, graph.arcs[a][0]] != labels[:, graph.arcs[a][1]] for a in links], axis=1)
-    cut = crossing @ capacity[0::2]
+    cut = crossing @ link_capacity
     ratio = np.where(parts > 1, cut / np.maximum(parts - 1.0, 1.0), np.inf)
     best = int(np.argmin(ratio))
     mask = np.repeat(crossing[best], 2)
@@ -146,8 +147,10 @@ def tree_packing_bound(graph: LinkGraph) -> float | None:
     """Nash-Williams/Tutte strength of the rank graph, in GB/s.
 
     ``min over partitions P of c(δP) / (|P| - 1)``, where ``c(δP)`` sums the
-    per-direction bandwidth of links between parts: the maximum total weight
-    of undirected spanning trees each link can carry in both directions.
+    per-direction bandwidth of links between parts (the smaller direction of
+    a link whose directions differ, since a tree edge loads both alike): the
+    maximum total weight of undirected spanning trees each link can carry in
+    both directions.
     Exact, by enumerating all partitions.
 
     Returns
@@ -313,9 +316,9 @@ def certified_bound(graph: LinkGraph, collective: str, root: int | None, arc_pri
     Examples
     --------
     >>> from jax_blink.topo import Topology
-    >>> g = Topology.preset("dgx1-v100").link_graph()
+    >>> g = Topology.preset("dgx1-v100").link_graph()  # NVLink and PCIe
     >>> certified_bound(g, "broadcast", 0, [])
-    150.0
+    166.0
     """
     candidates = [dual_bound(graph, y, DIRECTIONS[collective], root) for y in arc_prices]
     if collective == "broadcast":

@@ -6,7 +6,8 @@ The disk cache lives in ``$JAX_BLINK_CACHE_DIR``, else
 holding
 
 * ``"key"``: everything the plan answers (:func:`cache_key`: cache and plan
-  format versions, topology fingerprint, the link kinds planned over,
+  format versions, topology fingerprint (per-direction bandwidths
+  included), the ``links`` option and the link kinds it plans over,
   collective, root, ``max_trees``, ``tolerance``);
 * ``"certificate"``: the packing LPs' arc prices, from which
   :func:`~jax_blink.planning.bounds.certified_bound` recomputes the plan's
@@ -51,7 +52,7 @@ __all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "c
            "CACHE_VERSION", "ENTRY_FORMAT"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: The ``"format"`` of a cache entry.
 ENTRY_FORMAT = "jax_blink.plan_cache"
 
@@ -72,11 +73,11 @@ def clear_memory_cache() -> None:
 
 def cache_key(topology, options: tuple) -> dict:
     """Everything a cached plan for ``topology`` and ``options`` (``collective, root,
-    max_trees, tolerance``) must answer, as a JSON object."""
-    collective, root, max_trees, tolerance = options
+    max_trees, tolerance, links``) must answer, as a JSON object."""
+    collective, root, max_trees, tolerance, links = options
     return {"cache_version": CACHE_VERSION, "plan_format": FORMAT_VERSION, "topology": topology.fingerprint(),
-            "link_kinds": list(topology.planning_kinds()), "collective": collective, "root": root,
-            "max_trees": max_trees, "tolerance": tolerance}
+            "links": links, "link_kinds": list(topology.planning_kinds(links)), "collective": collective,
+            "root": root, "max_trees": max_trees, "tolerance": tolerance}
 
 
 def _digest(key: dict) -> str:
@@ -148,7 +149,7 @@ def check_entry(entry, key: dict) -> Plan:
 
 def lookup(topology, options: tuple):
     """The cached plan for ``topology`` and ``options`` (``collective, root, max_trees,
-    tolerance``), or None; a plan found on disk is kept in memory too.
+    tolerance, links``), or None; a plan found on disk is kept in memory too.
 
     A disk entry that :func:`check_entry` refuses is logged (a warning naming
     the reason) and ignored, so that the caller plans afresh and
@@ -171,7 +172,7 @@ def store(result: Plan, options: tuple, certificate) -> None:
     ----------
     result : Plan
     options : tuple
-        ``collective, root, max_trees, tolerance``.
+        ``collective, root, max_trees, tolerance, links``.
     certificate : sequence of array_like
         The arc prices its bound was certified with (one array per family packed).
     """

@@ -248,6 +248,9 @@ class Packer:
         if self._oracle(residual) is None:
             return
         step = slice(0, None, 2) if self.collective == "allreduce" else slice(None)
+
+        def per_link(capacity):  # allreduce trees load both directions: a link holds its smaller one
+            return np.minimum(capacity[0::2], capacity[1::2]) if self.collective == "allreduce" else capacity
         while remaining > tol * 10:
             _, weights, _ = self.generate(residual)
             order = [j for j in np.argsort(-weights)[:tries] if weights[j] > tol]
@@ -262,7 +265,7 @@ class Packer:
                         break
                     # the tight cut is linear in the weight: (C - weight * U) / divisor
                     slope = float(use[step][mask].sum()) / divisor
-                    cut_value = float(residual[step][mask].sum()) / divisor
+                    cut_value = float(per_link(residual)[mask].sum()) / divisor
                     weight = max(float(weights[j]), (cut_value - remaining) / (slope - 1.0)) \
                         if slope > 1.0 else float(weights[j])
                 else:

@@ -25,9 +25,16 @@ Collectives and families (:mod:`jax_blink.planning.collectives`):
   sent parent to child); the rate, nccl-tests' algbw, is ``N x``, certified
   by the cut bound of :func:`~jax_blink.planning.bounds.shard_bound`.
 
-Slow links (PCIe, network) are used only when the fast ones (NVLink) do not
-join all ranks; ``Plan.link_kinds`` records which kinds a plan uses, and
-``bound_gbps`` bounds throughput over those links.
+Links: by default (``links="all"``) the trees use every link the topology
+has, NVLink, PCIe switches, QPI and NICs together (Blink's hybrid
+transfers), and the certificate is over that same graph. ``links="fast"``
+plans over NVLink alone wherever it joins all ranks (slow links then only
+bridge NVLink islands), the planner's behaviour before hybrid plans, for
+comparison. ``Plan.link_kinds`` records which kinds a plan may use,
+``bound_gbps`` bounds throughput over those links, and
+:meth:`Plan.rate_by_kind` says how much of the rate each kind carries
+(full DGX-1V allreduce: 94.86 GB/s over all links, 85.71 over NVLink alone;
+DGX-1P 54.86 and 45.71; broadcast from GPU 0 on the DGX-1V 166 and 150).
 
 Planning time grows quickly with the rank count (on two cores: shm:8 in
 0.2 s, shm:32 in 2 s, shm:64 in 20 s, 32 ranks in four NVLink islands in
@@ -53,7 +60,7 @@ import time
 
 import numpy as np
 
-from ..topo import Topology
+from ..topo import LINK_CHOICES, Topology
 from . import cache as plan_cache
 from .bounds import certified_bound
 from .collectives import COLLECTIVES, FAMILIES, ROOTED
@@ -70,7 +77,7 @@ MAX_RANKS = 64
 
 
 def plan(topology: Topology, collective: str = "allreduce", root: int | None = None,
-         max_trees: int | None = None, tolerance: float = 0.0, cache: bool = True) -> Plan:
+         max_trees: int | None = None, tolerance: float = 0.0, cache: bool = True, links: str = "all") -> Plan:
     """Pack weighted spanning trees for ``collective`` on ``topology``.
 
     Parameters
@@ -91,6 +98,11 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
         Look up and store the plan in the process and disk caches
         (:mod:`jax_blink.planning.cache`: a disk entry is used only after it
         is checked against the request and its certificate).
+    links : {"all", "fast"}
+        ``"all"`` (default): pack trees over every link of the topology
+        (hybrid NVLink + PCIe/QPI/NIC transfers). ``"fast"``: over NVLink
+        alone wherever it joins all ranks, else over every link, for
+        comparison (:meth:`~jax_blink.topo.Topology.planning_kinds`).
 
     Returns
     -------
@@ -105,8 +117,10 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     Examples
     --------
     >>> p = plan(Topology.preset("dgx1-v100"), "broadcast", root=0)
-    >>> round(p.rate_gbps, 6), p.bound_gbps
-    (150.0, 150.0)
+    >>> round(p.rate_gbps, 6), p.bound_gbps  # NVLink and PCIe together
+    (166.0, 166.0)
+    >>> round(plan(Topology.preset("dgx1-v100"), "broadcast", links="fast").rate_gbps, 6)
+    150.0
     >>> g = plan(Topology.preset("shm:4"), "allgather")  # 10 GB/s ports: 10 * 4 / 3
     >>> round(g.rate_gbps, 6), round(g.busbw_gbps, 6)
     (13.333333, 10.0)
@@ -137,22 +151,25 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     if max_trees is not None and "tree" not in FAMILIES[collective] and max_trees < n:
         raise PlanError(f"max_trees={max_trees} is too few for {collective}: every rank roots at least one "
                         f"tree, so {topology.name} needs max_trees >= {n}")
+    if not isinstance(links, str) or links not in LINK_CHOICES:
+        raise PlanError(f"links={links!r:.40} is not one of {', '.join(map(repr, LINK_CHOICES))}: 'all' plans "
+                        f"over every link (NVLink, PCIe, QPI, NICs), 'fast' over NVLink alone where it joins the ranks")
     max_trees = None if max_trees is None else int(max_trees)
     tolerance = float(tolerance)
 
-    options = (collective, root, max_trees, tolerance)
+    options = (collective, root, max_trees, tolerance, links)
     if cache:
         cached = plan_cache.lookup(topology, options)
         if cached is not None:
             return cached if cached.topology is topology else dataclasses.replace(cached, topology=topology)
 
-    result, certificate = _plan_uncached(topology, collective, root, max_trees, tolerance)
+    result, certificate = _plan_uncached(topology, collective, root, max_trees, tolerance, links)
     if cache:
         plan_cache.store(result, options, certificate)
     return result
 
 
-def _plan_uncached(topology, collective, root, max_trees, tolerance):
+def _plan_uncached(topology, collective, root, max_trees, tolerance, links):
     """Plan afresh: pack each family, keep the faster, certify it.
 
     Returns the checked :class:`Plan` and its certificate (the arc prices of
@@ -166,7 +183,7 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance):
     if unreachable:
         raise PlanError(f"{topology.name} is disconnected: rank(s) {unreachable} cannot be reached from "
                         f"rank 0 over any link; add the missing links or plan on a connected subset")
-    kinds = topology.planning_kinds()
+    kinds = topology.planning_kinds(links)
     graph = topology.link_graph(kinds)
     # rsag needs a tree rooted at every rank
     families = tuple(f for f in FAMILIES[collective] if f == "tree" or max_trees is None or max_trees >= topology.n)

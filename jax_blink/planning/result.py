@@ -21,7 +21,7 @@ import numpy as np
 
 from .._jsonio import read_document
 from ..schedule import DTYPES, dtype_name, lower_trees
-from ..topo import Topology, TopologyError
+from ..topo import LINK_KINDS, Topology, TopologyError
 from . import cost
 from .collectives import COLLECTIVES, DIRECTIONS, FAMILIES, FAMILY_TEXT, ROOTED, bus_factor
 from .errors import PlanError
@@ -56,7 +56,8 @@ class Plan:
         over the same links.
     ring_rate_gbps : float
         Algorithm bandwidth of the best NCCL-style rings on the fast links
-        (0 where they form no ring).
+        (0 where they form no ring).  Rings never use slow links, whatever
+        the plan's ``links``.
     trees : tuple of Tree
     plan_seconds : float
         Wall time the planning took (when it was computed, not looked up).
@@ -250,6 +251,37 @@ class Plan:
         (:func:`~jax_blink.planning.collectives.bus_factor`)."""
         return self.rate_gbps * bus_factor(self.collective, self.topology.n)
 
+    def rate_by_kind(self) -> dict:
+        """How much of :attr:`rate_gbps` each link kind carries, in GB/s.
+
+        Every tree of weight ``w`` moves ``w`` GB/s over each of its
+        rank-to-rank edges; an edge counts for the kind of its route (a
+        route mixing kinds, e.g. PCIe then a NIC, counts for its slowest
+        class in :data:`~jax_blink.topo.LINK_KINDS` order). The values are
+        ``sum over trees of w * (edges of the kind) / (edges)``, so they add
+        up to the rate. Kinds the plan does not use are left out.
+
+        Examples
+        --------
+        >>> from jax_blink.planning import plan
+        >>> p = plan(Topology.preset("dgx1-v100"))
+        >>> {k: round(v, 2) for k, v in p.rate_by_kind().items()}  # doctest: +SKIP
+        {'nvlink': 85.71, 'pcie': 9.14}
+        """
+        graph = self.topology.link_graph(self.link_kinds)
+        out = {}
+        for tree in self.trees:
+            for path in tree.paths:
+                kinds = {graph.arc_kind[graph.index[x, y]] for x, y in zip(path, path[1:])}
+                kind = max(kinds, key=LINK_KINDS.index)
+                out[kind] = out.get(kind, 0.0) + tree.weight / len(tree.paths)
+        return {k: out[k] for k in LINK_KINDS if k in out}
+
+    def links_text(self) -> str:
+        """``"nvlink 85.71 GB/s (90%), pcie 9.143 GB/s (10%)"``: :meth:`rate_by_kind` as text."""
+        total = sum(self.rate_by_kind().values()) or 1.0
+        return ", ".join(f"{k} {v:.4g} GB/s ({100 * v / total:.0f}%)" for k, v in self.rate_by_kind().items())
+
     def ring_text(self) -> str:
         """``"ring 85.7 GB/s"``, or ``"no NVLink/NVSwitch ring"`` where the fast
         links join the ranks in no ring (the rings' rate is 0)."""
@@ -270,7 +302,8 @@ class Plan:
                  + f": family {self.family_text()}, {len(self.trees)} tree(s) over "
                  + f"{'/'.join(self.link_kinds)} links",
                  f"  rate {self.rate_gbps:.4g} GB/s (busbw {self.busbw_gbps:.4g})   bound {self.bound_gbps:.4g} GB/s   "
-                 f"{self.ring_text()}   planned in {self.plan_seconds * 1e3:.0f} ms"]
+                 f"{self.ring_text()}   planned in {self.plan_seconds * 1e3:.0f} ms",
+                 f"  rate by link kind: {self.links_text()}"]
         for i, t in enumerate(self.trees):
             edges = " ".join(f"{p}->{c}" for p, c in t.edges)
             lines.append(f"  tree {i}: weight {t.weight:.4g} GB/s, root {t.root}, depth {t.depth}: {edges}")

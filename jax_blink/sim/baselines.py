@@ -189,19 +189,22 @@ def _ring_loop(rank_steps, order, base, tree, loop):
     Position ``p`` reduce-scatters forward (to ``order[p+1]``) and, owning
     chunk ``p+1`` afterwards, all-gathers backward (to ``order[p-1]``). Each
     step gets the sort key ``(level, tree, position in the loop)``; the level
-    is the round in which the step can run when loops stream back to back
-    (each channel carries ``n - 1`` transfers per loop), so that sorting by it
-    pipelines the loops of all rings.
+    is a wavefront, ``loop + step`` (``loop + n - 1 + step`` for the
+    all-gather), so that a channel sends step ``s`` of the next loop while
+    step ``s + 1`` of this loop still waits for its data: the latency of a
+    ring step is hidden behind other loops' transfers, as NCCL's slices in
+    flight hide it, and reduce-scatter and all-gather of successive loops
+    overlap.
     """
     n = len(order)
     for p, rank in enumerate(order):
         nxt, prv = order[(p + 1) % n], order[(p - 1) % n]
         for s in range(n - 1):
-            level = loop * (n - 1) + s
+            level = loop + s
             rank_steps[rank].append(((level, tree, 2 * s), "SEND", base + (p - s) % n, nxt, tree))
             rank_steps[rank].append(((level, tree, 2 * s + 1), "RECV_REDUCE", base + (p - s - 1) % n, prv, tree))
         for s in range(n - 1):
-            level = loop * (n - 1) + n - 1 + s
+            level = loop + n - 1 + s
             rank_steps[rank].append(((level, tree, 2 * (n + s)), "SEND", base + (p + 1 + s) % n, prv, tree))
             rank_steps[rank].append(((level, tree, 2 * (n + s) + 1), "RECV_COPY", base + (p + 2 + s) % n, nxt, tree))
 

@@ -14,8 +14,9 @@ second.
 
 **Links.** The arcs are those of the topology's
 :class:`~jax_blink.topo.LinkGraph` over all its link kinds: a link ``u``-``v``
-of ``b`` GB/s is two independent directed *arcs* ``u->v`` and ``v->u`` of
-``b`` GB/s each, and parallel links between the same pair add up into one arc.
+is two independent directed *arcs* ``u->v`` and ``v->u``, each with the
+bandwidth of its own direction (they differ where the topology says so), and
+parallel links between the same pair add up into one arc per direction.
 
 **Routes.** A transfer of tree ``t`` from rank ``u`` to rank ``v`` follows
 the route the schedule carries for that tree and pair
@@ -29,43 +30,63 @@ its path -- the sender's uplink port *and* the receiver's downlink port -- at
 the same time. Two ranks joined neither by a link nor through switches cannot
 exchange data: :class:`~jax_blink.sim.SimError`.
 
-**Channels.** SENDs are issued on *channels*, one transfer at a time per
-channel, in the sender's list order, each once its dependencies are done; a
-SEND occupies its channel for ``step_overhead + latency + transfer``, where
-``latency`` is the sum of the per-arc latencies of its route. With
+**Channels.** SENDs are issued on *channels*, one transmission at a time per
+channel, in the sender's list order. A SEND is issued ``step_overhead``
+after its dependencies are done (the overhead overlaps a transmission in
+progress, as an executor enqueues its next copy while the current one runs)
+and transmits as soon as its channel is free. The channel is busy only while
+it transmits; the data arrives ``latency`` later (the sum of the per-arc
+latencies of the route), so latency delays a chunk's dependants but does not
+cost bandwidth (links are pipes, as with NCCL's slices in flight). With
 ``SimModel.channels = "tree"`` (the default) each (sender, receiver, tree)
 is a channel, as Blink gives each tree and NCCL each ring its own stream or
-thread block: the chunks of one tree are serialised on a hop (that is the
-pipeline), different trees crossing the same hop overlap their latencies and
-share its bandwidth. With ``"link"`` each (sender, receiver) pair is one
-channel, as an executor with one stream per link direction has.
+thread block; with ``"link"`` each (sender, receiver) pair is one channel.
 
-**Sharing.** While moving bytes, a transfer is a *flow* over every arc of its
-route. Each arc's bandwidth is shared equally among the flows crossing it
-(processor sharing), and a flow advances at the smallest of its arcs' shares.
-This is exact when every flow crosses one arc, or when flows crossing the same
-arcs also share their bottleneck; otherwise it is slightly pessimistic (it is
-not max-min fair: bandwidth a flow cannot use on a non-bottleneck arc is not
-handed to the others). The latency phase consumes no bandwidth.
+**Sharing.** While transmitting, a transfer is a *flow* over every arc of its
+route. An arc's bandwidth is shared among the flows crossing it in
+proportion to their tree's share of the data (the bytes of its chunks over
+the vector's), and a flow advances at the smallest of its arcs' shares. For
+a plan this is the tree's weight, so every tree gets at least its planned
+bandwidth on every arc it crosses (the plan keeps every arc within capacity)
+and more while others idle: the executor is assumed to pace trees by their
+weights. Equal per-flow sharing instead lets light trees run ahead while
+heavy ones fall behind their plan. The sharing is work-conserving on each
+arc but not max-min fair across arcs (bandwidth a flow cannot use because it
+is bottlenecked elsewhere is not handed to the others), so it is slightly
+pessimistic where flows with different bottlenecks share an arc.
 
-**Receives.** Data is pushed into a staging buffer at the receiver as soon as
-the SEND is issued (receivers always have room, as with NCCL's FIFOs). A
-``RECV_COPY`` step starts once its dependencies are done and its data has
-arrived, and lasts ``step_overhead_s``. A ``RECV_REDUCE`` also reduces the
-chunk: after its overhead it is a flow of ``chunk_bytes`` over the receiving
-rank's *reducer*, a resource of ``reduce_gbps`` shared equally among the
-concurrent reductions of that rank.
+**Receives.** Data is pushed into a staging buffer at the receiver
+(receivers always have room, as with NCCL's FIFOs). A ``RECV_REDUCE``
+reduces the data *as it arrives* (the executors' fused reduce-copy): the
+transfer is also a flow over the receiving rank's *reducer*, a resource of
+``reduce_gbps`` shared with the rank's other reductions, so reduction costs
+time only where it is slower than the links bringing the data. A RECV step
+starts once its dependencies are done and its data has arrived, and lasts
+``step_overhead``.
 
 **Completion.** A SEND completes when its data has arrived (so a later write
 to the chunk, which depends on the SEND, waits until the receiver has it, as
 the executors enforce). The collective ends when the last step of any rank
 completes.
 
-Under this model a ring allreduce of ``S`` bytes over ``n`` ranks with
-``step_overhead_s = 0`` and an infinitely fast reducer takes exactly
-``2 (n - 1) alpha + 2 (n - 1) / n * S / B``, and a ``k``-chunk pipelined
-broadcast along a chain of ``P`` links (``P + 1`` ranks) takes
-``(P - 1 + k)(alpha + S / (k B))`` (``tests/sim/test_simulate.py`` checks both).
+Closed forms (``tests/sim/test_simulate.py``, ``tests/sim/test_fidelity.py``)
+---------------------------------------------------------------------------
+With ``step_overhead = 0`` and an infinitely fast reducer, a one-loop ring
+allreduce of ``S`` bytes over ``n`` ranks takes ``2 (n - 1) alpha + 2 (n - 1)
+/ n * S / B`` and a ``k``-chunk broadcast along a chain of ``P`` links takes
+``P alpha + (P - 1 + k) S / (k B)`` (the pipeline's fill; the latency is paid
+once per link, not once per chunk). With the default model at 256 MB, where the reducer is not the
+bottleneck (``reduce_gbps`` at least the bandwidth into a rank), every
+schedule whose pipeline keeps its busiest arc busy takes that arc's time,
+``max over arcs of bytes(a) / c(a)``, within 2%: the NCCL-style ring (on a
+switch of ``B`` GB/s ports, ``2 (n - 1) / n * S / B``: 171.4 GB/s algbw on the
+DGX A100), reduce-scatter + all-gather, and Blink's plan on the switched
+presets; a chain of ``k`` chunks adds its fill, ``(2 (n - 1) + k - 1) / k``
+times that. Where the model departs from these forms: deep trees with a
+clamped chunk count (Blink's plan on the DGX-1, the double binary tree on
+NVSwitch) pay their pipeline fill, and a reducer slower than the links (the
+300 GB/s default against an H100's 450 GB/s ports) or shared memory's
+2 ms step latency dominates (``docs/simulator.md``).
 
 Examples
 --------
@@ -78,8 +99,8 @@ Examples
 >>> topo = Topology.from_links(3, [(0, 1, 10.0), (1, 2, 10.0)])
 >>> model = SimModel(latency_us={"nvlink": 1.0}, step_overhead_us=0.0)
 >>> r = simulate(s, topo, model=model)
->>> round(r.time_s * 1e6, 3)  # (2 links + 4 chunks - 1) * (1 us + 1 MiB / 10 GB/s)
-529.288
+>>> round(r.time_s * 1e6, 3)  # 2 links * 1 us + (2 links + 4 chunks - 1) * 1 MiB / 10 GB/s
+526.288
 """
 
 from __future__ import annotations
@@ -204,6 +225,16 @@ class _Simulation:
         self.capacity = [float(bw) * _GB for bw in graph.capacity_gbps]
         self.reducer = len(self.capacity)
         self.capacity += [model.reduce_gbps * _GB] * nranks
+        # each tree's share of the data: flows share an arc in proportion to it
+        tree_elems = [0] * max(schedule.ntrees, 1)
+        seen = set()
+        for steps in schedule.steps:
+            for st in steps:
+                if (st.tree, st.chunk) not in seen:
+                    seen.add((st.tree, st.chunk))
+                    tree_elems[st.tree] += schedule.chunks[st.chunk][1]
+        total = float(sum(tree_elems)) or 1.0
+        self.tree_share = [max(e / total, 1e-12) for e in tree_elems]
         self.route_cache = {}  # (src, dst, tree) -> (arcs, latency)
         self.carried = defaultdict(dict)  # tree -> {(src, dst): node path}
         for t, paths in enumerate(schedule.routes):
@@ -251,6 +282,7 @@ class _Simulation:
         self.channel_of = channel_of
         self.channel_busy = dict.fromkeys(self.channel_queue, False)
         self.send_ready = set()
+        self.arrival_latency = {}
 
         self.done_at = [math.nan] * g
         self.events = []          # (time, seq, kind, payload)
@@ -258,6 +290,7 @@ class _Simulation:
         # flows: id -> [arcs, remaining_bytes, rate, t_last, version, owner step]
         self.flows = {}
         self.arc_flows = defaultdict(set)
+        self.arc_weight = [0.0] * len(self.capacity)  # sum of the data shares of the flows on each arc
         self.arc_bytes = [0.0] * len(self.capacity)
         self.next_flow = 0
 
@@ -271,7 +304,7 @@ class _Simulation:
         for gid, m in enumerate(self.missing):
             if m == 0:
                 self.ready(gid, now)
-        handlers = {"start_flow": self.start_flow, "flow_end": self.flow_end,
+        handlers = {"issue": self.issue, "flow_end": self.flow_end,
                     "finish": self.finish}
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
@@ -286,14 +319,14 @@ class _Simulation:
     def ready(self, gid, now):
         """All of ``gid``'s dependencies (and, for a RECV, its data) are there."""
         op = self.op[gid]
-        if op == "SEND":
-            self.send_ready.add(gid)
-            self.try_channel(self.channel_of[gid], now)
-        elif op == "RECV_REDUCE" and self.capacity[self.reducer + self.rank[gid]] < math.inf:
-            arcs = (self.reducer + self.rank[gid],)
-            self.push(now + self.overhead_s, "start_flow", (arcs, self.chunk_bytes[self.chunk[gid]], gid))
-        else:
+        if op == "SEND":  # issued after its overhead, which overlaps the channel's transfer in progress
+            self.push(now + self.overhead_s, "issue", gid)
+        else:  # the data is there (a reduction was done as it arrived)
             self.push(now + self.overhead_s, "finish", gid)
+
+    def issue(self, gid, now):
+        self.send_ready.add(gid)
+        self.try_channel(self.channel_of[gid], now)
 
     def try_channel(self, channel, now):
         queue = self.channel_queue[channel]
@@ -302,8 +335,11 @@ class _Simulation:
         gid = queue.popleft()
         self.channel_busy[channel] = True
         arcs, latency = self.route(self.rank[gid], self.peer[gid], self.tree[gid])
-        self.push(now + self.overhead_s + latency, "start_flow",
-                  (arcs, self.chunk_bytes[self.chunk[gid]], gid))
+        reducer = self.reducer + self.peer[gid]
+        if self.op[self.recv_of[gid]] == "RECV_REDUCE" and self.capacity[reducer] < math.inf:
+            arcs = arcs + (reducer,)  # reduced by the receiver as it arrives
+        self.arrival_latency[gid] = latency
+        self.start_flow((arcs, self.chunk_bytes[self.chunk[gid]], gid), now)
 
     def route(self, src, dst, tree):
         """Arcs and latency of a transfer of ``tree`` from ``src`` to ``dst``: the
@@ -327,9 +363,10 @@ class _Simulation:
         arcs, nbytes, owner = payload
         fid = self.next_flow
         self.next_flow += 1
-        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner]
+        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner, self.tree_share[self.tree[owner]]]
         for a in arcs:
             self.arc_flows[a].add(fid)
+            self.arc_weight[a] += self.flows[fid][6]
             self.arc_bytes[a] += nbytes
         self.reshare(arcs, now)
 
@@ -341,8 +378,13 @@ class _Simulation:
         del self.flows[fid]
         for a in flow[0]:
             self.arc_flows[a].discard(fid)
+            self.arc_weight[a] = self.arc_weight[a] - flow[6] if self.arc_flows[a] else 0.0
         self.reshare(flow[0], now)
-        self.finish(flow[5], now)
+        gid = flow[5]  # a SEND: its channel is free, its data arrives after the route's latency
+        channel = self.channel_of[gid]
+        self.channel_busy[channel] = False
+        self.try_channel(channel, now)
+        self.push(now + self.arrival_latency[gid], "finish", gid)
 
     def reshare(self, arcs, now):
         """Recompute the rates of the flows crossing ``arcs`` after a change."""
@@ -353,7 +395,7 @@ class _Simulation:
             flow = self.flows[fid]
             farcs, remaining, rate, t_last = flow[0], flow[1], flow[2], flow[3]
             remaining -= rate * (now - t_last)
-            new_rate = min(self.capacity[a] / len(self.arc_flows[a]) for a in farcs)
+            new_rate = flow[6] * min(self.capacity[a] / self.arc_weight[a] for a in farcs)
             flow[1], flow[2], flow[3] = max(remaining, 0.0), new_rate, now
             flow[4] += 1
             self.push(now + flow[1] / new_rate, "flow_end", (fid, flow[4]))
@@ -361,13 +403,10 @@ class _Simulation:
     def finish(self, gid, now):
         self.done_at[gid] = now
         if self.op[gid] == "SEND":
-            channel = self.channel_of[gid]
-            self.channel_busy[channel] = False
             recv = self.recv_of[gid]
             self.missing[recv] -= 1
             if self.missing[recv] == 0:
                 self.ready(recv, now)
-            self.try_channel(channel, now)
         for d in self.dependents[gid]:
             self.missing[d] -= 1
             if self.missing[d] == 0:

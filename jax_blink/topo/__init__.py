@@ -13,7 +13,7 @@ Pure Python: never imports jax.
 from .errors import TopologyError
 from .graph import LinkGraph
 from .presets import preset_names
-from .topology import FAST_KINDS, LINK_KINDS, Link, Topology, load_topology
+from .topology import FAST_KINDS, LINK_CHOICES, LINK_KINDS, Link, Topology, load_topology
 
-__all__ = ["Topology", "Link", "LinkGraph", "TopologyError", "LINK_KINDS", "FAST_KINDS", "load_topology",
+__all__ = ["Topology", "Link", "LinkGraph", "TopologyError", "LINK_KINDS", "FAST_KINDS", "LINK_CHOICES", "load_topology",
            "preset_names"]

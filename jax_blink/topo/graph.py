@@ -27,8 +27,10 @@ __all__ = ["LinkGraph"]
 class LinkGraph:
     """Directed capacity graph of a topology, restricted to some link kinds.
 
-    Each full-duplex link becomes two arcs of its bandwidth (parallel links of
-    the kinds used between one pair are summed into one arc). Ranks reach each
+    Each full-duplex link becomes two arcs, each with the bandwidth of its
+    direction (:attr:`~jax_blink.topo.Link.forward_gbps`,
+    :attr:`~jax_blink.topo.Link.backward_gbps`); parallel links of the kinds
+    used between one pair are summed into one arc per direction. Ranks reach each
     other directly or through switch nodes; a *route* is a path whose interior
     nodes are all switches (GPUs never forward in hardware).
 
@@ -57,7 +59,7 @@ class LinkGraph:
     Examples
     --------
     >>> from jax_blink.topo import Topology
-    >>> g = Topology.preset("dgx1-v100").link_graph(("nvlink", "pcie"))
+    >>> g = Topology.preset("dgx1-v100").link_graph()
     >>> g.route_bandwidth_gbps(0, 1), g.route_bandwidth_gbps(0, 5)
     (50.0, 16.0)
     >>> g.path(0, 5)  # 0 -> PCIe switch -> CPU0 -> CPU1 -> PCIe switch -> 5
@@ -71,12 +73,12 @@ class LinkGraph:
         pair = {}
         for l in topology.links:
             if l.kind in self.kinds:
-                cap, kind = pair.get((l.u, l.v), (0.0, l.kind))
-                pair[(l.u, l.v)] = (cap + l.bandwidth_gbps, kind)
+                fwd, back, kind = pair.get((l.u, l.v), (0.0, 0.0, l.kind))
+                pair[(l.u, l.v)] = (fwd + l.forward_gbps, back + l.backward_gbps, kind)
         self.arcs, caps, self.arc_kind = [], [], []
-        for (u, v), (cap, kind) in sorted(pair.items()):
+        for (u, v), (fwd, back, kind) in sorted(pair.items()):
             self.arcs += [(u, v), (v, u)]
-            caps += [cap, cap]
+            caps += [fwd, back]
             self.arc_kind += [kind, kind]
         self.capacity_gbps = np.asarray(caps, dtype=float)
         self.index = {arc: a for a, arc in enumerate(self.arcs)}

@@ -15,8 +15,7 @@ from .errors import TopologyError
 __all__ = ["parse_topo_matrix"]
 
 
-def parse_topo_matrix(text: str, *, nvlink_gbps: float = 25.0, pcie_gbps: float = 16.0,
-                      sys_gbps: float = 38.4) -> tuple:
+def parse_topo_matrix(text: str, *, nvlink_gbps: float = 25.0, pcie_gbps=16.0, sys_gbps=38.4) -> tuple:
     """Links and switches of the GPU matrix printed by ``nvidia-smi topo -m``.
 
     ``NV#`` cells become ``#`` NVLinks of ``nvlink_gbps`` each. The PCIe
@@ -24,13 +23,17 @@ def parse_topo_matrix(text: str, *, nvlink_gbps: float = 25.0, pcie_gbps: float 
     another share a PCIe switch, ``PXB`` groups share a switch above those,
     ``PHB`` groups a host bridge, ``NODE`` groups a NUMA node; NUMA nodes
     meet at a ``SYS`` interconnect of ``sys_gbps``. Every PCIe hop has
-    ``pcie_gbps``. Rows and columns that are not ``GPU<k>`` (NICs,
+    ``pcie_gbps``. ``pcie_gbps`` and ``sys_gbps`` are one number (both
+    directions) or a pair ``(up, down)``, ``up`` toward the CPUs (a GPU
+    writing to the host) and ``down`` away from them, for links measured
+    asymmetric (``nvidia-smi`` prints no bandwidths). Rows and columns that are not ``GPU<k>`` (NICs,
     affinity columns) are ignored.
 
     Returns
     -------
     (int, list, list)
-        The number of GPUs, the links as ``(u, v, gbps, kind)`` and the
+        The number of GPUs, the links as ``(u, v, gbps, kind)`` (PCIe:
+        ``(child, switch, up_gbps, "pcie", down_gbps)``) and the
         switch names (switch ``j`` is node ``n + j``).
 
     Raises
@@ -48,7 +51,10 @@ def parse_topo_matrix(text: str, *, nvlink_gbps: float = 25.0, pcie_gbps: float 
     >>> n, links, switches = parse_topo_matrix(text)
     >>> n, links[0], switches
     (3, (0, 1, 50.0, 'nvlink'), ['pix0', 'sys1'])
+    >>> parse_topo_matrix(text, pcie_gbps=(12.0, 16.0))[1][1]  # GPU0 -> its PIX switch: up 12, down 16
+    (0, 3, 12.0, 'pcie', 16.0)
     """
+    pcie_gbps, sys_gbps = _up_down(pcie_gbps, "pcie_gbps"), _up_down(sys_gbps, "sys_gbps")
     # nvidia-smi underlines the header with ANSI escapes when it thinks it
     # writes to a terminal (seen on an H100 machine): drop them.
     text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(text))
@@ -107,6 +113,15 @@ def parse_topo_matrix(text: str, *, nvlink_gbps: float = 25.0, pcie_gbps: float 
 
 
 
+def _up_down(value, name):
+    """``(up, down)`` from one bandwidth or a pair of them (checked by Topology later)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise TopologyError(f"{name} must be one bandwidth or a pair (up, down) in GB/s, got {value!r:.60}")
+        return tuple(value)
+    return value, value
+
+
 def _pcie_tree(n, level_of, levels, pcie_gbps, sys_gbps, switches):
     """Switch nodes and PCIe links for the nested groups of an nvidia-smi matrix.
 
@@ -146,9 +161,9 @@ def _pcie_tree(n, level_of, levels, pcie_gbps, sys_gbps, switches):
                 continue
             switch_id = n + len(switches)
             switches.append(f"{level_name.lower()}{len(switches)}")
-            gbps = sys_gbps if level_name == "SYS" else pcie_gbps
+            up, down = sys_gbps if level_name == "SYS" else pcie_gbps
             for child in children:
-                links.append((groups[child], switch_id, gbps, "pcie"))
+                links.append((groups[child], switch_id, up, "pcie", down))
             new_groups[members] = switch_id
         groups = new_groups
     return links

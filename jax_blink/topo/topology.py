@@ -33,12 +33,17 @@ from .graph import LinkGraph
 from .limits import MAX_BANDWIDTH_GBPS, MAX_NODES, MIN_BANDWIDTH_GBPS
 from .nvidia_smi import parse_topo_matrix
 
-__all__ = ["Topology", "Link", "LINK_KINDS", "FAST_KINDS", "load_topology"]
+__all__ = ["Topology", "Link", "LINK_KINDS", "FAST_KINDS", "LINK_CHOICES", "load_topology"]
 
 #: Link kinds, fastest class first.
 LINK_KINDS = ("nvlink", "pcie", "net", "shm")
-#: Kinds a plan uses on their own whenever they connect all ranks.
+#: Kinds a ``links="fast"`` plan uses on their own whenever they connect all ranks.
 FAST_KINDS = ("nvlink",)
+#: What :meth:`Topology.planning_kinds` (and ``plan(links=...)``) accepts:
+#: ``"all"`` plans over every link (Blink's hybrid transfers: NVLink, PCIe
+#: switches, QPI, NICs); ``"fast"`` over the fast kinds alone wherever they
+#: join all ranks (slow links only bridge fast islands), for comparison.
+LINK_CHOICES = ("all", "fast")
 FORMAT_VERSION = 1
 
 
@@ -51,15 +56,31 @@ class Link:
     u, v : int
         Node ids: ranks ``0..n-1`` or switches ``n..``.
     bandwidth_gbps : float
-        Bandwidth in GB/s in each direction.
+        Bandwidth in GB/s from ``u`` to ``v`` (and from ``v`` to ``u`` too
+        unless ``reverse_gbps`` is given).
     kind : str
         One of :data:`LINK_KINDS`.
+    reverse_gbps : float or None
+        Bandwidth in GB/s from ``v`` to ``u`` where it differs (measured
+        asymmetric PCIe, a NIC with different send and receive rates); None
+        means the same as ``bandwidth_gbps``.
     """
 
     u: int
     v: int
     bandwidth_gbps: float
     kind: str = "nvlink"
+    reverse_gbps: float | None = None
+
+    @property
+    def forward_gbps(self) -> float:
+        """Bandwidth from ``u`` to ``v``."""
+        return self.bandwidth_gbps
+
+    @property
+    def backward_gbps(self) -> float:
+        """Bandwidth from ``v`` to ``u``."""
+        return self.bandwidth_gbps if self.reverse_gbps is None else self.reverse_gbps
 
 
 def _is_integer(value) -> bool:
@@ -70,16 +91,18 @@ def _as_link(item) -> Link:
     if isinstance(item, Link):
         return item
     if not isinstance(item, (list, tuple, np.ndarray)):
-        raise TopologyError(f"a link must be a Link or a list/tuple (u, v, gbps[, kind]), got {item!r:.80}")
-    if len(item) not in (3, 4):
-        raise TopologyError(f"a link must be (u, v, gbps) or (u, v, gbps, kind), got {item!r:.80}")
+        raise TopologyError(f"a link must be a Link or a list/tuple (u, v, gbps[, kind[, reverse_gbps]]), "
+                            f"got {item!r:.80}")
+    if len(item) not in (3, 4, 5):
+        raise TopologyError(f"a link must be (u, v, gbps), (u, v, gbps, kind) or (u, v, gbps, kind, reverse_gbps), "
+                            f"got {item!r:.80}")
     return Link(*item)
 
 
-def _bandwidth(link: Link) -> float:
-    """The link's bandwidth as a float, checked against the limits."""
-    gbps = link.bandwidth_gbps
-    where = f"link {link.u}-{link.v}: bandwidth {gbps!r:.40}"
+def _bandwidth(link: Link, gbps=None, direction: str = "") -> float:
+    """A bandwidth of the link (``link.bandwidth_gbps`` by default) as a float, checked against the limits."""
+    gbps = link.bandwidth_gbps if gbps is None else gbps
+    where = f"link {link.u!r:.20}-{link.v!r:.20}: {direction}bandwidth {gbps!r:.40}"
     if isinstance(gbps, bool) or not isinstance(gbps, numbers.Real):
         raise TopologyError(f"{where} is not a number; give GB/s per direction as an int or a float")
     try:
@@ -116,15 +139,18 @@ class Topology:
         Names of the switch nodes ``n, n+1, ...``.
     links : tuple of Link
         Canonical links: ``u < v``, one per (pair, kind) with parallel links
-        summed, sorted.
+        summed per direction, sorted; ``reverse_gbps`` is set only where the
+        two directions differ.
 
     Examples
     --------
     >>> t = Topology.from_links(3, [(0, 1, 25), (1, 2, 25), (0, 1, 25)])
     >>> t.links[0]
-    Link(u=0, v=1, bandwidth_gbps=50.0, kind='nvlink')
+    Link(u=0, v=1, bandwidth_gbps=50.0, kind='nvlink', reverse_gbps=None)
     >>> t.subset([2, 1]).links
-    (Link(u=0, v=1, bandwidth_gbps=25.0, kind='nvlink'),)
+    (Link(u=0, v=1, bandwidth_gbps=25.0, kind='nvlink', reverse_gbps=None),)
+    >>> Topology.from_links(2, [(1, 0, 12.0, "pcie", 16.0)]).links  # 1 -> 0 at 12, 0 -> 1 at 16
+    (Link(u=0, v=1, bandwidth_gbps=16.0, kind='pcie', reverse_gbps=12.0),)
     """
 
     def __init__(self, n: int, links: Iterable, switches: Sequence[str] = (), name: str = ""):
@@ -159,15 +185,21 @@ class Topology:
             if link.u == link.v:
                 raise TopologyError(f"link {link.u}-{link.v} connects a node to itself")
             gbps = _bandwidth(link)
+            back = gbps if link.reverse_gbps is None else _bandwidth(link, link.reverse_gbps, "reverse ")
             if not isinstance(link.kind, str) or link.kind not in LINK_KINDS:
                 raise TopologyError(f"link {link.u}-{link.v}: unknown kind {link.kind!r:.40}; "
                                     f"expected one of {LINK_KINDS}")
             key = (int(min(link.u, link.v)), int(max(link.u, link.v)), link.kind)
-            merged[key] = merged.get(key, 0.0) + gbps
-            if merged[key] > MAX_BANDWIDTH_GBPS:
-                raise TopologyError(f"{key[2]} links {key[0]}-{key[1]} add up to {merged[key]:g} GB/s, more than "
-                                    f"the {MAX_BANDWIDTH_GBPS:g} GB/s a pair of nodes may have per kind")
-        self.links = tuple(Link(u, v, bw, kind) for (u, v, kind), bw in sorted(merged.items()))
+            if link.u > link.v:  # stored as low -> high, high -> low
+                gbps, back = back, gbps
+            fwd, rev = merged.get(key, (0.0, 0.0))
+            merged[key] = (fwd + gbps, rev + back)
+            if max(merged[key]) > MAX_BANDWIDTH_GBPS:
+                raise TopologyError(f"{key[2]} links {key[0]}-{key[1]} add up to {max(merged[key]):g} GB/s in one "
+                                    f"direction, more than the {MAX_BANDWIDTH_GBPS:g} GB/s a pair of nodes may have "
+                                    f"per kind")
+        self.links = tuple(Link(u, v, fwd, kind, None if rev == fwd else rev)
+                           for (u, v, kind), (fwd, rev) in sorted(merged.items()))
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -179,8 +211,11 @@ class Topology:
         n : int
             Number of ranks.
         links : iterable of Link or tuple
-            ``(u, v, gbps)`` or ``(u, v, gbps, kind)``; ``kind`` defaults to
-            ``"nvlink"``. Parallel links of one kind add up.
+            ``(u, v, gbps)``, ``(u, v, gbps, kind)`` or
+            ``(u, v, gbps, kind, reverse_gbps)``: ``gbps`` from ``u`` to
+            ``v``, ``reverse_gbps`` from ``v`` to ``u`` (default: the same);
+            ``kind`` defaults to ``"nvlink"``. Parallel links of one kind add
+            up, per direction.
         switches : sequence of str
             Names of switch nodes, which get ids ``n, n+1, ...``. A switch's
             per-port bandwidth is the bandwidth of the link to it.
@@ -222,17 +257,21 @@ class Topology:
             if key not in data:
                 raise TopologyError(f"malformed topology JSON: missing key {key!r}")
         if not isinstance(data["links"], list):
-            raise TopologyError(f"malformed topology JSON: 'links' must be a list of [u, v, gbps, kind], "
+            raise TopologyError(f"malformed topology JSON: 'links' must be a list of [u, v, gbps, kind] "
+                                f"(or [u, v, gbps, kind, reverse_gbps] where the directions differ), "
                                 f"got {data['links']!r:.60}")
         return cls(data["nranks"], data["links"], data.get("switches", []), data.get("name", ""))
 
     @classmethod
-    def from_nvidia_smi(cls, text: str, *, nvlink_gbps: float = 25.0, pcie_gbps: float = 16.0,
-                        sys_gbps: float = 38.4, name: str = "nvidia-smi") -> "Topology":
+    def from_nvidia_smi(cls, text: str, *, nvlink_gbps: float = 25.0, pcie_gbps=16.0,
+                        sys_gbps=38.4, name: str = "nvidia-smi") -> "Topology":
         """Build the topology printed by ``nvidia-smi topo -m``.
 
         See :func:`jax_blink.topo.nvidia_smi.parse_topo_matrix` for how the
         matrix's cells become NVLinks and a tree of PCIe switch nodes.
+        ``pcie_gbps`` and ``sys_gbps`` take one number (both directions) or
+        a pair ``(up, down)``: ``up`` toward the CPUs (a GPU's writes to the
+        host), ``down`` away from them, for measured asymmetric PCIe.
 
         Raises
         ------
@@ -248,7 +287,8 @@ class Topology:
         """The JSON object of :meth:`to_json`."""
         return {"format": "jax_blink.topology", "version": FORMAT_VERSION, "name": self.name,
                 "nranks": self.n, "switches": list(self.switches),
-                "links": [[l.u, l.v, l.bandwidth_gbps, l.kind] for l in self.links]}
+                "links": [[l.u, l.v, l.bandwidth_gbps, l.kind] + ([] if l.reverse_gbps is None else [l.reverse_gbps])
+                          for l in self.links]}
 
     def to_json(self, indent=None) -> str:
         """JSON text that :meth:`from_json` reads back."""
@@ -306,7 +346,8 @@ class Topology:
         new_id = {r: i for i, r in enumerate(ranks)}
         for j, s in enumerate(sorted(keep_switch)):
             new_id[s] = len(ranks) + j
-        return Topology(len(ranks), [(new_id[l.u], new_id[l.v], l.bandwidth_gbps, l.kind) for l in links],
+        return Topology(len(ranks), [(new_id[l.u], new_id[l.v], l.bandwidth_gbps, l.kind, l.reverse_gbps)
+                                     for l in links],
                         [self.switches[s - self.n] for s in sorted(keep_switch)],
                         name or f"{self.name}[{','.join(map(str, ranks))}]")
 
@@ -315,18 +356,40 @@ class Topology:
         present = {l.kind for l in self.links}
         return tuple(k for k in LINK_KINDS if k in present)
 
-    def planning_kinds(self) -> tuple:
-        """The link kinds a plan uses: the fast kinds if they connect all
-        ranks, else every kind (slow links then bridge the fast islands)."""
-        fast = tuple(k for k in FAST_KINDS if k in self.kinds())
-        if fast and not self.unreachable(fast):
-            return fast
+    def planning_kinds(self, links: str = "all") -> tuple:
+        """The link kinds a plan uses.
+
+        Parameters
+        ----------
+        links : {"all", "fast"}
+            ``"all"`` (the default): every kind present. ``"fast"``: the fast
+            kinds (:data:`FAST_KINDS`) if they connect all ranks, else every
+            kind (slow links then bridge the fast islands).
+
+        Raises
+        ------
+        TopologyError
+            If ``links`` is not one of :data:`LINK_CHOICES`.
+
+        Examples
+        --------
+        >>> t = Topology.preset("dgx1-v100")
+        >>> t.planning_kinds(), t.planning_kinds("fast")
+        (('nvlink', 'pcie'), ('nvlink',))
+        """
+        if not isinstance(links, str) or links not in LINK_CHOICES:
+            raise TopologyError(f"links={links!r:.40} is not one of {', '.join(map(repr, LINK_CHOICES))}: "
+                                f"'all' plans over every link, 'fast' over NVLink alone where it joins the ranks")
+        if links == "fast":
+            fast = tuple(k for k in FAST_KINDS if k in self.kinds())
+            if fast and not self.unreachable(fast):
+                return fast
         return self.kinds()
 
     def unreachable(self, kinds: Sequence[str] | None = None, source: int = 0) -> list:
         """Ranks that rank ``source`` cannot reach over links of ``kinds`` (all if None)."""
         adjacency = {v: [] for v in range(self.num_nodes)}
-        for l in self.links:
+        for l in self.links:  # every link carries data both ways
             if kinds is None or l.kind in kinds:
                 adjacency[l.u].append(l.v)
                 adjacency[l.v].append(l.u)
@@ -339,8 +402,8 @@ class Topology:
         return [r for r in range(self.n) if r not in seen]
 
     def link_graph(self, kinds: Sequence[str] | None = None) -> "LinkGraph":
-        """The directed capacity graph over links of ``kinds`` (default: :meth:`planning_kinds`)."""
-        return LinkGraph(self, self.planning_kinds() if kinds is None else tuple(kinds))
+        """The directed capacity graph over links of ``kinds`` (default: every kind)."""
+        return LinkGraph(self, self.kinds() if kinds is None else tuple(kinds))
 
     def __eq__(self, other):
         return isinstance(other, Topology) and self.to_dict() == other.to_dict()
@@ -366,7 +429,7 @@ def load_topology(spec: str) -> Topology:
     Examples
     --------
     >>> load_topology("shm:2").links
-    (Link(u=0, v=2, bandwidth_gbps=10.0, kind='shm'), Link(u=1, v=2, bandwidth_gbps=10.0, kind='shm'))
+    (Link(u=0, v=2, bandwidth_gbps=10.0, kind='shm', reverse_gbps=None), Link(u=1, v=2, bandwidth_gbps=10.0, kind='shm', reverse_gbps=None))
     """
     if not isinstance(spec, (str, os.PathLike)):
         raise TopologyError(f"a topology is named by a preset name or a JSON file path, got {spec!r:.60}")

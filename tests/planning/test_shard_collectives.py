@@ -35,7 +35,7 @@ def ring(n, gbps):
 def cut_formula_gbps(topology, collective):
     """ForestColl's bound, enumerated: ``N min_S c(out of S) / |S ∩ ranks|`` over every node set
     ``S`` (switches included) holding some but not all ranks (arcs into ``S`` for reduce-scatter)."""
-    graph = topology.link_graph(topology.planning_kinds())
+    graph = topology.link_graph(topology.planning_kinds("fast"))
     n, nodes = graph.n, graph.num_nodes
     into = collective == "reduce_scatter"
     best = math.inf
@@ -54,7 +54,7 @@ def flow_lp_gbps(topology, collective):
     """The largest ``N x`` such that every rank ``r`` gets arc loads ``f_r`` (together within capacity)
     in which ``x`` flows from ``r`` to every other rank (into ``r`` from every other rank for
     reduce-scatter). Edmonds: on a graph of ranks only, such loads hold arborescences of weight ``x``."""
-    graph = topology.link_graph(topology.planning_kinds())
+    graph = topology.link_graph(topology.planning_kinds("fast"))
     assert not graph.has_switches
     n, arcs, cap = graph.n, graph.arcs, graph.capacity_gbps
     if collective == "reduce_scatter":
@@ -143,7 +143,7 @@ def test_full_dgx1_gathers_at_every_gpus_nvlink_bandwidth():
     # and receives 7/8 of the vector: algbw = 8/7 of it, busbw = all of it
     for name, per_gpu in [("dgx1-v100", 150.0), ("dgx1-p100", 80.0)]:
         for collective in SHARDED:
-            p = plan(Topology.preset(name), collective)
+            p = plan(Topology.preset(name), collective, links="fast")
             assert p.rate_gbps == pytest.approx(per_gpu * 8 / 7, rel=1e-9)
             assert p.busbw_gbps == pytest.approx(per_gpu, rel=1e-9)
             assert p.ring_rate_gbps == pytest.approx(per_gpu * 8 / 7, rel=1e-9)  # rings are optimal here
@@ -157,7 +157,7 @@ ALLOCATIONS = [list(range(8)), [0, 1, 2, 3, 4], [0, 1, 2, 5, 6], [0, 1, 4, 5, 7]
 @pytest.mark.parametrize("collective", SHARDED)
 def test_dgx1v_allocations_match_a_flow_lp_and_the_cut_formula(gpus, collective):
     t = DGX1V.subset(gpus)
-    p = plan(t, collective)
+    p = plan(t, collective, links="fast")  # hybrid plans: tests/planning/test_hybrid.py
     assert p.link_kinds == ("nvlink",)
     assert p.rate_gbps == pytest.approx(flow_lp_gbps(t, collective), rel=1e-6)
     assert p.rate_gbps == pytest.approx(cut_formula_gbps(t, collective), rel=1e-6)
@@ -166,7 +166,7 @@ def test_dgx1v_allocations_match_a_flow_lp_and_the_cut_formula(gpus, collective)
 
 def test_a_five_gpu_dgx1v_allocation_is_held_back_by_its_single_link_gpu():
     # GPU 4 reaches 0..3 only over its 50 GB/s link to GPU 0: the other four slices enter it there
-    p = plan(DGX1V.subset([0, 1, 2, 3, 4]), "allgather")
+    p = plan(DGX1V.subset([0, 1, 2, 3, 4]), "allgather", links="fast")
     assert p.rate_gbps == pytest.approx(5 * 50.0 / 4, rel=1e-9)
 
 
@@ -211,7 +211,7 @@ def test_cut_search_is_exact_where_ratios_are_close():
 
 # ------------------------------------------------------------------ certificate
 def test_per_root_dual_bound_holds_for_any_prices_and_the_lp_prices_are_tight():
-    graph = Topology.preset("dgx1-p100").link_graph()
+    graph = Topology.preset("dgx1-p100").link_graph(("nvlink",))
     optimum = 80.0 * 8 / 7
     rng = np.random.default_rng(0)
     for directions in ("down", "up"):
@@ -224,7 +224,7 @@ def test_per_root_dual_bound_holds_for_any_prices_and_the_lp_prices_are_tight():
 
 
 def test_certified_bound_of_a_sharded_collective_is_the_cut_or_a_dual_bound():
-    graph = DGX1V.link_graph()
+    graph = DGX1V.link_graph(("nvlink",))
     assert bounds.certified_bound(graph, "allgather", None, []) == pytest.approx(150 * 8 / 7, rel=1e-9)
     uniform = np.ones(len(graph.arcs))  # every tree costs 7 arcs: 8 * sum(c) / (8 * 7) = 1200 / 7
     assert bounds.dual_bound(graph, uniform, "down") == pytest.approx(1200 / 7, rel=1e-9)
@@ -297,7 +297,7 @@ def test_max_trees_and_tolerance_keep_one_tree_group_per_rank():
 
 def test_full_dgx1_uses_few_trees():
     for collective in SHARDED:
-        assert len(plan(DGX1V, collective).trees) <= 32
+        assert len(plan(DGX1V, collective, links="fast").trees) <= 32
 
 
 @pytest.mark.parametrize("collective", SHARDED)
@@ -326,7 +326,7 @@ def test_the_planner_lists_its_collectives_and_their_bus_factors():
 def test_each_collective_has_its_own_cache_entry_and_a_swapped_one_is_refused():
     t = Topology.preset("shm:4")
     plans = {c: plan(t, c) for c in ("allreduce",) + SHARDED}
-    keys = {c: cache.cache_key(t, (c, None, None, 0.0)) for c in plans}
+    keys = {c: cache.cache_key(t, (c, None, None, 0.0, "all")) for c in plans}
     assert len({cache.entry_path(k) for k in keys.values()}) == 3
     clear_memory_cache()
     for c, p in plans.items():
@@ -352,7 +352,7 @@ def test_cli_plans_the_collective(collective, capsys):
     parser = argparse.ArgumentParser()
     plan_cmd.add_parser(parser.add_subparsers())
     args = parser.parse_args(["plan", "--topology", "dgx1-v100", "--gpus", "0,1,2,3,4",
-                              "--collective", collective, "--no-cache"])
+                              "--collective", collective, "--no-cache", "--links", "fast"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{collective} on dgx1-v100[0,1,2,3,4] (5 ranks): family rsag")

@@ -35,7 +35,7 @@ def test_ring_allreduce_matches_the_closed_form(n, gbps, alpha_us, blocks):
 @given(st.integers(1, 7), st.integers(1, 32), st.sampled_from([10.0, 25.0]),
        st.sampled_from([0.5, 5.0]), st.integers(1, 256))
 def test_pipelined_chain_broadcast_matches_the_closed_form(links, k, gbps, alpha_us, blocks):
-    # P = links: (P - 1 + k)(alpha + S / (k B)) for a chain of P links, k chunks
+    # P = links: P alpha + (P - 1 + k) S / (k B) for a chain of P links, k chunks (latency pipelined)
     size = k * 64 * blocks
     topo = Topology.from_links(links + 1, [(i, i + 1, gbps) for i in range(links)])
     path = Tree(root=0, edges=[(i, i + 1) for i in range(links)], weight=1.0)
@@ -43,20 +43,24 @@ def test_pipelined_chain_broadcast_matches_the_closed_form(links, k, gbps, alpha
                     dtype="float32", chunks=k).validate()
     assert len(s.chunks) == k
     r = simulate(s, topo, model=SimModel(latency_us={"nvlink": alpha_us}, **IDEAL))
-    expected = (links - 1 + k) * (alpha_us * 1e-6 + size / (k * gbps * 1e9))
+    expected = links * alpha_us * 1e-6 + (links - 1 + k) * size / (k * gbps * 1e9)
     assert r.time_s == pytest.approx(expected, rel=0.01)
 
 
-def test_step_overhead_and_reduction_add_to_every_hop():
+def test_step_overhead_adds_to_every_hop_and_a_slow_reducer_limits_the_transfer():
     n, gbps, size = 4, 20.0, 4 * 2**20
     topo = ring_topology(n, gbps)
     s = ring_allreduce(topo, size, rings=[(tuple(range(n)), gbps)], loops=1)
     model = SimModel(latency_us={"nvlink": 1.0}, step_overhead_us=3.0, reduce_gbps=100.0)
     per_chunk = size / n
-    hop = 3e-6 + 1e-6 + per_chunk / (gbps * 1e9)  # SEND: overhead + latency + transfer
-    rs = (n - 1) * (hop + 3e-6 + per_chunk / 100e9)  # RECV_REDUCE: overhead + reduction
-    ag = (n - 1) * (hop + 3e-6)  # RECV_COPY: overhead
+    hop = 3e-6 + 1e-6 + 3e-6  # SEND issued after its overhead, latency, RECV's overhead
+    rs = (n - 1) * (hop + per_chunk / (gbps * 1e9))  # reduced as it arrives: 100 GB/s is not the bottleneck
+    ag = (n - 1) * (hop + per_chunk / (gbps * 1e9))
     assert simulate(s, topo, model=model).time_s == pytest.approx(rs + ag, rel=1e-9)
+    slow = SimModel(latency_us={"nvlink": 1.0}, step_overhead_us=3.0, reduce_gbps=5.0)
+    # the reducer, 5 GB/s, paces the reduce-scatter: each of its n - 1 steps moves a chunk through it
+    slow_time = simulate(s, topo, model=slow).time_s
+    assert (n - 1) * per_chunk / 5e9 + ag < slow_time <= (n - 1) * (hop + per_chunk / 5e9) + ag
 
 
 def test_transfers_sharing_a_link_split_its_bandwidth():
@@ -76,8 +80,11 @@ def test_link_channels_serialise_trees_on_a_hop():
     trees = [Tree(root=0, edges=[(0, 1)], weight=1.0)] * 2
     s = lower_trees(trees, nranks=2, collective="broadcast", root=0, count=2**20, dtype="float32")
     model = SimModel(latency_us={"nvlink": 5.0}, channels="link", **IDEAL)
-    # one stream per link direction: both latencies are paid in turn
-    assert simulate(s, topo, model=model).time_s == pytest.approx(2 * 5e-6 + 4 * 2**20 / 10e9)
+    # one stream per link direction: the trees transmit in turn, at the full 10 GB/s each, and the
+    # latency is pipelined (paid once, after the last transmission)
+    r = simulate(s, topo, model=model)
+    assert r.time_s == pytest.approx(5e-6 + 4 * 2**20 / 10e9)
+    assert r.tree_finish_s[0] == pytest.approx(5e-6 + 2 * 2**20 / 10e9)  # tree 0 does not share the link
 
 
 def test_full_duplex_directions_do_not_interfere():

@@ -18,9 +18,11 @@ def test_arcs_are_both_directions_of_each_link_with_parallel_links_summed():
 
 def test_the_planning_graph_keeps_only_the_planning_kinds():
     topo = Topology.preset("dgx1-v100")
-    assert topo.link_graph().kinds == ("nvlink",)  # NVLink joins all eight GPUs
-    assert not topo.link_graph().has_switches and topo.link_graph(topo.kinds()).has_switches
-    assert topo.subset([0, 1, 6]).link_graph().kinds == ("nvlink", "pcie")  # NVLink does not reach 6
+    assert topo.link_graph().kinds == ("nvlink", "pcie")  # every link, by default
+    fast = topo.link_graph(topo.planning_kinds("fast"))
+    assert fast.kinds == ("nvlink",)  # NVLink joins all eight GPUs
+    assert not fast.has_switches and topo.link_graph().has_switches
+    assert topo.subset([0, 1, 6]).planning_kinds("fast") == ("nvlink", "pcie")  # NVLink does not reach 6
 
 
 def test_routes_prefer_direct_links_and_never_cross_ranks():

@@ -139,7 +139,7 @@ def test_nvidia_smi_dgx1_matrix_gives_the_dgx1_nvlinks():
     t = Topology.from_nvidia_smi(DGX1V_SMI)
     assert t.n == 8
     assert nvlink_pairs(t) == nvlink_pairs(Topology.preset("dgx1-v100"))
-    assert t.planning_kinds() == ("nvlink",)
+    assert t.planning_kinds("fast") == ("nvlink",) and t.planning_kinds() == ("nvlink", "pcie")
     assert not t.subset([0, 5]).unreachable()  # the PCIe/SYS tree joins them
 
 

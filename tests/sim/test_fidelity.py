@@ -1,0 +1,102 @@
+"""Simulator fidelity at 256 MB: baselines and Blink against closed forms of their traffic.
+
+The closed form of a schedule's bandwidth term is its busiest arc: the bytes
+its transfers put on each directed arc (counted here from the schedule's
+steps and routes, not by the simulator) over the arc's capacity. A schedule
+whose pipeline keeps that arc busy reaches it; a pipeline of ``k`` chunks
+through ``h`` hops adds its fill, ``(h + k - 1) / k``. The reducer is taken
+out of the way (``reduce_gbps=inf``) except where stated: a reducer slower
+than the bandwidth into a rank is a bottleneck these closed forms leave out
+(docs/simulator.md).
+"""
+
+import collections
+import math
+
+import pytest
+
+from jax_blink.planning import plan
+from jax_blink.sim import SimModel, simulate
+from jax_blink.sim.baselines import chain, rs_ag, ring_allreduce
+from jax_blink.topo import Topology
+
+SIZE = 2**28
+FAST_REDUCER = SimModel(reduce_gbps=math.inf)
+PRESETS = ["dgx-a100", "hgx-h100", "dgx1-v100", "dgx1-p100", "pcie"]
+
+
+def busiest_arc_s(schedule, topology):
+    """Seconds the busiest directed arc needs for the bytes the schedule's SENDs put on it."""
+    graph = topology.link_graph()
+    carried = {}
+    for tree, paths in enumerate(schedule.routes):
+        for path in paths:
+            carried[tree, path[0], path[-1]] = path
+            carried[tree, path[-1], path[0]] = path[::-1]
+    load = collections.Counter()
+    for rank, steps in enumerate(schedule.steps):
+        for step in steps:
+            if step.op == "SEND":
+                path = carried.get((step.tree, rank, step.peer)) or graph.path(rank, step.peer)
+                for x, y in zip(path, path[1:]):
+                    load[x, y] += schedule.chunks[step.chunk][1] * schedule.itemsize
+    capacity = {}
+    for l in topology.links:
+        capacity[l.u, l.v] = capacity.get((l.u, l.v), 0.0) + l.bandwidth_gbps * 1e9
+        back = l.bandwidth_gbps if l.reverse_gbps is None else l.reverse_gbps
+        capacity[l.v, l.u] = capacity.get((l.v, l.u), 0.0) + back * 1e9
+    return max(b / capacity[a] for a, b in load.items())
+
+
+@pytest.mark.parametrize("preset, port_gbps", [("dgx-a100", 300.0), ("hgx-h100", 450.0)])
+def test_the_ring_on_a_switch_reaches_2_n_minus_1_over_n_m_over_b(preset, port_gbps):
+    t = Topology.preset(preset)
+    model = SimModel() if preset == "dgx-a100" else SimModel(reduce_gbps=1000.0)  # H100 reduces faster
+    r = simulate(ring_allreduce(t, SIZE, model=model), t, model=model)
+    closed = 2 * (t.n - 1) / t.n * SIZE / (port_gbps * 1e9)
+    assert r.time_s == pytest.approx(closed, rel=0.02)
+    if preset == "dgx-a100":
+        assert r.algbw_gbps == pytest.approx(171.43, rel=0.02)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("name, build", [("nccl-ring", ring_allreduce), ("rs-ag", rs_ag)])
+def test_ring_and_reduce_scatter_all_gather_reach_their_busiest_arc(preset, name, build):
+    t = Topology.preset(preset)
+    s = build(t, SIZE, model=FAST_REDUCER)
+    assert simulate(s, t, model=FAST_REDUCER).time_s == pytest.approx(busiest_arc_s(s, t), rel=0.02)
+
+
+@pytest.mark.parametrize("preset", ["dgx1-v100", "dgx1-p100"])
+def test_the_chain_reaches_its_pipeline_closed_form(preset):
+    t = Topology.preset(preset)
+    s = chain(t, SIZE, model=FAST_REDUCER)
+    k = len(s.chunks)
+    hops = 2 * (t.n - 1)  # reduced to the head, broadcast back
+    closed = (hops + k - 1) / k * busiest_arc_s(s, t)
+    assert simulate(s, t, model=FAST_REDUCER).time_s == pytest.approx(closed, rel=0.02)
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "hgx-h100", "pcie"])
+def test_blink_reaches_its_busiest_arc_and_its_certified_rate(preset):
+    t = Topology.preset(preset)
+    p = plan(t)
+    s = p.lower(SIZE, "float32")
+    r = simulate(s, t, model=FAST_REDUCER)
+    assert busiest_arc_s(s, t) == pytest.approx(SIZE / (p.rate_gbps * 1e9), rel=1e-6)
+    assert r.time_s == pytest.approx(busiest_arc_s(s, t), rel=0.03)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ring_and_rs_ag_on_random_topologies_reach_their_busiest_arc(seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = 4 + seed % 3
+    links = [(i, (i + 1) % n, float(rng.integers(2, 10) * 5), "nvlink", float(rng.integers(2, 10) * 5))
+             for i in range(n)]
+    links += [(r, n, 16.0, "pcie") for r in range(n)]
+    t = Topology.from_links(n, links, ["pcie-switch"])
+    for build in (ring_allreduce, rs_ag):
+        s = build(t, SIZE, model=FAST_REDUCER)
+        assert simulate(s, t, model=FAST_REDUCER).time_s == pytest.approx(busiest_arc_s(s, t), rel=0.02)
