@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "MAX_CHUNKS", "ExecutorSettings", "min_bytes", "timeout_ms",
+__all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "MAX_CHUNKS", "ExecutorSettings", "min_bytes", "timeout_ms",
            "chunks", "topology_source", "cuda_enabled", "debug", "cache_dir", "executor"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
@@ -125,6 +125,32 @@ def chunks(value=None) -> Optional[int]:
 def topology_source() -> Optional[str]:
     """``JAX_BLINK_TOPOLOGY`` (a preset name or a topology JSON file), or None."""
     return _env("JAX_BLINK_TOPOLOGY")
+
+
+#: the values of JAX_BLINK_ALGO
+ALGOS = ("auto", "blink", "ring", "tree", "chain", "lax")
+
+
+def algo() -> str:
+    """``JAX_BLINK_ALGO``: how the allreduces (psum, pmean, pmax, pmin) run.
+
+    ``auto`` (default): the fastest by the cost model; ``blink``: the planned
+    trees; ``ring``, ``tree``, ``chain``: NCCL's ring, NCCL's double binary
+    tree, a pipelined chain, run by jax_blink's executor; ``lax``: the lax
+    collective.
+    """
+    text = _env("JAX_BLINK_ALGO")
+    if text is None:
+        return "auto"
+    if text.lower() not in ALGOS:
+        raise ValueError(f"JAX_BLINK_ALGO={text!r}: use one of {', '.join(ALGOS)}")
+    return text.lower()
+
+
+def plan_file() -> Optional[str]:
+    """``JAX_BLINK_PLAN``: a plan or schedule JSON file the allreduces run
+    instead of planning (like NCCL's graph file), or None."""
+    return _env("JAX_BLINK_PLAN")
 
 
 def cuda_enabled() -> bool:

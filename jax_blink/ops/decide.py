@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 import logging
 import os
 import types
@@ -23,8 +24,11 @@ import numpy as np
 import jax
 
 from jax_blink import _ffi, settings
-from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, plan
-from jax_blink.schedule import DTYPES, lower_trees
+from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
+from jax_blink.planning.cost import cpu_allreduce_seconds
+from jax_blink.schedule import DTYPES, Schedule, lower_trees
+from jax_blink.sim import simulate, tune
+from jax_blink.sim.baselines import chain as _chain, double_binary_tree, ring_allreduce
 from jax_blink.topo import Topology, TopologyError, load_topology
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
@@ -63,6 +67,8 @@ class PlanRequest:
     collective: str = "allreduce"  # allreduce, broadcast, reduce, reduce_scatter, allgather
     op: str = "sum"               # the reduction: sum, max, min
     root: Optional[int] = None    # broadcast and reduce
+    algo: str = "blink"           # allreduce: blink, blink-tuned, ring, tree, chain or file
+    plan_file: Optional[str] = None  # algo "file": the plan or schedule JSON file
 
 
 class EncodedSchedule:
@@ -180,24 +186,77 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
     ``count`` elements of ``dtype`` (the whole vector: ``n`` shards for
     reduce_scatter and allgather), cached.
 
-    One rank needs no plan (None): its schedule has no steps and the custom
-    call copies the input. The ops leave single devices to lax; tests bind
-    the primitive directly to check the handler on one device.
+    ``request.algo`` picks the schedule: the plan lowered with the pipeline
+    model (``blink``), the plan's lowering tuned by simulation
+    (``blink-tuned``), one of the baselines our executor runs (``ring``,
+    ``tree``, ``chain``; the plan is then None), or a plan or schedule file
+    (``file``). One rank needs no plan (None): its schedule has no steps and
+    the custom call copies the input. The ops leave single devices to lax;
+    tests bind the primitive directly to check the handler on one device.
     """
     topology = request.topology
     root = request.root if request.collective in ("broadcast", "reduce") else None
+    size = count * DTYPES[dtype][1]
     if topology.n == 1:
         alone = types.SimpleNamespace(root=0, edges=(), weight=1.0)
         schedule = lower_trees([alone], nranks=1, collective=request.collective,
                                root=-1 if root is None else root, count=count, dtype=dtype,
                                op=request.op)
         return None, schedule, EncodedSchedule(schedule.encode())
+    if request.algo in _BASELINES:
+        schedule = _BASELINES[request.algo](topology, size, dtype)
+        schedule = dataclasses.replace(schedule, op=request.op).validate()
+        return None, schedule, EncodedSchedule(schedule.encode())
+    if request.algo == "file":
+        p, schedule = _from_file(request, count, dtype)
+        return p, schedule, EncodedSchedule(schedule.encode())
     p = plan(topology, request.collective, root=root)
-    schedule = p.lower(count * DTYPES[dtype][1], dtype, chunks=request.chunks,
-                       launch_s=request.launch_s, op=request.op)
+    if request.algo == "blink-tuned":
+        schedule = dataclasses.replace(tune(p, size, dtype).schedule, op=request.op).validate()
+    else:
+        schedule = p.lower(size, dtype, chunks=request.chunks, launch_s=request.launch_s,
+                           op=request.op)
     return p, schedule, EncodedSchedule(schedule.encode())
 
 
+def _from_file(request, count, dtype):
+    """``(plan or None, schedule)`` from ``request.plan_file``: a plan (lowered
+    here) or a schedule (used as it is), refused unless it fits the call."""
+    path, topology = request.plan_file, request.topology
+    try:
+        with open(path) as f:
+            document = json.load(f)
+        kind = document.get("format") if isinstance(document, dict) else None
+        if kind == "jax_blink.plan":
+            p = Plan.from_json(json.dumps(document))
+            schedule = None
+        elif kind == "jax_blink.schedule":
+            p, schedule = None, Schedule.from_json(json.dumps(document))
+        else:
+            raise ValueError("not a jax_blink plan or schedule (its \"format\" is "
+                             f"{kind!r})")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"JAX_BLINK_PLAN={path!r}: {e}") from None
+    what = p if p is not None else schedule
+    nranks = p.topology.n if p is not None else schedule.nranks
+    if nranks != topology.n or what.collective != request.collective:
+        raise ValueError(
+            f"JAX_BLINK_PLAN={path!r} holds a {what.collective} over {nranks} ranks; this call "
+            f"is a {request.collective} over {topology.n} devices ({topology.name}). Unset "
+            "JAX_BLINK_PLAN or give a file made for this job")
+    if p is not None:
+        if p.topology.fingerprint() != topology.fingerprint():
+            raise ValueError(f"JAX_BLINK_PLAN={path!r} was planned for {p.topology.name}, not "
+                             f"for this call's topology {topology.name}")
+        return p, p.lower(count * DTYPES[dtype][1], dtype, chunks=request.chunks,
+                          launch_s=request.launch_s, op=request.op)
+    if (schedule.count, schedule.dtype) != (count, dtype):
+        raise ValueError(f"JAX_BLINK_PLAN={path!r} is a schedule of {schedule.count} "
+                         f"{schedule.dtype}; this call reduces {count} {dtype}")
+    return None, dataclasses.replace(schedule, op=request.op).validate()
+
+
+_BASELINES = {"ring": ring_allreduce, "tree": double_binary_tree, "chain": _chain}
 _SHARDED = ("reduce_scatter", "allgather")
 _LAX = {("allreduce", "sum"): "lax.psum", ("allreduce", "max"): "lax.pmax",
         ("allreduce", "min"): "lax.pmin", ("reduce_scatter", "sum"): "lax.psum_scatter",
@@ -209,9 +268,9 @@ def lax_equivalent(collective: str, op: str = "sum") -> str:
     return _LAX[collective, op]
 
 
-def _describe(p, schedule) -> str:
+def _describe(p, schedule, fewer="the value is too small for more") -> str:
     used = (f"{len(p.trees)} tree(s)" if schedule.ntrees == len(p.trees)
-            else f"{schedule.ntrees} of {len(p.trees)} trees (the value is too small for more)")
+            else f"{schedule.ntrees} of {len(p.trees)} trees ({fewer})")
     return (f"{p.family} plan on {p.topology.name}: {used}, "
             f"rate {p.rate_gbps:.3g} GB/s (bound {p.bound_gbps:.3g}, {p.ring_text()}), "
             f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps")
@@ -244,7 +303,74 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
         return Decision(f"{what}: {fallback} (the value is empty)")
     if nbytes < threshold:
         return Decision(f"{what}: {fallback} (below min_bytes {threshold})")
+    platform = platform or jax.default_backend()
     request = PlanRequest(topology_for(topology, nranks), settings.chunks(chunks),
-                          launch_s(platform or jax.default_backend()), collective, op, root)
+                          launch_s(platform), collective, op, root)
+    if collective != "allreduce":
+        p, schedule, encoded = schedule_for(request, count, dtype)
+        return Decision(f"{what}: {_describe(p, schedule)}", request, encoded)
+    return _choose(request, count, dtype, platform, what, fallback)
+
+
+_NAMES = {"blink": "blink plan", "blink-tuned": "blink plan (tuned by simulation)",
+          "ring": "NCCL's ring", "tree": "NCCL's double binary tree", "chain": "a pipelined chain",
+          "file": "JAX_BLINK_PLAN"}
+
+
+def _choose(request, count, dtype, platform, what, fallback):
+    """The allreduce's algorithm: ``JAX_BLINK_PLAN``, else ``JAX_BLINK_ALGO``,
+    else (``auto``) the fastest predicted one. On GPUs the simulator predicts
+    the tuned plan and the baselines our executor runs (ring, tree, chain),
+    and the lax collective is NCCL's choice (the faster of ring and tree); on
+    CPU devices the CPU model (``planning.cost.cpu_allreduce_seconds``)
+    predicts the plan and lax."""
+    forced = settings.algo()
+    if settings.plan_file():
+        request = dataclasses.replace(request, algo="file", plan_file=settings.plan_file())
+        p, schedule, encoded = schedule_for(request, count, dtype)
+        return Decision(f"{what}: JAX_BLINK_PLAN {request.plan_file}: "
+                        + (_describe(p, schedule) if p is not None else
+                           f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps"),
+                        request, encoded)
+    if forced == "lax":
+        return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
+    gpu = platform in ("cuda", "gpu")
+    candidates = ("blink-tuned", "ring", "tree", "chain") if gpu else ("blink",)
+    if forced != "auto":
+        candidates = ("blink-tuned" if gpu and forced == "blink" else forced,)
+    predicted = _predicted(request, count, dtype, gpu, candidates)
+    if forced == "auto":
+        choice = min(predicted, key=predicted.get)  # ties: ours first (dict order), lax last
+    else:
+        choice = candidates[0]
+    times = ", ".join(f"{'lax' if k == 'lax' else k} {v * 1e6:.4g} us" for k, v in predicted.items())
+    basis = "simulated" if gpu else "CPU model"
+    if choice == "lax":
+        return Decision(f"{what}: {fallback} (predicted fastest; {basis}: {times})")
+    request = dataclasses.replace(request, algo=choice)
     p, schedule, encoded = schedule_for(request, count, dtype)
-    return Decision(f"{what}: {_describe(p, schedule)}", request, encoded)
+    text = (_describe(p, schedule, "the fastest subset by simulation") if p is not None else
+            f"{_NAMES[choice]} on {request.topology.name}, {len(schedule.chunks)} chunk(s), "
+            f"{schedule.num_steps} steps")
+    why = f"JAX_BLINK_ALGO={forced}" if forced != "auto" else "predicted fastest"
+    return Decision(f"{what}: {text} ({why}; {basis}: {times})", request, encoded)
+
+
+@functools.lru_cache(maxsize=64)
+def _predicted_cached(request, count, dtype, gpu, candidates):
+    size = count * DTYPES[dtype][1]
+    if not gpu:
+        out = {"blink": cpu_allreduce_seconds("blink", size)} if "blink" in candidates else {}
+        out["lax"] = cpu_allreduce_seconds("lax", size)
+        return tuple(out.items())
+    out = {}
+    for name in dict.fromkeys(candidates + ("ring", "tree")):
+        schedule = schedule_for(dataclasses.replace(request, algo=name), count, dtype)[1]
+        out[name] = simulate(schedule, request.topology).time_s
+    out["lax"] = min(out["ring"], out["tree"])  # NCCL picks the faster of its two
+    return tuple((k, v) for k, v in out.items() if k in candidates or k == "lax")
+
+
+def _predicted(request, count, dtype, gpu, candidates):
+    """Predicted seconds per candidate (and ``lax``), by the model of the platform."""
+    return dict(_predicted_cached(request, count, dtype, gpu, tuple(candidates)))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LATENCY_US", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
+import numpy as np
+
+__all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
            "pipeline_chunks"]
 
 #: One-way latency of one link (one arc of a route) by link kind, in
@@ -43,6 +45,36 @@ MAX_CHUNKS_PER_TREE = 32
 #: simulator's search (keeps schedules and simulations small; at 1 GB over 8
 #: ranks it still means sub-MB chunks, the order of NCCL's own slices).
 MAX_CHUNKS = 64
+#: The CPU model: allreduce time (microseconds) of jax_blink's CPU executor
+#: and of lax.psum over 8 CPU devices, by float32 elements per device,
+#: measured by ``benchmarks/bench_psum_cpu.py`` on a 2-core AMD EPYC
+#: (``benchmarks/results/psum_cpu_amd-epyc-2core.json``). The simulator does
+#: not model host threads sharing cores, so on CPU devices the choice between
+#: the two comes from these measurements.
+CPU_ALLREDUCE_US = {
+    "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000),
+    "blink": (236.8, 275.7, 227.7, 328.3, 564.0, 3367.5, 58743.0),
+    "lax": (342.5, 336.5, 294.7, 400.3, 568.1, 3464.5, 124351.1),
+}
+
+
+def cpu_allreduce_seconds(which: str, size_bytes: float) -> float:
+    """The CPU model's time of an allreduce of ``size_bytes`` per device by
+    ``which`` (``"blink"`` or ``"lax"``): the measurements of
+    :data:`CPU_ALLREDUCE_US` interpolated in log-log, extrapolated linearly in
+    size beyond them.
+
+    Examples
+    --------
+    >>> round(cpu_allreduce_seconds("blink", 4e6) * 1e6, 1)
+    3367.5
+    """
+    sizes = np.log(np.asarray(CPU_ALLREDUCE_US["elements"], float) * 4)
+    times = np.log(np.asarray(CPU_ALLREDUCE_US[which], float))
+    x = np.log(max(float(size_bytes), 1.0))
+    if x > sizes[-1]:
+        return float(np.exp(times[-1]) * np.exp(x - sizes[-1])) * 1e-6
+    return float(np.exp(np.interp(x, sizes, times))) * 1e-6
 
 
 def latency_s(kind: str) -> float:
