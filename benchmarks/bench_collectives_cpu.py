@@ -23,7 +23,6 @@ os.environ.setdefault("PJRT_NPROC", "64")
 
 import argparse
 import json
-import time
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
 from _machine import machine
+from bench_psum_cpu import time_fn
 
 ROOT = 0
 
@@ -60,15 +60,6 @@ def ops(n):
             lambda v: lax.psum(jnp.where(lax.axis_index("x") == ROOT, v, 0), "x"),
             lambda x: np.broadcast_to(x[ROOT], x.shape), 1.0),
     }
-
-
-def time_fn(f, x, reps):
-    f(x).block_until_ready()
-    t = time.perf_counter()
-    for _ in range(reps):
-        out = f(x)
-    out.block_until_ready()
-    return (time.perf_counter() - t) / reps
 
 
 def main():

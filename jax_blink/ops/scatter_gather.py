@@ -21,6 +21,13 @@ __all__ = ["psum_scatter", "all_gather"]
 _LAX_PSUM_SCATTER, _LAX_ALL_GATHER = lax.psum_scatter, lax.all_gather
 
 
+def _group_size(axes, axis_index_groups, name):
+    """Devices per group: the axes' size, or the size of the (equal) groups."""
+    n = axis_size(axes, name)
+    groups = canonical_groups(axis_index_groups, n, name)
+    return len(groups[0]) if groups else n
+
+
 def _dimension(d, ndim, name, what):
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not -ndim <= d < ndim:
         raise ValueError(f"jax_blink.{name}: {what} {d!r} is out of range for a value of rank "
@@ -42,9 +49,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     leaves, treedef = jax.tree.flatten(x)
     if not leaves:
         return x
-    n = axis_size(axes, "psum_scatter")
-    groups = canonical_groups(axis_index_groups, n, "psum_scatter")
-    size = len(groups[0]) if groups else n
+    size = _group_size(axes, axis_index_groups, "psum_scatter")
     blocks, shapes = [], []
     for leaf in leaves:
         leaf = jnp.asarray(leaf)
@@ -94,9 +99,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     leaves, treedef = jax.tree.flatten(x)
     if not leaves:
         return x
-    n = axis_size(axes, "all_gather")
-    groups = canonical_groups(axis_index_groups, n, "all_gather")
-    size = len(groups[0]) if groups else n
+    size = _group_size(axes, axis_index_groups, "all_gather")
     blocks, shapes = [], []
     for leaf in leaves:
         leaf = jnp.asarray(leaf)
