@@ -74,19 +74,142 @@ constexpr int64_t kBlock = 1024;
 // inlines them and then falls back to scalar code behind alias checks.
 #define JAX_BLINK_KERNEL __attribute__((noinline))
 
+// max/min of float and double, vectorised by hand (GCC/Clang vector
+// extensions; SSE2 on x86-64, NEON on aarch64, no target flags). Same bits as
+// core/reduce_op.h's Combine, in every floating-point mode, including flush
+// of denormals (DAZ/FTZ, which XLA CPU sets on the threads that run the
+// custom call):
+// * a value is made canonical once, where it enters the accumulator (the
+//   base of a reduction): NaN -> -inf (max) / +inf (min);
+// * then op(a, b), for canonical a and any b, is
+//     b wins (b > a for max, b < a for min; never for a NaN b) ? b
+//     : (a == 0 && b == 0) ? the zero Combine gives (a + b for max,
+//                            -0 if either is -0 for min)
+//     : a,
+//   which is Combine's result: a NaN b counts as the fill, which never wins
+//   against a canonical a, and when neither wins and the two are not zeros
+//   they are equal, hence the same bits.
+// The selects are bitwise (and/andnot/or), never maxps/minps: those return
+// a flushed zero for a denormal operand under DAZ, where Combine returns
+// the operand's own bits.
+#if defined(__GNUC__)
+#define JAX_BLINK_VECTOR_MINMAX 1
+template <typename A>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  typedef float V __attribute__((vector_size(16)));
+  typedef int32_t M __attribute__((vector_size(16)));
+  static constexpr int32_t kSign = INT32_MIN;
+};
+template <>
+struct VecOf<double> {
+  typedef double V __attribute__((vector_size(16)));
+  typedef int64_t M __attribute__((vector_size(16)));
+  static constexpr int64_t kSign = INT64_MIN;
+};
+
+template <ReduceOp kOp, typename A>
+struct MinMaxVec {
+  using V = typename VecOf<A>::V;
+  using M = typename VecOf<A>::M;
+  static constexpr int kW = 16 / sizeof(A);
+  static constexpr bool kMax = kOp == ReduceOp::kMax;
+
+  static V Fill() {
+    return V{} + (kMax ? -static_cast<A>(__builtin_inf()) : static_cast<A>(__builtin_inf()));
+  }
+  static V Select(M m, V x, V y) { return (V)(((M)x & m) | ((M)y & ~m)); }
+  static V Canonical(V x) { return Select(x == x, x, Fill()); }
+  static V Op(V a, V b) {  // a canonical
+    const V zero = V{};
+    const M wins = kMax ? (b > a) : (b < a);
+    const M zeros = (a == zero) & (b == zero);
+    V z;
+    if constexpr (kMax) {
+      z = a + b;
+    } else {
+      z = (V)(((M)a | (M)b) & (M{} + VecOf<A>::kSign));
+    }
+    return Select(wins, b, Select(zeros, z, a));
+  }
+  static V Load(const A* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static void Store(A* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+
+  // t = canonical(p)
+  JAX_BLINK_KERNEL static void CanonicalBlock(A* __restrict__ t, const A* __restrict__ p,
+                                              int64_t m) {
+    int64_t i = 0;
+    for (; i + kW <= m; i += kW) Store(t + i, Canonical(Load(p + i)));
+    if (i < m) {  // the tail through the same vector code
+      A x[kW] = {};
+      std::memcpy(x, p + i, (m - i) * sizeof(A));
+      Store(x, Canonical(Load(x)));
+      std::memcpy(t + i, x, (m - i) * sizeof(A));
+    }
+  }
+  // t = op(t, p), t canonical
+  JAX_BLINK_KERNEL static void OpBlock(A* __restrict__ t, const A* __restrict__ p, int64_t m) {
+    int64_t i = 0;
+    for (; i + kW <= m; i += kW) Store(t + i, Op(Load(t + i), Load(p + i)));
+    if (i < m) {
+      A x[kW] = {};
+      A y[kW] = {};
+      std::memcpy(x, t + i, (m - i) * sizeof(A));
+      std::memcpy(y, p + i, (m - i) * sizeof(A));
+      Store(x, Op(Load(x), Load(y)));
+      std::memcpy(t + i, x, (m - i) * sizeof(A));
+    }
+  }
+};
+#else
+#define JAX_BLINK_VECTOR_MINMAX 0
+#endif
+
 // Reductions by kOp (core/reduce_op.h), left to right in step order.
 template <class Tr, ReduceOp kOp>
 struct Kernels {
   using T = typename Tr::T;
   using A = typename Tr::A;
   static A Op(A a, A b) { return Combine<kOp, A>(a, b); }
+  // max/min of floating-point accumulators: the vector kernels above, on
+  // blocks (the accumulator block canonical).
+  static constexpr bool kMinMaxVec =
+      JAX_BLINK_VECTOR_MINMAX && kOp != ReduceOp::kSum && std::is_floating_point<A>::value;
+#if JAX_BLINK_VECTOR_MINMAX
+  using MM = MinMaxVec<kOp, std::conditional_t<std::is_floating_point<A>::value, A, float>>;
+#endif
 
+  // tmp = base (converted to A); `reduce`: the base of a reduction, made
+  // canonical for the max/min vector kernels (a copy keeps its bits: NaN
+  // payloads included).
   JAX_BLINK_KERNEL static void LoadBlock(A* __restrict__ tmp, Src s,
-                                         int64_t off, int64_t m) {
+                                         int64_t off, int64_t m, bool reduce) {
     if (Tr::kSame || !s.is_input) {
+#if JAX_BLINK_VECTOR_MINMAX
+      if constexpr (kMinMaxVec) {
+        if (reduce) {
+          MM::CanonicalBlock(tmp, static_cast<const A*>(s.p) + off, m);
+          return;
+        }
+      }
+#endif
       std::memcpy(tmp, static_cast<const A*>(s.p) + off, m * sizeof(A));
     } else {
       const T* __restrict__ p = static_cast<const T*>(s.p) + off;
+      if constexpr (kMinMaxVec) {
+        if (reduce) {
+          // canonical as it enters: NaN -> the fill (Combine(x, fill) is x's canonical value)
+          constexpr A kFill = kOp == ReduceOp::kMax ? -static_cast<A>(__builtin_inf())
+                                                    : static_cast<A>(__builtin_inf());
+          for (int64_t i = 0; i < m; ++i) tmp[i] = Combine<kOp, A>(Tr::ToAcc(p[i]), kFill);
+          return;
+        }
+      }
       for (int64_t i = 0; i < m; ++i) tmp[i] = Tr::ToAcc(p[i]);
     }
   }
@@ -94,6 +217,12 @@ struct Kernels {
                                         int64_t m) {
     if (Tr::kSame || !s.is_input) {
       const A* __restrict__ p = static_cast<const A*>(s.p) + off;
+#if JAX_BLINK_VECTOR_MINMAX
+      if constexpr (kMinMaxVec) {
+        MM::OpBlock(tmp, p, m);
+        return;
+      }
+#endif
       for (int64_t i = 0; i < m; ++i) tmp[i] = Op(tmp[i], p[i]);
     } else {
       const T* __restrict__ p = static_cast<const T*>(s.p) + off;
@@ -103,7 +232,8 @@ struct Kernels {
 
   // A sum that starts from a rank's input starts from +0 first, as
   // lax.psum's does: a sum of -0.0 only is +0.0 (x + 0 == x otherwise).
-  // (max and min need no start: Combine canonicalises both operands.)
+  // (max and min need no start: Combine canonicalises both operands, the
+  // vector kernels the base as they load it.)
   static bool ZeroFirst(Src base, int k) {
     return kOp == ReduceOp::kSum && std::is_floating_point<A>::value && base.is_input && k > 0;
   }
@@ -124,7 +254,7 @@ struct Kernels {
   template <bool kZero>
   static void ReduceFrom(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
     A* dst = static_cast<A*>(dst_v);
-    if constexpr (Tr::kSame) {
+    if constexpr (Tr::kSame && !kMinMaxVec) {
       const A* b = static_cast<const A*>(base.p);
       if (k == 1) {
         if (b == dst) {
@@ -148,7 +278,7 @@ struct Kernels {
     alignas(64) A tmp[kBlock];
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
-      LoadBlock(tmp, base, off, m);
+      LoadBlock(tmp, base, off, m, true);
       if (kZero) ZeroBlock(tmp, m);
       for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
       std::memcpy(dst + off, tmp, m * sizeof(A));
@@ -273,7 +403,7 @@ struct MultiKernels {
     const bool zero = K::ZeroFirst(base, k);
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
-      K::LoadBlock(tmp, base, off, m);
+      K::LoadBlock(tmp, base, off, m, k > 0);
       if (zero) K::ZeroBlock(tmp, m);
       for (int j = 0; j < k; ++j) K::AddBlock(tmp, srcs[j], off, m);
       if (dst_nt) {
@@ -351,7 +481,7 @@ std::string StepText(const RankSteps& rs, int32_t i) {
 class RankRunner {
  public:
   RankRunner(const ExecArgs& a, Slot& slot, uint32_t epoch, int64_t generation,
-             Clock::time_point deadline, void* acc)
+             Clock::time_point deadline)
       : a_(a),
         s_(*a.schedule),
         rs_(s_.ranks[a.rank]),
@@ -366,7 +496,6 @@ class RankRunner {
         tsize_(DTypeSize(s_.dtype)),
         asize_(AccSize(s_.dtype)),
         in_(static_cast<const char*>(a.in)),
-        acc_(static_cast<char*>(acc)),
         spin_(GetExecTunables().spin),
         nt_bytes_(GetExecTunables().nt_bytes),
         push_(GetExecTunables().push),
@@ -499,8 +628,8 @@ class RankRunner {
       if (!PeerRecvReady(snd.peer, snd.match)) continue;
       if (!Claim(snd.peer, snd.match)) continue;
       sends[np] = si;
-      dsts[np].p = static_cast<char*>(slot_.info[snd.peer].acc) + off * asize_;
-      dsts[np].nt = UseStreamStores(rcv);
+      dsts[np].p = AccAt(snd.peer, off);
+      dsts[np].nt = UseStreamStores(snd.peer, rcv, off);
       ++np;
     }
     // Sends of the chunk that are not direct successors would read it too.
@@ -528,14 +657,33 @@ class RankRunner {
     }
   }
 
-  // Large outputs that hold the accumulator (not a workspace).
-  bool StreamEligible() const {
-    return same_types_ && acc_ == a_.out && nt_bytes_ > 0 &&
-           s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+  // Where element `off` of rank `rank`'s accumulator lives: in its output
+  // buffer for its output range when RankInfo::acc_out is set (a
+  // reduce_scatter's shard), else in RankInfo::acc.
+  char* AccAt(int64_t rank, int64_t off) const {
+    const RankInfo& ri = slot_.info[rank];
+    if (ri.acc_out != nullptr) {
+      const int64_t lo = s_.OutputOffset(rank);
+      if (off >= lo && off < lo + s_.out_count) {
+        return static_cast<char*>(ri.acc_out) + (off - lo) * asize_;
+      }
+    }
+    return static_cast<char*>(ri.acc) + off * asize_;
+  }
+  // Element `off` of rank `rank`'s accumulator is in its output buffer (not
+  // a workspace) and the collective's vector is large.
+  bool StreamEligible(int64_t rank, int64_t off) const {
+    if (!same_types_ || nt_bytes_ <= 0 || s_.count * static_cast<int64_t>(asize_) < nt_bytes_) {
+      return false;
+    }
+    const RankInfo& ri = slot_.info[rank];
+    if (ri.acc == ri.out) return true;
+    const int64_t lo = s_.OutputOffset(rank);
+    return ri.acc_out != nullptr && off >= lo && off < lo + s_.out_count;
   }
   // The value a RECV writes is not read again soon (no later SEND of it).
-  bool UseStreamStores(const Step& recv) const {
-    return !recv.sent_after && StreamEligible();
+  bool UseStreamStores(int64_t rank, const Step& recv, int64_t off) const {
+    return !recv.sent_after && StreamEligible(rank, off);
   }
 
   Src SourceOf(const Step& st) const {
@@ -544,7 +692,7 @@ class RankRunner {
     if (st.src_input) {  // (an allgather's input is its shard of the vector)
       return {static_cast<const char*>(pi.in) + (off - s_.InputOffset(st.peer)) * tsize_, true};
     }
-    return {static_cast<const char*>(pi.acc) + off * asize_, false};
+    return {AccAt(st.peer, off), false};
   }
 
   bool TryRun(StepTracker& tr, int32_t i) {
@@ -588,7 +736,7 @@ class RankRunner {
     }
     const int64_t off = s_.chunk_offset[st.chunk];
     const int64_t len = s_.chunk_length[st.chunk];
-    char* dst = acc_ + off * asize_;
+    char* dst = AccAt(a_.rank, off);
     int32_t push_sends[kMaxPush];
     PushDst push_dsts[kMaxPush];
     if (st.op == Op::kRecvCopy) {
@@ -599,9 +747,9 @@ class RankRunner {
       const int np =
           CollectPushes(tr, &self, 1, push_sends, push_dsts, &all_pushed);
       if (np > 0) {
-        kt_.produce(dst, all_pushed && StreamEligible(), src, nullptr, 0, len,
+        kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), src, nullptr, 0, len,
                     push_dsts, np);
-      } else if (UseStreamStores(st)) {
+      } else if (UseStreamStores(a_.rank, st, off)) {
         StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
       } else {
         kt_.copy(dst, src, len);
@@ -635,8 +783,11 @@ class RankRunner {
                                                    push_dsts, &all_pushed)
                                    : 0;
     if (np > 0) {
-      kt_.produce(dst, all_pushed && StreamEligible(), base, srcs, k, len,
+      kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), base, srcs, k, len,
                   push_dsts, np);
+    } else if (last.last_write && UseStreamStores(a_.rank, last, off)) {
+      // The final value, read by nobody soon (a reduce_scatter's shard).
+      kt_.produce(dst, true, base, srcs, k, len, nullptr, 0);
     } else {
       kt_.reduce(dst, base, srcs, k, len);
     }
@@ -718,7 +869,6 @@ class RankRunner {
   // output is its shard of ACC only.
   void Finalize() {
     char* out = static_cast<char*>(a_.out);
-    const bool separate_acc = acc_ != out;
     const int64_t out_lo = s_.OutputOffset(a_.rank);
     const int64_t in_lo = s_.InputOffset(a_.rank);
     for (int64_t c = 0; c < s_.nchunks; ++c) {
@@ -727,7 +877,8 @@ class RankRunner {
       if (off < out_lo || off + len > out_lo + s_.out_count) continue;
       char* dst = out + (off - out_lo) * tsize_;
       if (rs_.chunk_written[c]) {
-        if (separate_acc) kt_.finalize(dst, acc_ + off * asize_, len);
+        const char* acc = AccAt(a_.rank, off);
+        if (acc != dst) kt_.finalize(dst, acc, len);
       } else {
         const char* src = in_ + (off - in_lo) * tsize_;
         if (dst != src) std::memcpy(dst, src, len * tsize_);
@@ -749,7 +900,6 @@ class RankRunner {
   const size_t tsize_;
   const size_t asize_;
   const char* const in_;
-  char* const acc_;
   const int spin_;
   const int64_t nt_bytes_;
   const bool push_;
@@ -831,6 +981,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   info.in = a.in;
   info.out = a.out;
   info.acc = a.out;
+  info.acc_out = nullptr;
   info.count = a.in_count;
   info.dtype = a.dtype;
   info.nranks = s.nranks;
@@ -846,8 +997,13 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
           (a.workspace == nullptr ? " (none)" : ""));
     }
     info.acc = a.workspace;
+    // A reduce_scatter's output holds its shard of the accumulator (where
+    // its final value is reduced); the workspace only the chunks of other
+    // shards that the rank reduces on their way (none in a star).
+    if (!HasScratchAcc(s.dtype) && a.in != a.out && s.out_count != s.count) {
+      info.acc_out = a.out;
+    }
   }
-  void* acc = info.acc;
   if (info.error.ok()) {
     AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype),
                     GetExecTunables().hugepage_bytes);
@@ -868,8 +1024,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
     Slot& slot = *ticket.slot;
     res.status = CheckConsistent(slot, Where(a, ticket.generation));
     if (res.status.ok()) {
-      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline,
-                        acc);
+      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline);
       res.status = runner.Run();
       if (!res.status.ok()) slot.Fail(a.rank, res.status);  // the first one wins
       // All or nothing: no rank returns before every rank's execution is
