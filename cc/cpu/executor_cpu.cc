@@ -237,80 +237,119 @@ struct Kernels {
   static bool ZeroFirst(Src base, int k) {
     return kOp == ReduceOp::kSum && std::is_floating_point<A>::value && base.is_input && k > 0;
   }
-  template <bool kZero>
-  static A Base(A b) {
-    return kZero ? A(0) + b : b;
-  }
-
   // dst = op(op(op(base, s0), s1), ...), left to right (deterministic).
   static void Reduce(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
-    if (ZeroFirst(base, k)) {
-      ReduceFrom<true>(dst_v, base, srcs, k, n);
-    } else {
-      ReduceFrom<false>(dst_v, base, srcs, k, n);
-    }
-  }
-
-  template <bool kZero>
-  static void ReduceFrom(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
     A* dst = static_cast<A*>(dst_v);
-    if constexpr (Tr::kSame && !kMinMaxVec) {
-      const A* b = static_cast<const A*>(base.p);
-      if (k == 1) {
-        if (b == dst) {
-          AddInPlace<kZero>(dst, static_cast<const A*>(srcs[0].p), n);
-        } else {
-          Add2<kZero>(dst, b, static_cast<const A*>(srcs[0].p), n);
-        }
-        return;
-      }
-      if (k == 2) {
-        if (b == dst) {
-          AddInPlace2<kZero>(dst, static_cast<const A*>(srcs[0].p),
-                             static_cast<const A*>(srcs[1].p), n);
-        } else {
-          Add3<kZero>(dst, b, static_cast<const A*>(srcs[0].p),
-                      static_cast<const A*>(srcs[1].p), n);
-        }
-        return;
-      }
+    const bool zero = ZeroFirst(base, k);
+    if (Fusable(base, srcs, k) && base.p != dst_v) {  // (sources are peers' buffers)
+      Fused(dst, base, srcs, k, 0, n, zero);
+      return;
     }
     alignas(64) A tmp[kBlock];
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
-      LoadBlock(tmp, base, off, m, true);
-      if (kZero) ZeroBlock(tmp, m);
-      for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
+      Block(tmp, base, srcs, k, off, m, zero);
       std::memcpy(dst + off, tmp, m * sizeof(A));
+    }
+  }
+
+  // tmp = op(op(base, s0), ...) over elements [off, off + m) (k = 0: a copy
+  // of base); `zero`: ZeroFirst.
+  static void Block(A* tmp, Src base, const Src* srcs, int k, int64_t off, int64_t m,
+                    bool zero) {
+    if (Fusable(base, srcs, k)) {
+      Fused(tmp, base, srcs, k, off, m, zero);
+      return;
+    }
+    LoadBlock(tmp, base, off, m, k > 0);
+    if (zero) ZeroBlock(tmp, m);
+    for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
+  }
+
+  // Every operand is of the accumulator type: one pass over all of them,
+  // the running value in registers.
+  static bool Fusable(Src base, const Src* srcs, int k) {
+    if (k < 1 || k > kMaxFuse) return false;
+    if (Tr::kSame) return true;
+    if (base.is_input) return false;
+    for (int j = 0; j < k; ++j) {
+      if (srcs[j].is_input) return false;
+    }
+    return true;
+  }
+  static void Fused(A* d, Src base, const Src* srcs, int k, int64_t off, int64_t m, bool zero) {
+    static_assert(kMaxFuse == 8, "Fused takes up to 8 sources");
+    const A* b = static_cast<const A*>(base.p) + off;
+    const A* p[kMaxFuse] = {};
+    for (int j = 0; j < k; ++j) p[j] = static_cast<const A*>(srcs[j].p) + off;
+    switch (k) {
+      case 1: return FusedK<1>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 2: return FusedK<2>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 3: return FusedK<3>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 4: return FusedK<4>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 5: return FusedK<5>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 6: return FusedK<6>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 7: return FusedK<7>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      default: return FusedK<8>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+    }
+  }
+  // d = op(op(b, s0), ...) with K sources (the pointers past K unused); d
+  // aliases none of them.
+  template <int K>
+  JAX_BLINK_KERNEL static void FusedK(A* __restrict__ d, const A* __restrict__ b,
+                                      const A* __restrict__ s0, const A* __restrict__ s1,
+                                      const A* __restrict__ s2, const A* __restrict__ s3,
+                                      const A* __restrict__ s4, const A* __restrict__ s5,
+                                      const A* __restrict__ s6, const A* __restrict__ s7,
+                                      int64_t n, bool zero) {
+#if JAX_BLINK_VECTOR_MINMAX
+    if constexpr (kMinMaxVec) {
+      using V = typename MM::V;
+      constexpr int W = MM::kW;
+      auto fold = [&](const A* bb, const A* const* ss) {
+        V x = MM::Canonical(MM::Load(bb));
+        for (int j = 0; j < K; ++j) x = MM::Op(x, MM::Load(ss[j]));  // unrolled
+        return x;
+      };
+      int64_t i = 0;
+      for (; i + W <= n; i += W) {
+        const A* ss[8] = {s0 + i, s1 + i, s2 + i, s3 + i, s4 + i, s5 + i, s6 + i, s7 + i};
+        MM::Store(d + i, fold(b + i, ss));
+      }
+      if (i < n) {  // the tail through the same vector code
+        const int64_t r = n - i;
+        A xb[W] = {};
+        A xs[K][W] = {};
+        const A* ss[8] = {};
+        const A* const srcs[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+        std::memcpy(xb, b + i, r * sizeof(A));
+        for (int j = 0; j < K; ++j) {
+          std::memcpy(xs[j], srcs[j] + i, r * sizeof(A));
+          ss[j] = xs[j];
+        }
+        MM::Store(xb, fold(xb, ss));
+        std::memcpy(d + i, xb, r * sizeof(A));
+      }
+      return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+      A x = zero ? A(0) + b[i] : b[i];
+      if constexpr (K > 0) x = Op(x, s0[i]);
+      if constexpr (K > 1) x = Op(x, s1[i]);
+      if constexpr (K > 2) x = Op(x, s2[i]);
+      if constexpr (K > 3) x = Op(x, s3[i]);
+      if constexpr (K > 4) x = Op(x, s4[i]);
+      if constexpr (K > 5) x = Op(x, s5[i]);
+      if constexpr (K > 6) x = Op(x, s6[i]);
+      if constexpr (K > 7) x = Op(x, s7[i]);
+      d[i] = x;
     }
   }
 
   // tmp = 0 + tmp (see ZeroFirst).
   JAX_BLINK_KERNEL static void ZeroBlock(A* __restrict__ tmp, int64_t m) {
     for (int64_t i = 0; i < m; ++i) tmp[i] = A(0) + tmp[i];
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d,
-                                          const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Base<kZero>(d[i]), s[i]);
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d,
-                                           const A* __restrict__ s0,
-                                           const A* __restrict__ s1,
-                                           int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Op(Base<kZero>(d[i]), s0[i]), s1[i]);
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void Add2(A* __restrict__ d, const A* __restrict__ b,
-                                    const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Base<kZero>(b[i]), s[i]);
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void Add3(A* __restrict__ d, const A* __restrict__ b,
-                                    const A* __restrict__ s0,
-                                    const A* __restrict__ s1, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Op(Base<kZero>(b[i]), s0[i]), s1[i]);
   }
 
   // dst = src
@@ -403,9 +442,7 @@ struct MultiKernels {
     const bool zero = K::ZeroFirst(base, k);
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
-      K::LoadBlock(tmp, base, off, m, k > 0);
-      if (zero) K::ZeroBlock(tmp, m);
-      for (int j = 0; j < k; ++j) K::AddBlock(tmp, srcs[j], off, m);
+      K::Block(tmp, base, srcs, k, off, m, zero);
       if (dst_nt) {
         StreamStoreNoFence(dst + off, tmp, m * sizeof(A));
       } else {
