@@ -92,6 +92,13 @@ constexpr int64_t kBlock = 1024;
 // The selects are bitwise (and/andnot/or), never maxps/minps: those return
 // a flushed zero for a denormal operand under DAZ, where Combine returns
 // the operand's own bits.
+// Fused reductions first take the plain fold x = (b wins ? b : x) from the
+// canonical base (one maxps/minps or compare and select per operand; a NaN
+// never wins). Its result is the winner's value, so Combine's whenever it
+// does not compare equal to zero (a zero result, or a denormal one under
+// DAZ, where the winner's sign of zero, its own bits or a flushed zero
+// matter); lanes of a vector with such a result are all recomputed with the
+// exact fold above.
 #if defined(__GNUC__)
 #define JAX_BLINK_VECTOR_MINMAX 1
 template <typename A>
@@ -132,6 +139,29 @@ struct MinMaxVec {
       z = (V)(((M)a | (M)b) & (M{} + VecOf<A>::kSign));
     }
     return Select(wins, b, Select(zeros, z, a));
+  }
+  // The plain fold: exact unless the result compares equal to zero.
+  static V FastOp(V a, V b) {
+    if constexpr (kMax) {
+      return b > a ? b : a;
+    } else {
+      return b < a ? b : a;
+    }
+  }
+  static V FastCanonical(V x) { return FastOp(Fill(), x); }
+  static bool AnyZero(V x) {
+    const M z = x == V{};
+#if defined(__x86_64__)
+    if constexpr (sizeof(A) == 4) {
+      return _mm_movemask_ps(reinterpret_cast<__m128>(z)) != 0;
+    } else {
+      return _mm_movemask_pd(reinterpret_cast<__m128d>(z)) != 0;
+    }
+#else
+    bool any = false;
+    for (int j = 0; j < kW; ++j) any |= z[j] != 0;
+    return any;
+#endif
   }
   static V Load(const A* p) {
     V v;
@@ -307,8 +337,12 @@ struct Kernels {
       using V = typename MM::V;
       constexpr int W = MM::kW;
       auto fold = [&](const A* bb, const A* const* ss) {
-        V x = MM::Canonical(MM::Load(bb));
-        for (int j = 0; j < K; ++j) x = MM::Op(x, MM::Load(ss[j]));  // unrolled
+        V x = MM::FastCanonical(MM::Load(bb));
+        for (int j = 0; j < K; ++j) x = MM::FastOp(x, MM::Load(ss[j]));  // unrolled
+        if (__builtin_expect(MM::AnyZero(x), 0)) {
+          x = MM::Canonical(MM::Load(bb));
+          for (int j = 0; j < K; ++j) x = MM::Op(x, MM::Load(ss[j]));
+        }
         return x;
       };
       int64_t i = 0;
