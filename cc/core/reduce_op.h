@@ -8,6 +8,11 @@
 // all-NaN reduction gives -inf / +inf, as XLA CPU's lax.pmax / lax.pmin do;
 // of +0 and -0, max gives +0 and min -0 (on bits commutative and
 // associative, so every schedule and fusion order gives the same result).
+// The CPU executor's vector kernels (cpu/executor_cpu.cc, MinMaxVec) compute
+// the same function in another form (NaN made the fill once, as a value
+// enters the accumulator; a plain fold, redone exactly where a result is
+// zero); tests/executor/test_v2_collectives.py checks both against each other
+// and numpy on random bit patterns.
 #ifndef JAX_BLINK_CC_CORE_REDUCE_OP_H_
 #define JAX_BLINK_CC_CORE_REDUCE_OP_H_
 

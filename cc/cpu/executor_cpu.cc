@@ -74,19 +74,172 @@ constexpr int64_t kBlock = 1024;
 // inlines them and then falls back to scalar code behind alias checks.
 #define JAX_BLINK_KERNEL __attribute__((noinline))
 
+// max/min of float and double, vectorised by hand (GCC/Clang vector
+// extensions; SSE2 on x86-64, NEON on aarch64, no target flags). Same bits as
+// core/reduce_op.h's Combine, in every floating-point mode, including flush
+// of denormals (DAZ/FTZ, which XLA CPU sets on the threads that run the
+// custom call):
+// * a value is made canonical once, where it enters the accumulator (the
+//   base of a reduction): NaN -> -inf (max) / +inf (min);
+// * then op(a, b), for canonical a and any b, is
+//     b wins (b > a for max, b < a for min; never for a NaN b) ? b
+//     : (a == 0 && b == 0) ? the zero Combine gives (a + b for max,
+//                            -0 if either is -0 for min)
+//     : a,
+//   which is Combine's result: a NaN b counts as the fill, which never wins
+//   against a canonical a, and when neither wins and the two are not zeros
+//   they are equal, hence the same bits.
+// The selects are bitwise (and/andnot/or), never maxps/minps: those return
+// a flushed zero for a denormal operand under DAZ, where Combine returns
+// the operand's own bits.
+// Fused reductions first take the plain fold x = (b wins ? b : x) from the
+// canonical base (one maxps/minps or compare and select per operand; a NaN
+// never wins). Its result is the winner's value, so Combine's whenever it
+// does not compare equal to zero (a zero result, or a denormal one under
+// DAZ, where the winner's sign of zero, its own bits or a flushed zero
+// matter); lanes of a vector with such a result are all recomputed with the
+// exact fold above.
+#if defined(__GNUC__)
+#define JAX_BLINK_VECTOR_MINMAX 1
+template <typename A>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  typedef float V __attribute__((vector_size(16)));
+  typedef int32_t M __attribute__((vector_size(16)));
+  static constexpr int32_t kSign = INT32_MIN;
+};
+template <>
+struct VecOf<double> {
+  typedef double V __attribute__((vector_size(16)));
+  typedef int64_t M __attribute__((vector_size(16)));
+  static constexpr int64_t kSign = INT64_MIN;
+};
+
+template <ReduceOp kOp, typename A>
+struct MinMaxVec {
+  using V = typename VecOf<A>::V;
+  using M = typename VecOf<A>::M;
+  static constexpr int kW = 16 / sizeof(A);
+  static constexpr bool kMax = kOp == ReduceOp::kMax;
+
+  static V Fill() {
+    return V{} + (kMax ? -static_cast<A>(__builtin_inf()) : static_cast<A>(__builtin_inf()));
+  }
+  static V Select(M m, V x, V y) { return (V)(((M)x & m) | ((M)y & ~m)); }
+  static V Canonical(V x) { return Select(x == x, x, Fill()); }
+  static V Op(V a, V b) {  // a canonical
+    const V zero = V{};
+    const M wins = kMax ? (b > a) : (b < a);
+    const M zeros = (a == zero) & (b == zero);
+    V z;
+    if constexpr (kMax) {
+      z = a + b;
+    } else {
+      z = (V)(((M)a | (M)b) & (M{} + VecOf<A>::kSign));
+    }
+    return Select(wins, b, Select(zeros, z, a));
+  }
+  // The plain fold: exact unless the result compares equal to zero.
+  static V FastOp(V a, V b) {
+    if constexpr (kMax) {
+      return b > a ? b : a;
+    } else {
+      return b < a ? b : a;
+    }
+  }
+  static V FastCanonical(V x) { return FastOp(Fill(), x); }
+  static bool AnyZero(V x) {
+    const M z = x == V{};
+#if defined(__x86_64__)
+    if constexpr (sizeof(A) == 4) {
+      return _mm_movemask_ps(reinterpret_cast<__m128>(z)) != 0;
+    } else {
+      return _mm_movemask_pd(reinterpret_cast<__m128d>(z)) != 0;
+    }
+#else
+    bool any = false;
+    for (int j = 0; j < kW; ++j) any |= z[j] != 0;
+    return any;
+#endif
+  }
+  static V Load(const A* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static void Store(A* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+
+  // t = canonical(p)
+  JAX_BLINK_KERNEL static void CanonicalBlock(A* __restrict__ t, const A* __restrict__ p,
+                                              int64_t m) {
+    int64_t i = 0;
+    for (; i + kW <= m; i += kW) Store(t + i, Canonical(Load(p + i)));
+    if (i < m) {  // the tail through the same vector code
+      A x[kW] = {};
+      std::memcpy(x, p + i, (m - i) * sizeof(A));
+      Store(x, Canonical(Load(x)));
+      std::memcpy(t + i, x, (m - i) * sizeof(A));
+    }
+  }
+  // t = op(t, p), t canonical
+  JAX_BLINK_KERNEL static void OpBlock(A* __restrict__ t, const A* __restrict__ p, int64_t m) {
+    int64_t i = 0;
+    for (; i + kW <= m; i += kW) Store(t + i, Op(Load(t + i), Load(p + i)));
+    if (i < m) {
+      A x[kW] = {};
+      A y[kW] = {};
+      std::memcpy(x, t + i, (m - i) * sizeof(A));
+      std::memcpy(y, p + i, (m - i) * sizeof(A));
+      Store(x, Op(Load(x), Load(y)));
+      std::memcpy(t + i, x, (m - i) * sizeof(A));
+    }
+  }
+};
+#else
+#define JAX_BLINK_VECTOR_MINMAX 0
+#endif
+
 // Reductions by kOp (core/reduce_op.h), left to right in step order.
 template <class Tr, ReduceOp kOp>
 struct Kernels {
   using T = typename Tr::T;
   using A = typename Tr::A;
   static A Op(A a, A b) { return Combine<kOp, A>(a, b); }
+  // max/min of floating-point accumulators: the vector kernels above, on
+  // blocks (the accumulator block canonical).
+  static constexpr bool kMinMaxVec =
+      JAX_BLINK_VECTOR_MINMAX && kOp != ReduceOp::kSum && std::is_floating_point<A>::value;
+#if JAX_BLINK_VECTOR_MINMAX
+  using MM = MinMaxVec<kOp, std::conditional_t<std::is_floating_point<A>::value, A, float>>;
+#endif
 
+  // tmp = base (converted to A); `reduce`: the base of a reduction, made
+  // canonical for the max/min vector kernels (a copy keeps its bits: NaN
+  // payloads included).
   JAX_BLINK_KERNEL static void LoadBlock(A* __restrict__ tmp, Src s,
-                                         int64_t off, int64_t m) {
+                                         int64_t off, int64_t m, bool reduce) {
     if (Tr::kSame || !s.is_input) {
+#if JAX_BLINK_VECTOR_MINMAX
+      if constexpr (kMinMaxVec) {
+        if (reduce) {
+          MM::CanonicalBlock(tmp, static_cast<const A*>(s.p) + off, m);
+          return;
+        }
+      }
+#endif
       std::memcpy(tmp, static_cast<const A*>(s.p) + off, m * sizeof(A));
     } else {
       const T* __restrict__ p = static_cast<const T*>(s.p) + off;
+      if constexpr (kMinMaxVec) {
+        if (reduce) {
+          // canonical as it enters: NaN -> the fill (Combine(x, fill) is x's canonical value)
+          constexpr A kFill = kOp == ReduceOp::kMax ? -static_cast<A>(__builtin_inf())
+                                                    : static_cast<A>(__builtin_inf());
+          for (int64_t i = 0; i < m; ++i) tmp[i] = Combine<kOp, A>(Tr::ToAcc(p[i]), kFill);
+          return;
+        }
+      }
       for (int64_t i = 0; i < m; ++i) tmp[i] = Tr::ToAcc(p[i]);
     }
   }
@@ -94,6 +247,12 @@ struct Kernels {
                                         int64_t m) {
     if (Tr::kSame || !s.is_input) {
       const A* __restrict__ p = static_cast<const A*>(s.p) + off;
+#if JAX_BLINK_VECTOR_MINMAX
+      if constexpr (kMinMaxVec) {
+        MM::OpBlock(tmp, p, m);
+        return;
+      }
+#endif
       for (int64_t i = 0; i < m; ++i) tmp[i] = Op(tmp[i], p[i]);
     } else {
       const T* __restrict__ p = static_cast<const T*>(s.p) + off;
@@ -103,84 +262,128 @@ struct Kernels {
 
   // A sum that starts from a rank's input starts from +0 first, as
   // lax.psum's does: a sum of -0.0 only is +0.0 (x + 0 == x otherwise).
-  // (max and min need no start: Combine canonicalises both operands.)
+  // (max and min need no start: Combine canonicalises both operands, the
+  // vector kernels the base as they load it.)
   static bool ZeroFirst(Src base, int k) {
     return kOp == ReduceOp::kSum && std::is_floating_point<A>::value && base.is_input && k > 0;
   }
-  template <bool kZero>
-  static A Base(A b) {
-    return kZero ? A(0) + b : b;
-  }
-
   // dst = op(op(op(base, s0), s1), ...), left to right (deterministic).
   static void Reduce(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
-    if (ZeroFirst(base, k)) {
-      ReduceFrom<true>(dst_v, base, srcs, k, n);
-    } else {
-      ReduceFrom<false>(dst_v, base, srcs, k, n);
-    }
-  }
-
-  template <bool kZero>
-  static void ReduceFrom(void* dst_v, Src base, const Src* srcs, int k, int64_t n) {
     A* dst = static_cast<A*>(dst_v);
-    if constexpr (Tr::kSame) {
-      const A* b = static_cast<const A*>(base.p);
-      if (k == 1) {
-        if (b == dst) {
-          AddInPlace<kZero>(dst, static_cast<const A*>(srcs[0].p), n);
-        } else {
-          Add2<kZero>(dst, b, static_cast<const A*>(srcs[0].p), n);
-        }
-        return;
-      }
-      if (k == 2) {
-        if (b == dst) {
-          AddInPlace2<kZero>(dst, static_cast<const A*>(srcs[0].p),
-                             static_cast<const A*>(srcs[1].p), n);
-        } else {
-          Add3<kZero>(dst, b, static_cast<const A*>(srcs[0].p),
-                      static_cast<const A*>(srcs[1].p), n);
-        }
-        return;
-      }
+    const bool zero = ZeroFirst(base, k);
+    if (Fusable(base, srcs, k) && base.p != dst_v) {  // (sources are peers' buffers)
+      Fused(dst, base, srcs, k, 0, n, zero);
+      return;
     }
     alignas(64) A tmp[kBlock];
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
-      LoadBlock(tmp, base, off, m);
-      if (kZero) ZeroBlock(tmp, m);
-      for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
+      Block(tmp, base, srcs, k, off, m, zero);
       std::memcpy(dst + off, tmp, m * sizeof(A));
+    }
+  }
+
+  // tmp = op(op(base, s0), ...) over elements [off, off + m) (k = 0: a copy
+  // of base); `zero`: ZeroFirst.
+  static void Block(A* tmp, Src base, const Src* srcs, int k, int64_t off, int64_t m,
+                    bool zero) {
+    if (Fusable(base, srcs, k)) {
+      Fused(tmp, base, srcs, k, off, m, zero);
+      return;
+    }
+    LoadBlock(tmp, base, off, m, k > 0);
+    if (zero) ZeroBlock(tmp, m);
+    for (int j = 0; j < k; ++j) AddBlock(tmp, srcs[j], off, m);
+  }
+
+  // Every operand is of the accumulator type: one pass over all of them,
+  // the running value in registers.
+  static bool Fusable(Src base, const Src* srcs, int k) {
+    if (k < 1 || k > kMaxFuse) return false;
+    if (Tr::kSame) return true;
+    if (base.is_input) return false;
+    for (int j = 0; j < k; ++j) {
+      if (srcs[j].is_input) return false;
+    }
+    return true;
+  }
+  static void Fused(A* d, Src base, const Src* srcs, int k, int64_t off, int64_t m, bool zero) {
+    static_assert(kMaxFuse == 8, "Fused takes up to 8 sources");
+    const A* b = static_cast<const A*>(base.p) + off;
+    const A* p[kMaxFuse] = {};
+    for (int j = 0; j < k; ++j) p[j] = static_cast<const A*>(srcs[j].p) + off;
+    switch (k) {
+      case 1: return FusedK<1>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 2: return FusedK<2>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 3: return FusedK<3>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 4: return FusedK<4>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 5: return FusedK<5>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 6: return FusedK<6>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      case 7: return FusedK<7>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+      default: return FusedK<8>(d, b, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], m, zero);
+    }
+  }
+  // d = op(op(b, s0), ...) with K sources (the pointers past K unused); d
+  // aliases none of them.
+  template <int K>
+  JAX_BLINK_KERNEL static void FusedK(A* __restrict__ d, const A* __restrict__ b,
+                                      const A* __restrict__ s0, const A* __restrict__ s1,
+                                      const A* __restrict__ s2, const A* __restrict__ s3,
+                                      const A* __restrict__ s4, const A* __restrict__ s5,
+                                      const A* __restrict__ s6, const A* __restrict__ s7,
+                                      int64_t n, bool zero) {
+#if JAX_BLINK_VECTOR_MINMAX
+    if constexpr (kMinMaxVec) {
+      using V = typename MM::V;
+      constexpr int W = MM::kW;
+      auto fold = [&](const A* bb, const A* const* ss) {
+        V x = MM::FastCanonical(MM::Load(bb));
+        for (int j = 0; j < K; ++j) x = MM::FastOp(x, MM::Load(ss[j]));  // unrolled
+        if (__builtin_expect(MM::AnyZero(x), 0)) {
+          x = MM::Canonical(MM::Load(bb));
+          for (int j = 0; j < K; ++j) x = MM::Op(x, MM::Load(ss[j]));
+        }
+        return x;
+      };
+      int64_t i = 0;
+      for (; i + W <= n; i += W) {
+        const A* ss[8] = {s0 + i, s1 + i, s2 + i, s3 + i, s4 + i, s5 + i, s6 + i, s7 + i};
+        MM::Store(d + i, fold(b + i, ss));
+      }
+      if (i < n) {  // the tail through the same vector code
+        const int64_t r = n - i;
+        A xb[W] = {};
+        A xs[K][W] = {};
+        const A* ss[8] = {};
+        const A* const srcs[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+        std::memcpy(xb, b + i, r * sizeof(A));
+        for (int j = 0; j < K; ++j) {
+          std::memcpy(xs[j], srcs[j] + i, r * sizeof(A));
+          ss[j] = xs[j];
+        }
+        MM::Store(xb, fold(xb, ss));
+        std::memcpy(d + i, xb, r * sizeof(A));
+      }
+      return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+      A x = zero ? A(0) + b[i] : b[i];
+      if constexpr (K > 0) x = Op(x, s0[i]);
+      if constexpr (K > 1) x = Op(x, s1[i]);
+      if constexpr (K > 2) x = Op(x, s2[i]);
+      if constexpr (K > 3) x = Op(x, s3[i]);
+      if constexpr (K > 4) x = Op(x, s4[i]);
+      if constexpr (K > 5) x = Op(x, s5[i]);
+      if constexpr (K > 6) x = Op(x, s6[i]);
+      if constexpr (K > 7) x = Op(x, s7[i]);
+      d[i] = x;
     }
   }
 
   // tmp = 0 + tmp (see ZeroFirst).
   JAX_BLINK_KERNEL static void ZeroBlock(A* __restrict__ tmp, int64_t m) {
     for (int64_t i = 0; i < m; ++i) tmp[i] = A(0) + tmp[i];
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void AddInPlace(A* __restrict__ d,
-                                          const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Base<kZero>(d[i]), s[i]);
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void AddInPlace2(A* __restrict__ d,
-                                           const A* __restrict__ s0,
-                                           const A* __restrict__ s1,
-                                           int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Op(Base<kZero>(d[i]), s0[i]), s1[i]);
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void Add2(A* __restrict__ d, const A* __restrict__ b,
-                                    const A* __restrict__ s, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Base<kZero>(b[i]), s[i]);
-  }
-  template <bool kZero>
-  JAX_BLINK_KERNEL static void Add3(A* __restrict__ d, const A* __restrict__ b,
-                                    const A* __restrict__ s0,
-                                    const A* __restrict__ s1, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = Op(Op(Base<kZero>(b[i]), s0[i]), s1[i]);
   }
 
   // dst = src
@@ -273,9 +476,7 @@ struct MultiKernels {
     const bool zero = K::ZeroFirst(base, k);
     for (int64_t off = 0; off < n; off += kBlock) {
       const int64_t m = std::min(kBlock, n - off);
-      K::LoadBlock(tmp, base, off, m);
-      if (zero) K::ZeroBlock(tmp, m);
-      for (int j = 0; j < k; ++j) K::AddBlock(tmp, srcs[j], off, m);
+      K::Block(tmp, base, srcs, k, off, m, zero);
       if (dst_nt) {
         StreamStoreNoFence(dst + off, tmp, m * sizeof(A));
       } else {
@@ -351,7 +552,7 @@ std::string StepText(const RankSteps& rs, int32_t i) {
 class RankRunner {
  public:
   RankRunner(const ExecArgs& a, Slot& slot, uint32_t epoch, int64_t generation,
-             Clock::time_point deadline, void* acc)
+             Clock::time_point deadline)
       : a_(a),
         s_(*a.schedule),
         rs_(s_.ranks[a.rank]),
@@ -366,7 +567,6 @@ class RankRunner {
         tsize_(DTypeSize(s_.dtype)),
         asize_(AccSize(s_.dtype)),
         in_(static_cast<const char*>(a.in)),
-        acc_(static_cast<char*>(acc)),
         spin_(GetExecTunables().spin),
         nt_bytes_(GetExecTunables().nt_bytes),
         push_(GetExecTunables().push),
@@ -499,8 +699,8 @@ class RankRunner {
       if (!PeerRecvReady(snd.peer, snd.match)) continue;
       if (!Claim(snd.peer, snd.match)) continue;
       sends[np] = si;
-      dsts[np].p = static_cast<char*>(slot_.info[snd.peer].acc) + off * asize_;
-      dsts[np].nt = UseStreamStores(rcv);
+      dsts[np].p = AccAt(snd.peer, off);
+      dsts[np].nt = UseStreamStores(snd.peer, rcv, off);
       ++np;
     }
     // Sends of the chunk that are not direct successors would read it too.
@@ -528,14 +728,33 @@ class RankRunner {
     }
   }
 
-  // Large outputs that hold the accumulator (not a workspace).
-  bool StreamEligible() const {
-    return same_types_ && acc_ == a_.out && nt_bytes_ > 0 &&
-           s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+  // Where element `off` of rank `rank`'s accumulator lives: in its output
+  // buffer for its output range when RankInfo::acc_out is set (a
+  // reduce_scatter's shard), else in RankInfo::acc.
+  char* AccAt(int64_t rank, int64_t off) const {
+    const RankInfo& ri = slot_.info[rank];
+    if (ri.acc_out != nullptr) {
+      const int64_t lo = s_.OutputOffset(rank);
+      if (off >= lo && off < lo + s_.out_count) {
+        return static_cast<char*>(ri.acc_out) + (off - lo) * asize_;
+      }
+    }
+    return static_cast<char*>(ri.acc) + off * asize_;
+  }
+  // Element `off` of rank `rank`'s accumulator is in its output buffer (not
+  // a workspace) and the collective's vector is large.
+  bool StreamEligible(int64_t rank, int64_t off) const {
+    if (!same_types_ || nt_bytes_ <= 0 || s_.count * static_cast<int64_t>(asize_) < nt_bytes_) {
+      return false;
+    }
+    const RankInfo& ri = slot_.info[rank];
+    if (ri.acc == ri.out) return true;
+    const int64_t lo = s_.OutputOffset(rank);
+    return ri.acc_out != nullptr && off >= lo && off < lo + s_.out_count;
   }
   // The value a RECV writes is not read again soon (no later SEND of it).
-  bool UseStreamStores(const Step& recv) const {
-    return !recv.sent_after && StreamEligible();
+  bool UseStreamStores(int64_t rank, const Step& recv, int64_t off) const {
+    return !recv.sent_after && StreamEligible(rank, off);
   }
 
   Src SourceOf(const Step& st) const {
@@ -544,7 +763,7 @@ class RankRunner {
     if (st.src_input) {  // (an allgather's input is its shard of the vector)
       return {static_cast<const char*>(pi.in) + (off - s_.InputOffset(st.peer)) * tsize_, true};
     }
-    return {static_cast<const char*>(pi.acc) + off * asize_, false};
+    return {AccAt(st.peer, off), false};
   }
 
   bool TryRun(StepTracker& tr, int32_t i) {
@@ -588,7 +807,7 @@ class RankRunner {
     }
     const int64_t off = s_.chunk_offset[st.chunk];
     const int64_t len = s_.chunk_length[st.chunk];
-    char* dst = acc_ + off * asize_;
+    char* dst = AccAt(a_.rank, off);
     int32_t push_sends[kMaxPush];
     PushDst push_dsts[kMaxPush];
     if (st.op == Op::kRecvCopy) {
@@ -599,9 +818,9 @@ class RankRunner {
       const int np =
           CollectPushes(tr, &self, 1, push_sends, push_dsts, &all_pushed);
       if (np > 0) {
-        kt_.produce(dst, all_pushed && StreamEligible(), src, nullptr, 0, len,
+        kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), src, nullptr, 0, len,
                     push_dsts, np);
-      } else if (UseStreamStores(st)) {
+      } else if (UseStreamStores(a_.rank, st, off)) {
         StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
       } else {
         kt_.copy(dst, src, len);
@@ -635,8 +854,11 @@ class RankRunner {
                                                    push_dsts, &all_pushed)
                                    : 0;
     if (np > 0) {
-      kt_.produce(dst, all_pushed && StreamEligible(), base, srcs, k, len,
+      kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), base, srcs, k, len,
                   push_dsts, np);
+    } else if (last.last_write && UseStreamStores(a_.rank, last, off)) {
+      // The final value, read by nobody soon (a reduce_scatter's shard).
+      kt_.produce(dst, true, base, srcs, k, len, nullptr, 0);
     } else {
       kt_.reduce(dst, base, srcs, k, len);
     }
@@ -718,7 +940,6 @@ class RankRunner {
   // output is its shard of ACC only.
   void Finalize() {
     char* out = static_cast<char*>(a_.out);
-    const bool separate_acc = acc_ != out;
     const int64_t out_lo = s_.OutputOffset(a_.rank);
     const int64_t in_lo = s_.InputOffset(a_.rank);
     for (int64_t c = 0; c < s_.nchunks; ++c) {
@@ -727,7 +948,8 @@ class RankRunner {
       if (off < out_lo || off + len > out_lo + s_.out_count) continue;
       char* dst = out + (off - out_lo) * tsize_;
       if (rs_.chunk_written[c]) {
-        if (separate_acc) kt_.finalize(dst, acc_ + off * asize_, len);
+        const char* acc = AccAt(a_.rank, off);
+        if (acc != dst) kt_.finalize(dst, acc, len);
       } else {
         const char* src = in_ + (off - in_lo) * tsize_;
         if (dst != src) std::memcpy(dst, src, len * tsize_);
@@ -749,7 +971,6 @@ class RankRunner {
   const size_t tsize_;
   const size_t asize_;
   const char* const in_;
-  char* const acc_;
   const int spin_;
   const int64_t nt_bytes_;
   const bool push_;
@@ -831,6 +1052,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   info.in = a.in;
   info.out = a.out;
   info.acc = a.out;
+  info.acc_out = nullptr;
   info.count = a.in_count;
   info.dtype = a.dtype;
   info.nranks = s.nranks;
@@ -846,8 +1068,13 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
           (a.workspace == nullptr ? " (none)" : ""));
     }
     info.acc = a.workspace;
+    // A reduce_scatter's output holds its shard of the accumulator (where
+    // its final value is reduced); the workspace only the chunks of other
+    // shards that the rank reduces on their way (none in a star).
+    if (!HasScratchAcc(s.dtype) && a.in != a.out && s.out_count != s.count) {
+      info.acc_out = a.out;
+    }
   }
-  void* acc = info.acc;
   if (info.error.ok()) {
     AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype),
                     GetExecTunables().hugepage_bytes);
@@ -868,8 +1095,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
     Slot& slot = *ticket.slot;
     res.status = CheckConsistent(slot, Where(a, ticket.generation));
     if (res.status.ok()) {
-      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline,
-                        acc);
+      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline);
       res.status = runner.Run();
       if (!res.status.ok()) slot.Fail(a.rank, res.status);  // the first one wins
       // All or nothing: no rank returns before every rank's execution is

@@ -56,7 +56,9 @@ ExecResult ExecuteCpu(const ExecArgs& args);
 // Bytes of workspace a call of `s` needs for its accumulator when it is not
 // the output buffer: count elements of the accumulator type for f16/bf16
 // (float32), when the input aliases the output (peers still read the
-// input), and for reduce_scatter (the output is one shard); else 0.
+// input), and for reduce_scatter (the output is one shard: it holds that
+// shard of the accumulator, the workspace the chunks of other shards the
+// rank reduces on their way); else 0.
 inline int64_t CpuWorkspaceBytes(const Schedule& s, bool aliased) {
   const bool separate = HasScratchAcc(s.dtype) || aliased || s.out_count != s.count;
   return separate ? s.count * static_cast<int64_t>(AccSize(s.dtype)) : 0;
@@ -89,7 +91,8 @@ class WorkspacePool {
 struct ExecTunables {
   int spin = 0;               // busy-wait iterations before yielding
   int64_t yield_ns = 200000;  // then sched_yield for this long before sleeping
-  // Copies of at least this many bytes whose destination no peer reads
+  // When the collective's vector has at least this many bytes, copies and
+  // final reductions whose destination is the output and that no peer reads
   // afterwards bypass the cache (non-temporal stores, x86-64 only); they
   // save the read-for-ownership traffic of large outputs.
   int64_t nt_bytes = int64_t{1} << 20;

@@ -113,6 +113,7 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
     RankInfo& ri = info[r];
     ri.in = nullptr;
     ri.acc = nullptr;
+    ri.acc_out = nullptr;
     ri.out = nullptr;
     ri.count = 0;
     ri.dtype = -1;

@@ -88,6 +88,10 @@ struct RendezvousKey {
 struct RankInfo {
   const void* in = nullptr;  // input buffer (IN_r)
   void* acc = nullptr;       // accumulator (ACC_r): out, or a scratch buffer
+  // CPU executor: when not null, the accumulator's elements of the rank's
+  // output range (a reduce_scatter's shard) live here (the output buffer)
+  // instead of in `acc`, so they need no copy at the end.
+  void* acc_out = nullptr;
   void* out = nullptr;       // output buffer
   int64_t count = 0;         // elements in its buffers
   int32_t dtype = -1;        // dtype code of its buffers

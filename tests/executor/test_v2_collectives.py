@@ -157,3 +157,58 @@ def test_mixed_signed_zeros_give_plus_zero_for_max_and_minus_zero_for_min():
         s = lower_ring([0, 1], collective="allreduce", count=2, dtype="float32", op=op)
         for out in (run_cpu(s, inputs), run_emulated(s, inputs)):
             assert out[0].tobytes() == np.array(want, np.float32).tobytes()
+
+
+def random_float_bits(dtype, nranks, count, seed):
+    """Inputs of random bit patterns, half of them zeros, denormals, NaNs (with payloads) and
+    infinities of either sign, so that most results are ties among zeros and denormals."""
+    itype, bits = {"float32": (np.uint32, 32), "float64": (np.uint64, 64)}[dtype]
+    mant = (1 << (23 if bits == 32 else 52)) - 1
+    exp = ((1 << bits) - 1) ^ mant ^ (1 << (bits - 1))
+    sign = 1 << (bits - 1)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(nranks):
+        x = rng.integers(0, 1 << 62, count, dtype=np.uint64).astype(itype)
+        kind = rng.integers(0, 8, count)
+        small = rng.integers(0, 4, count).astype(itype)  # zeros and denormals 1..3
+        x = np.where(kind < 3, small, x)
+        x = np.where(kind == 3, itype(exp) | (x & itype(mant)) | itype(1), x)  # NaN, any payload
+        x = np.where(kind == 4, itype(exp), x)  # inf
+        x = np.where(rng.random(count) < 0.5, x | itype(sign), x & itype(~sign & ((1 << bits) - 1)))
+        out.append(x.view(dtype))
+    return out
+
+
+def reference_fold(op, inputs):
+    """Combine's fold without denormal flushing: NaN counts as -inf (max) / +inf (min); a zero
+    result has the sign of max's AND (min's OR) of the zeros' signs; otherwise the winner's bits."""
+    x = np.stack(inputs)
+    fill = -np.inf if op == "max" else np.inf
+    clean = np.where(np.isnan(x), fill, x)
+    best = clean.max(axis=0) if op == "max" else clean.min(axis=0)
+    neg = np.signbit(clean) & (clean == 0)
+    zeros = clean == 0
+    zero_sign = (neg | ~zeros).all(axis=0) if op == "max" else neg.any(axis=0)
+    return np.where(best == 0, np.where(zero_sign, -0.0, 0.0).astype(x.dtype), best).astype(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_and_min_of_random_bits_agree_on_every_executor(dtype, op):
+    """The CPU executor's vector kernels (a plain fold, redone exactly where a result compares equal
+    to zero) and the stream emulator's scalar Combine give the same bits, on fused reductions of
+    1 to 7 operands and on chunks whose lengths are not multiples of the vector width."""
+    n = 8
+    for name, s in v2_schedules(n, n * 1003, dtype, op, chunks=3).items():
+        if s.collective not in ("allreduce", "reduce_scatter", "reduce"):
+            continue
+        inputs = random_float_bits(dtype, n, s.in_count, seed=len(name))
+        want = reference_fold(op, inputs)
+        cpu, emulated = run_cpu(s, inputs), run_emulated(s, inputs, seed=len(name))
+        for r in range(n):
+            if s.collective == "reduce" and r != s.root:
+                continue
+            lo, hi = s.shard(r) if s.collective == "reduce_scatter" else (0, s.count)
+            assert cpu[r].tobytes() == want[lo:hi].tobytes(), (name, r)
+            assert emulated[r].tobytes() == cpu[r].tobytes(), (name, r)
