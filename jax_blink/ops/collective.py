@@ -33,13 +33,22 @@ from jax_blink.ops import decide as _decide
 from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
 from jax_blink.ops.primitive import bind_collective
 
-__all__ = ["run"]
+__all__ = ["run", "carried_as"]
 
 _SHARDED_OUT = ("allgather",)
 
 # dtypes carried in a wider schedule dtype with the same results: sums wrap
 # modulo 2^k after the cast back, max/min and copies are exact
 _WIDEN = {"bool": "int32", "int8": "int32", "int16": "int32", "uint8": "int32", "uint16": "int32"}
+
+
+def carried_as(dtype) -> tuple:
+    """``(schedule dtype, parts per element)`` a value of ``dtype`` travels as:
+    complex as two floats, bool and the small integers widened."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "c":
+        return np.dtype(dtype.char.lower()).name, 2
+    return _WIDEN.get(dtype.name, dtype.name), 1
 
 
 def _prepare(block, name, collective, op):

@@ -12,7 +12,7 @@ from jax import lax
 
 from jax_blink.ops import decide as _decide
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
-from jax_blink.ops.collective import run
+from jax_blink.ops.collective import carried_as, run
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "explain"]
 
@@ -167,14 +167,8 @@ def explain(x=None, axis_size=None, *, op="psum", root=0, topology=None, min_byt
     if op not in _COLLECTIVE_OF:
         raise ValueError(f"explain: op must be one of {', '.join(_COLLECTIVE_OF)}, got {op!r}")
     collective, reduce_op = _COLLECTIVE_OF[op]
-    dtype = np.dtype(x.dtype)
-    count = int(np.prod(x.shape))
-    if dtype.kind == "c":
-        dtype, count = np.dtype(dtype.char.lower()), 2 * count
-    elif dtype.name in ("bool", "int8", "int16", "uint8", "uint16"):
-        dtype = np.dtype(np.int32)
-    if collective == "allgather":
-        count *= axis_size
-    return _decide.decide(count, dtype.name, axis_size, collective=collective, op=reduce_op,
+    dtype, parts = carried_as(x.dtype)
+    count = int(np.prod(x.shape)) * parts * (axis_size if collective == "allgather" else 1)
+    return _decide.decide(count, dtype, axis_size, collective=collective, op=reduce_op,
                           root=root if collective == "broadcast" else None, topology=topology,
                           min_bytes=min_bytes, chunks=chunks).text
