@@ -313,8 +313,7 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
 
 
 _NAMES = {"blink": "blink plan", "blink-tuned": "blink plan (tuned by simulation)",
-          "ring": "NCCL's ring", "tree": "NCCL's double binary tree", "chain": "a pipelined chain",
-          "file": "JAX_BLINK_PLAN"}
+          "ring": "NCCL's ring", "tree": "NCCL's double binary tree", "chain": "a pipelined chain"}
 
 
 def _choose(request, count, dtype, platform, what, fallback):

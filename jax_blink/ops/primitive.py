@@ -110,40 +110,35 @@ def _jvp(primals, tangents, *, request, **params):
     return out, _rebind(tx, rank, group, request=request, **params)
 
 
-def _with(request, **changes):
-    return dataclasses.replace(request, **changes)
+# The collective that transposes each one (allreduce and broadcast are
+# handled by mode below). The ops mask reduce's non-root outputs, so only the
+# root's cotangent counts and a broadcast transposes it.
+_TRANSPOSE = {"broadcast": "reduce", "reduce": "broadcast", "reduce_scatter": "allgather",
+              "allgather": "reduce_scatter"}
 
 
 def _transpose(ct, x, rank, group, *, axes, request, mode, **params):
     if type(ct) is ad.Zero:
         return [ad.Zero(x.aval), None, None]
-    params = dict(params, axes=axes, mode=mode)
-    collective, root = request.collective, request.root
+    collective = request.collective
+
+    def rebind(c, collective):
+        return _rebind(c, rank, group, axes=axes, mode=mode,
+                       request=dataclasses.replace(request, collective=collective), **params)
+
     if collective == "allreduce":
         if mode == "varying":  # the invariant cotangent is every rank's
             return [lax.pcast(ct, axes, to="varying"), None, None]
         if mode == "unreduced":  # as lax's unreduced_psum
             return [lax.pcast(ct, axes, to="reduced"), None, None]
-        return [_rebind(ct, rank, group, request=request, **params), None, None]
+        return [rebind(ct, "allreduce"), None, None]
     if collective == "broadcast":  # only the root's input reaches the outputs
-        if mode == "varying":
-            ct = lax.pcast(ct, axes, to="varying")
-        else:
-            ct = _rebind(ct, rank, group, request=_with(request, collective="reduce"), **params)
-        return [jnp.where(rank == root, ct, jnp.zeros_like(ct)), None, None]
-    if collective == "reduce":
-        # the ops mask non-root outputs, so only the root's cotangent counts
-        return [_rebind(ct, rank, group, request=_with(request, collective="broadcast"), **params),
-                None, None]
-    if collective == "reduce_scatter":
-        if mode == "unreduced":  # as lax's unreduced_psum_scatter: a reduced all-gather
-            return [_LAX_ALL_GATHER(ct, axes, tiled=True, to="reduced"), None, None]
-        return [_rebind(ct, rank, group, request=_with(request, collective="allgather"), **params),
-                None, None]
-    if collective == "allgather":
-        return [_rebind(ct, rank, group, request=_with(request, collective="reduce_scatter"),
-                        **params), None, None]
-    raise AssertionError(collective)
+        ct = lax.pcast(ct, axes, to="varying") if mode == "varying" else rebind(ct, "reduce")
+        return [jnp.where(rank == request.root, ct, jnp.zeros_like(ct)), None, None]
+    if collective == "reduce_scatter" and mode == "unreduced":
+        # as lax's unreduced_psum_scatter: a reduced all-gather
+        return [_LAX_ALL_GATHER(ct, axes, tiled=True, to="reduced"), None, None]
+    return [rebind(ct, _TRANSPOSE[collective]), None, None]
 
 
 def _batch(args, dims, *, request, site, schedule, **params):
