@@ -32,6 +32,7 @@ from jax_blink import settings
 from jax_blink.ops import decide as _decide
 from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
 from jax_blink.ops.primitive import bind_collective
+from jax_blink.ops.processes import layout
 
 __all__ = ["run", "carried_as"]
 
@@ -76,11 +77,16 @@ def _prepare(block, name, collective, op):
 
 def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum",
         root: Optional[int] = None, axis_index_groups=None, topology=None, min_bytes=None,
-        timeout_s=None, chunks=None, fallback: Callable, unreduced_ok: bool = False) -> list:
+        timeout_s=None, chunks=None, fallback: Callable, unreduced_ok: bool = False,
+        invariant: bool = False) -> list:
     """Runs ``collective`` over ``axes`` on 2-D ``blocks``; returns their results.
 
     ``fallback(blocks, mode)`` runs the lax equivalent on a list of
-    schedule-dtype blocks (used where the decision is lax).
+    schedule-dtype blocks (used where the decision is lax). ``invariant``
+    (allgather): type a varying value's result invariant over the axes.
+    Devices of several processes are never waited for: a call whose groups
+    span processes runs its lax equivalent (psum's hierarchical path,
+    :mod:`~jax_blink.ops.hierarchical`, calls this per process).
     """
     if not blocks:
         return []
@@ -101,6 +107,12 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
             owners.append(i)
 
     reason = _decide.environment_reason(axes)
+    if reason is None:
+        span = layout(axes, groups)
+        if span is not None:
+            reason = (span if isinstance(span, str) else
+                      f"the devices span processes ({span.describe()}); the hierarchical path "
+                      "serves psum, pmean, pmax and pmin")
     if reason is not None:
         _decide.record(f"{name} over {axes}: {_decide.lax_equivalent(collective, op)} ({reason})")
         results = fallback(parts, "untyped")
@@ -109,6 +121,8 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
     modes = []
     for i, p in enumerate(parts):
         parts[i], mode = typed(p, axes, name, unreduced_ok=unreduced_ok)
+        if mode == "varying" and invariant:
+            mode = "invariant"
         modes.append("untyped" if groups and mode == "varying" else mode)
 
     by_key = collections.defaultdict(list)

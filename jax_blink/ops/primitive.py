@@ -13,8 +13,10 @@ in lowering order, so the same program gets the same ids in every process.
 
 ``mode`` says how the value is typed over the reduced axes under
 ``check_vma``: ``"varying"`` (the usual case), ``"unreduced"`` (a typed partial
-sum, allreduce and reduce_scatter only) or ``"untyped"`` (``check_vma=False``
-and ``pmap``: no typing, and transposes communicate as in lax).
+sum, allreduce and reduce_scatter only), ``"invariant"`` (allgather only: the
+result is typed invariant over the axes, as ``lax.all_gather(to="invarying")``)
+or ``"untyped"`` (``check_vma=False`` and ``pmap``: no typing, and transposes
+communicate as in lax).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from jax_blink.schedule.constants import COLLECTIVE_CODE, REDUCE_OP_CODE
 __all__ = ["blink_collective_p", "bind_collective", "MODES"]
 
 blink_collective_p = Primitive("blink_collective")
-MODES = ("varying", "unreduced", "untyped")
+MODES = ("varying", "unreduced", "invariant", "untyped")
 
 _sites = itertools.count()
 _LAX_ALL_GATHER = lax.all_gather  # as imported (not a drop-in a user swapped into jax.lax)
@@ -81,7 +83,8 @@ def _abstract_eval(x, rank, group, *, axes, request, mode, **params):
     out = x.update(shape=(_out_size(request, x.shape[0]),))
     mat = out.manual_axis_type
     axes = set(axes)
-    if mode == "varying" and request.collective in ("allreduce", "broadcast"):
+    if (mode == "varying" and request.collective in ("allreduce", "broadcast")) or (
+            mode == "invariant" and request.collective == "allgather"):
         return out.update(manual_axis_type=mat.update(varying=mat.varying - axes))
     if mode == "unreduced":
         # a typed partial sum: summed, it is invariant (allreduce) or varying
@@ -135,10 +138,26 @@ def _transpose(ct, x, rank, group, *, axes, request, mode, **params):
     if collective == "broadcast":  # only the root's input reaches the outputs
         ct = lax.pcast(ct, axes, to="varying") if mode == "varying" else rebind(ct, "reduce")
         return [jnp.where(rank == request.root, ct, jnp.zeros_like(ct)), None, None]
+    if collective == "allgather" and mode == "invariant":
+        return [_invariant_gather_transpose(ct, rank, axes, request.topology.n), None, None]
     if collective == "reduce_scatter" and mode == "unreduced":
         # as lax's unreduced_psum_scatter: a reduced all-gather
         return [_LAX_ALL_GATHER(ct, axes, tiled=True, to="reduced"), None, None]
     return [rebind(ct, _TRANSPOSE[collective]), None, None]
+
+
+def _invariant_gather_transpose(ct, rank, axes, n):
+    """The transpose of an invariant all-gather of ``n``-device groups: each
+    device's block of the (invariant) cotangent, as lax's all_gather_invariant
+    transposes. Where the axes hold several groups (the hierarchical path's
+    in-process groups, all gathering the same value), the gathered value is
+    defined as the groups' mean, so each group's devices get 1/groups of it."""
+    total = 1
+    for ax in axes:
+        total *= lax.axis_size(ax)
+    m = ct.shape[0] // n
+    own = lax.dynamic_slice_in_dim(lax.pcast(ct, axes, to="varying"), rank * m, m)
+    return own if total == n else own / (total // n)
 
 
 def _batch(args, dims, *, request, site, schedule, **params):

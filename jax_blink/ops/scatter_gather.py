@@ -84,16 +84,20 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     ``tiled=True``, concatenated along it); a drop-in for ``lax.all_gather``.
 
     ``to`` is lax's: ``"varying"`` (the result stays varying over the axes)
-    runs jax_blink's all-gather; ``"reduced"`` (a typed replicated result)
-    is left to ``lax.all_gather``, and ``explain()`` says so. Keywords after
-    ``to`` are those of :func:`psum`. The transpose is :func:`psum_scatter`,
-    as in lax.
+    and ``"invarying"`` (typed invariant, as lax's all_gather_invariant; its
+    transpose takes each device's block of the cotangent) run jax_blink's
+    all-gather; ``"reduced"`` (a typed replicated result) is left to
+    ``lax.all_gather``, and ``explain()`` says so. Keywords after ``to`` are
+    those of :func:`psum`. The transpose of ``to="varying"`` is
+    :func:`psum_scatter`, as in lax.
     """
     axes = axes_tuple(axis_name)
-    if to != "varying":
+    if to not in ("varying", "invarying") or (to == "invarying" and axis_index_groups is not None):
+        # lax's: a typed replicated result, or its errors for an unknown `to`
+        # and for grouped invariant gathers
         axis_size(axes, "all_gather")
-        _decide.record(f"all_gather over {axes}: lax.all_gather (to={to!r}: a typed replicated "
-                       "result; jax_blink gathers to='varying' only)")
+        _decide.record(f"all_gather over {axes}: lax.all_gather (to={to!r}: jax_blink gathers "
+                       "to='varying' and to='invarying' without groups)")
         return _LAX_ALL_GATHER(x, axis_name, axis_index_groups=axis_index_groups, axis=axis,
                               tiled=tiled, to=to)
     leaves, treedef = jax.tree.flatten(x)
@@ -112,11 +116,12 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
 
     def fallback(bs, mode):
         return [_LAX_ALL_GATHER(b[0], axes, axis_index_groups=axis_index_groups, axis=0,
-                               tiled=False) for b in bs]
+                               tiled=False, to="invarying" if mode == "invariant" else "varying")
+                for b in bs]
 
     out = run(blocks, axes, name="all_gather", collective="allgather",
               axis_index_groups=axis_index_groups, topology=topology, min_bytes=min_bytes,
-              timeout_s=timeout_s, chunks=chunks, fallback=fallback)
+              timeout_s=timeout_s, chunks=chunks, fallback=fallback, invariant=to == "invarying")
     results = []
     for o, (shape, a) in zip(out, shapes):
         o = jnp.moveaxis(o.reshape((size,) + shape), 0, a)

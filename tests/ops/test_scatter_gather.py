@@ -148,6 +148,32 @@ def test_grads_transpose_into_each_other_as_lax(check_vma):
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_invarying_all_gather_as_lax():
+    """to="invarying": an invariant result (out_specs P()), lax's values, and
+    the transpose of lax.all_gather(to="invarying") (each device's block)."""
+    mesh = mesh1d()
+    x = data("float32", (N, 5))
+    w = data("float32", (N, 5), 1)
+
+    def loss(gather, x):
+        def body(v):
+            g = gather(jnp.sin(v), "x", tiled=True, to="invarying")    # (N, 5), invariant
+            assert not jax.typeof(g).manual_axis_type.varying
+            return (g * w).sum()
+        return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P())(x)
+
+    np.testing.assert_allclose(jax.jit(lambda x: loss(jax_blink.all_gather, x))(x),
+                               jax.jit(lambda x: loss(lax.all_gather, x))(x), rtol=1e-6)
+    assert "blink" in jax_blink.explain().splitlines()[-1], jax_blink.explain()
+    ours = jax.jit(jax.grad(lambda x: loss(jax_blink.all_gather, x)))(x)
+    ref = jax.jit(jax.grad(lambda x: loss(lax.all_gather, x)))(x)
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6)
+    with pytest.raises(NotImplementedError):  # as lax: no grouped invariant gather
+        rows(lambda v: jax_blink.all_gather(v, "x", to="invarying",
+                                            axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]),
+             x, check_vma=True)
+
+
 def test_jvp_as_lax():
     x, t = data("float32", (N, N * 2)), data("float32", (N, N * 2), 1)
     for ours_fn, ref_fn in ((lambda v: jax_blink.psum_scatter(v, "x", tiled=True),

@@ -1,0 +1,139 @@
+"""Which process owns each device of a collective, seen at trace time.
+
+A jax job of several processes (``jax.distributed``) runs each process's
+devices in that process only: the in-process executor must never wait for a
+device of another process. Inside ``shard_map`` jax shows only the abstract
+mesh (axis names and sizes), so the device of a mesh position is taken to be
+the one ``jax.make_mesh`` puts there: the mesh's positions in row-major order
+are ``jax.devices()`` in order, process by process (``jax.make_mesh`` reshapes
+``jax.devices()`` on CPU and sorts GPUs by id; ids are numbered process by
+process). The layout is computed from public, process-independent facts
+(``jax.devices()``, the abstract mesh), so every process decides the same.
+
+:func:`layout` answers, for a call over ``axes`` (with lax's
+``axis_index_groups``, if any):
+
+* ``None``: one process owns every group's devices (a single-process job, or a
+  process-local axis): the in-process path;
+* a :class:`Spanning` layout the hierarchical path serves (Blink's
+  multi-server protocol: reduce-scatter inside each process, an allreduce of
+  each shard across processes by XLA, all-gather inside each process);
+* a string: why neither applies (the caller falls back to lax).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Optional, Union
+
+import numpy as np
+
+import jax
+
+__all__ = ["Spanning", "layout", "process_of_positions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spanning:
+    """A call whose devices span processes, in the shape the hierarchical path
+    serves. Ranks are linear indices over the call's axes (row-major).
+
+    ``local_axes``/``cross_axes``: when every axis is either inside a process
+    or across processes (a mesh such as ``("host", "local")``), the in-process
+    phases run over ``local_axes`` and the cross-process allreduce over
+    ``cross_axes``; ``groups`` and ``cross_groups`` are then None. Otherwise
+    (one axis whose devices form equal contiguous runs per process)
+    ``groups`` are the in-process groups of the axis and ``cross_groups`` the
+    groups of equal position across processes.
+    """
+
+    processes: tuple                   # the processes owning the reduced devices
+    per_process: int                   # devices of the call in each process
+    local_axes: Optional[tuple] = None
+    cross_axes: Optional[tuple] = None
+    groups: Optional[tuple] = None
+    cross_groups: Optional[tuple] = None
+
+    def describe(self) -> str:
+        if self.local_axes is not None:
+            return (f"{len(self.processes)} processes x {self.per_process} devices: in-process "
+                    f"over {self.local_axes}, across processes over {self.cross_axes}")
+        return (f"{len(self.processes)} processes x {self.per_process} devices: in-process "
+                f"groups {[list(g) for g in self.groups]}")
+
+
+def process_of_positions(axis_sizes, devices) -> np.ndarray:
+    """The process index of every mesh position (an array of the mesh's
+    shape), for a mesh laid out as ``jax.make_mesh`` lays out ``devices``."""
+    return np.asarray([d.process_index for d in devices]).reshape(tuple(axis_sizes))
+
+
+def layout(axes: tuple, groups=None) -> Union[None, Spanning, str]:
+    """The process layout of a call over ``axes`` (see the module docstring)."""
+    if jax.process_count() == 1:
+        return None
+    mesh = jax.sharding.get_abstract_mesh()
+    names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes)
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    if int(np.prod(sizes)) != len(devices):
+        return (f"the mesh has {int(np.prod(sizes))} devices of the job's {len(devices)}, so "
+                "which process owns which device is unknown (jax_blink assumes a mesh over "
+                "jax.devices() in order, as jax.make_mesh builds it)")
+    owner = process_of_positions(sizes, devices)
+    # rows: one per combination of the other axes; columns: the rank over axes
+    order = [names.index(a) for a in axes]
+    others = [i for i in range(len(names)) if i not in order]
+    table = np.transpose(owner, others + order).reshape(-1, int(np.prod([sizes[i] for i in order])))
+    members = [tuple(g) for g in groups] if groups is not None else [tuple(range(table.shape[1]))]
+    if all(len(set(row[list(g)])) == 1 for row in table for g in members):
+        return None  # every group inside one process
+    if groups is not None:
+        return ("axis_index_groups whose devices span processes: the hierarchical path takes "
+                "whole axes only")
+    return _spanning(axes, [sizes[i] for i in order], table)
+
+
+def _spanning(axes, axis_sizes, table) -> Union[Spanning, str]:
+    """The hierarchical layout of ranks whose processes are ``table``'s rows."""
+    runs = []
+    for row in table:
+        by_process = {}
+        for rank, p in enumerate(row):
+            by_process.setdefault(int(p), []).append(rank)
+        runs.append(tuple(tuple(v) for v in by_process.values()))
+    if len(set(runs)) != 1:
+        return ("the reduced devices are split among processes differently for different "
+                "devices of the other mesh axes")
+    groups = runs[0]
+    k = len(groups[0])
+    if any(len(g) != k for g in groups):
+        return (f"the processes own different numbers of the reduced devices "
+                f"({[len(g) for g in groups]})")
+    processes = tuple(sorted({int(p) for p in table[0]}))
+    if k == 1:
+        return ("each process owns one of the reduced devices: nothing to reduce inside a "
+                "process")
+    # whole axes inside or across processes?
+    coords = np.asarray(list(itertools.product(*[range(s) for s in axis_sizes])))
+    proc = table[0]
+    local, cross = [], []
+    for i, a in enumerate(axes):
+        others = [j for j in range(len(axes)) if j != i]
+        keys = [tuple(c[others]) for c in coords]
+        lines = {}
+        for key, p in zip(keys, proc):
+            lines.setdefault(key, []).append(int(p))
+        if all(len(set(v)) == 1 for v in lines.values()):
+            local.append(a)
+        elif all(len(set(v)) == len(v) for v in lines.values()):
+            cross.append(a)
+    local_size = int(np.prod([axis_sizes[axes.index(a)] for a in local])) if local else 0
+    if local and cross and len(local) + len(cross) == len(axes) and local_size == k:
+        return Spanning(processes, k, local_axes=tuple(local), cross_axes=tuple(cross))
+    if len(axes) == 1 and all(list(g) == list(range(g[0], g[0] + k)) for g in groups):
+        cross_groups = tuple(tuple(g[j] for g in groups) for j in range(k))
+        return Spanning(processes, k, groups=tuple(groups), cross_groups=cross_groups)
+    return (f"the devices of {axes} are spread over processes in a way the hierarchical path "
+            "does not take (it takes whole process-local and cross-process axes, or one axis "
+            "in equal contiguous runs per process)")
