@@ -260,7 +260,10 @@ _BASELINES = {"ring": ring_allreduce, "tree": double_binary_tree, "chain": _chai
 _SHARDED = ("reduce_scatter", "allgather")
 _LAX = {("allreduce", "sum"): "lax.psum", ("allreduce", "max"): "lax.pmax",
         ("allreduce", "min"): "lax.pmin", ("reduce_scatter", "sum"): "lax.psum_scatter",
-        ("allgather", "sum"): "lax.all_gather", ("broadcast", "sum"): "lax.psum of the root's value"}
+        ("allgather", "sum"): "lax.all_gather", ("broadcast", "sum"): "lax.psum of the root's value",
+        # the hierarchical pmax/pmin's in-process phase
+        ("reduce_scatter", "max"): "lax.pmax (this device's shard kept)",
+        ("reduce_scatter", "min"): "lax.pmin (this device's shard kept)"}
 
 
 def lax_equivalent(collective: str, op: str = "sum") -> str:

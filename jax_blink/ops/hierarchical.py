@@ -45,7 +45,7 @@ def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
     docstring); ``keywords`` are the op's (topology, min_bytes, timeout_s,
     chunks), used for the in-process phases."""
     k = span.per_process
-    hosts = len(span.processes)
+    hosts = span.nprocesses
     local = span.local_axes if span.local_axes is not None else axes
     groups = span.groups
     _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across processes "
@@ -90,7 +90,7 @@ def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
         return [_LAX_ALL_GATHER(b[0], axes, to="invarying" if mode == "invariant"
                                 else "varying")[first] for b in bs]
 
-    full = run(shards, local, name=name, collective="allgather", op=op,
+    full = run(shards, local, name=name, collective="allgather",
                axis_index_groups=groups, fallback=ag_fallback, invariant=True, **keywords)
     return [f.reshape(1, -1)[:, :m] for f, m in zip(full, sizes)]
 

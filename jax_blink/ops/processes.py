@@ -31,7 +31,7 @@ import numpy as np
 
 import jax
 
-__all__ = ["Spanning", "layout", "process_of_positions"]
+__all__ = ["Spanning", "layout", "layout_of", "process_of_positions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Spanning:
     groups of equal position across processes.
     """
 
-    processes: tuple                   # the processes owning the reduced devices
+    nprocesses: int                    # processes among which each call's devices are split
     per_process: int                   # devices of the call in each process
     local_axes: Optional[tuple] = None
     cross_axes: Optional[tuple] = None
@@ -57,9 +57,9 @@ class Spanning:
 
     def describe(self) -> str:
         if self.local_axes is not None:
-            return (f"{len(self.processes)} processes x {self.per_process} devices: in-process "
+            return (f"{self.nprocesses} processes x {self.per_process} devices: in-process "
                     f"over {self.local_axes}, across processes over {self.cross_axes}")
-        return (f"{len(self.processes)} processes x {self.per_process} devices: in-process "
+        return (f"{self.nprocesses} processes x {self.per_process} devices: in-process "
                 f"groups {[list(g) for g in self.groups]}")
 
 
@@ -80,18 +80,24 @@ def layout(axes: tuple, groups=None) -> Union[None, Spanning, str]:
         return (f"the mesh has {int(np.prod(sizes))} devices of the job's {len(devices)}, so "
                 "which process owns which device is unknown (jax_blink assumes a mesh over "
                 "jax.devices() in order, as jax.make_mesh builds it)")
-    owner = process_of_positions(sizes, devices)
-    # rows: one per combination of the other axes; columns: the rank over axes
+    return layout_of(process_of_positions(sizes, devices), names, axes, groups)
+
+
+def layout_of(owner: np.ndarray, names: tuple, axes: tuple, groups=None):
+    """:func:`layout` for a mesh with axes ``names`` whose position ``p`` is
+    owned by process ``owner[p]``."""
     order = [names.index(a) for a in axes]
     others = [i for i in range(len(names)) if i not in order]
-    table = np.transpose(owner, others + order).reshape(-1, int(np.prod([sizes[i] for i in order])))
+    # rows: one per combination of the other axes; columns: the rank over axes
+    table = np.transpose(owner, others + order).reshape(
+        -1, int(np.prod([owner.shape[i] for i in order])))
     members = [tuple(g) for g in groups] if groups is not None else [tuple(range(table.shape[1]))]
     if all(len(set(row[list(g)])) == 1 for row in table for g in members):
         return None  # every group inside one process
     if groups is not None:
         return ("axis_index_groups whose devices span processes: the hierarchical path takes "
                 "whole axes only")
-    return _spanning(axes, [sizes[i] for i in order], table)
+    return _spanning(axes, [owner.shape[i] for i in order], table)
 
 
 def _spanning(axes, axis_sizes, table) -> Union[Spanning, str]:
@@ -110,7 +116,6 @@ def _spanning(axes, axis_sizes, table) -> Union[Spanning, str]:
     if any(len(g) != k for g in groups):
         return (f"the processes own different numbers of the reduced devices "
                 f"({[len(g) for g in groups]})")
-    processes = tuple(sorted({int(p) for p in table[0]}))
     if k == 1:
         return ("each process owns one of the reduced devices: nothing to reduce inside a "
                 "process")
@@ -130,10 +135,10 @@ def _spanning(axes, axis_sizes, table) -> Union[Spanning, str]:
             cross.append(a)
     local_size = int(np.prod([axis_sizes[axes.index(a)] for a in local])) if local else 0
     if local and cross and len(local) + len(cross) == len(axes) and local_size == k:
-        return Spanning(processes, k, local_axes=tuple(local), cross_axes=tuple(cross))
+        return Spanning(len(groups), k, local_axes=tuple(local), cross_axes=tuple(cross))
     if len(axes) == 1 and all(list(g) == list(range(g[0], g[0] + k)) for g in groups):
         cross_groups = tuple(tuple(g[j] for g in groups) for j in range(k))
-        return Spanning(processes, k, groups=tuple(groups), cross_groups=cross_groups)
+        return Spanning(len(groups), k, groups=tuple(groups), cross_groups=cross_groups)
     return (f"the devices of {axes} are spread over processes in a way the hierarchical path "
             "does not take (it takes whole process-local and cross-process axes, or one axis "
             "in equal contiguous runs per process)")

@@ -1,0 +1,198 @@
+"""One process of tests/multiprocess/test_multiprocess.py (started by
+jax_blink.launch.run_local): jax_blink's collectives against lax's over
+devices of several processes. Prints one line per failed check and a last
+line ``CHECKS <n> FAILED <m>``; exits 1 if any failed.
+
+    python worker.py cases       every case below
+    python worker.py absent      process 1 never calls the collective
+"""
+
+import sys
+import traceback
+
+import numpy as np
+
+import jax_blink
+from jax_blink.launch import initialize
+
+pid = initialize()
+
+import jax  # noqa: E402  (after initialize: the device count is the job's)
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+NPROC, LOCAL = jax.process_count(), jax.local_device_count()
+N = NPROC * LOCAL
+MESH2 = jax.make_mesh((NPROC, LOCAL), ("host", "local"))
+MESH1 = jax.make_mesh((N,), ("i",))
+checks, failures = 0, []
+
+
+def data(dtype, shape, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(0, 100, shape).astype(dtype)
+    if dtype == "bfloat16":
+        return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    if dtype.startswith("complex"):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def placed(x, mesh, spec):
+    """The global array x (leading axes: the mesh's) on the mesh."""
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda i: x[i])
+
+
+def local(a):
+    return [np.asarray(s.data) for s in a.addressable_shards]
+
+
+def check(name, ours, ref, x=None, exact=False):
+    """ours and ref (lists of local shards) agree: exactly, or within the
+    summation-order bound of their dtype."""
+    global checks
+    checks += 1
+    try:
+        for o, r in zip(ours, ref):
+            assert o.dtype == r.dtype and o.shape == r.shape, (o.dtype, r.dtype, o.shape, r.shape)
+            if exact or o.dtype.kind in "iub":
+                np.testing.assert_array_equal(o, r)
+            else:
+                eps = float(jnp.finfo(o.dtype).eps)
+                scale = float(np.abs(np.asarray(x, np.complex128)).sum()) if x is not None else 1
+                np.testing.assert_allclose(o.astype(np.complex128), r.astype(np.complex128),
+                                           atol=4 * N * eps * scale, rtol=0)
+    except Exception as e:  # noqa: BLE001 (reported, then the next case)
+        failures.append(f"{name}: {type(e).__name__}: {str(e)[:400]}")
+
+
+def run(name, ours_fn, ref_fn, mesh, in_spec, out_spec, x, check_vma=True, exact=False):
+    try:
+        xs = jax.tree.map(lambda a: placed(a, mesh, in_spec), x)
+        f = lambda fn: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_spec,
+                                             out_specs=out_spec, check_vma=check_vma))(xs)
+        ours, ref = f(ours_fn), f(ref_fn)
+        for o, r, xi in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), jax.tree.leaves(x)):
+            check(name, local(o), local(r), xi, exact)
+    except Exception:  # noqa: BLE001
+        failures.append(f"{name}: {traceback.format_exc()[-1500:]}")
+
+
+def explained(name, *texts):
+    global checks
+    checks += 1
+    last = jax_blink.explain()
+    if not all(t in last for t in texts):
+        failures.append(f"{name}: explain() lacks {texts}:\n{last}")
+
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint32", "int8",
+          "bool", "complex64"]
+
+
+def cases():
+    both, one = ("host", "local"), "i"
+    for k, dtype in enumerate(DTYPES):
+        x = data(dtype, (NPROC, LOCAL, 37), k)  # 37: not a multiple of the device counts
+        run(f"psum {dtype} over {both}", lambda v: jax_blink.psum(v, both),
+            lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), x)
+        run(f"psum {dtype} over {one}", lambda v: jax_blink.psum(v, one),
+            lambda v: lax.psum(v, one), MESH1, P("i"), P(), x.reshape(N, 37))
+    explained("hierarchical over both", "hierarchical (2 processes" if NPROC == 2 else
+              "hierarchical (", "plan on shm:")
+    for op in ("pmax", "pmin"):
+        for dtype in ("float32", "int32", "bfloat16"):
+            x = data(dtype, (NPROC, LOCAL, 19), 7)
+            run(f"{op} {dtype} over {both}", lambda v: getattr(jax_blink, op)(v, both),
+                lambda v: getattr(lax, op)(v, both), MESH2, P("host", "local"), P(), x,
+                exact=True)
+            run(f"{op} {dtype} over {one}", lambda v: getattr(jax_blink, op)(v, one),
+                lambda v: getattr(lax, op)(v, one), MESH1, P("i"), P(), x.reshape(N, 19),
+                exact=True)
+        explained(f"{op} over one axis falls back", f"lax.{op}", "no grouped")
+    x = data("float32", (NPROC, LOCAL, 11), 3)
+    run("pmean", lambda v: jax_blink.pmean(v, both), lambda v: lax.pmean(v, both),
+        MESH2, P("host", "local"), P(), x)
+    # the process-local axis alone: today's in-process path in every process
+    run("psum over local", lambda v: jax_blink.psum(v, "local"), lambda v: lax.psum(v, "local"),
+        MESH2, P("host", "local"), P("host"), x)
+    explained("in-process path", "plan on shm:")
+    # the cross-process axis alone: one device per process, so lax
+    run("psum over host", lambda v: jax_blink.psum(v, "host"), lambda v: lax.psum(v, "host"),
+        MESH2, P("host", "local"), P(None, "local"), x)
+    explained("cross axis alone", "each process owns one of the reduced devices")
+    # pytrees of mixed dtypes and shapes, scalars included; check_vma off too
+    tree = {"a": data("float32", (NPROC, LOCAL, 3, 5), 1), "b": data("int32", (NPROC, LOCAL), 2),
+            "c": [data("float64", (NPROC, LOCAL, 1000), 4), data("float32", (NPROC, LOCAL, 7), 5)]}
+    for vma in (True, False):
+        run(f"pytree check_vma={vma}", lambda v: jax_blink.psum(v, both),
+            lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), tree, check_vma=vma)
+    # the other collectives across processes: lax, said by explain()
+    x = data("float32", (NPROC, LOCAL, N * 3), 6)
+    run("psum_scatter", lambda v: jax_blink.psum_scatter(v, both, scatter_dimension=2, tiled=True),
+        lambda v: lax.psum_scatter(v, both, scatter_dimension=2, tiled=True),
+        MESH2, P("host", "local"), P("host", "local"), x)
+    explained("psum_scatter falls back", "lax.psum_scatter", "span processes")
+    run("all_gather", lambda v: jax_blink.all_gather(v, both, axis=2, tiled=True),
+        lambda v: lax.all_gather(v, both, axis=2, tiled=True),
+        MESH2, P("host", "local"), P("host", "local"), x)
+    run("broadcast", lambda v: jax_blink.broadcast(v, both, root=5 % N),
+        lambda v: lax.psum(jnp.where(lax.axis_index(both) == 5 % N, v, 0), both),
+        MESH2, P("host", "local"), P(), x)
+    grads()
+
+
+def grads():
+    """Gradients through the hierarchical psum equal lax.psum's."""
+    both = ("host", "local")
+    x = data("float32", (NPROC, LOCAL, 13), 8)
+    w = data("float32", (13,), 9)
+    for vma in (True, False):
+        for mesh, spec, axes, shape in ((MESH2, P("host", "local"), both, x.shape),
+                                        (MESH1, P("i"), "i", (N, 13))):
+            def loss(psum, v, axes=axes, mesh=mesh, spec=spec):
+                body = lambda a: (jnp.sin(psum(a * a, axes)) * w).sum(keepdims=True)
+                out = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P(),
+                                    check_vma=vma)(v)
+                return out.sum()
+            xs = placed(x.reshape(shape), mesh, spec)
+            try:
+                ours = jax.jit(jax.grad(lambda v: loss(jax_blink.psum, v)))(xs)
+                ref = jax.jit(jax.grad(lambda v: loss(lax.psum, v)))(xs)
+                check(f"grad over {axes} check_vma={vma}", local(ours), local(ref), x)
+            except Exception:  # noqa: BLE001
+                failures.append(f"grad over {axes} check_vma={vma}: "
+                                f"{traceback.format_exc()[-1500:]}")
+
+
+def absent():
+    """Process 1 never calls the collective: process 0 must fail within its
+    timeout, naming what is missing, and not hang."""
+    global checks
+    checks += 1
+    if pid == 1:
+        return
+    x = placed(data("float32", (NPROC, LOCAL, 64), 0), MESH2, P("host", "local"))
+    f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, ("host", "local"), timeout_s=5),
+                              mesh=MESH2, in_specs=P("host", "local"), out_specs=P()))
+    try:
+        jax.block_until_ready(f(x))
+        failures.append("absent: the collective returned although process 1 never called it")
+    except Exception as e:  # noqa: BLE001
+        print(f"ERROR {type(e).__name__}: {str(e)[:2000]}", flush=True)
+
+
+if __name__ == "__main__":
+    {"cases": cases, "absent": absent}[sys.argv[1]]()
+    for f in failures:
+        print("FAIL", f, flush=True)
+    print(f"CHECKS {checks} FAILED {len(failures)}", flush=True)
+    sys.stdout.flush()
+    jax.distributed.shutdown() if sys.argv[1] != "absent" else None
+    sys.exit(1 if failures else 0)
