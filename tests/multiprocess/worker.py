@@ -7,6 +7,7 @@ line ``CHECKS <n> FAILED <m>``; exits 1 if any failed.
     python worker.py absent      process 1 never calls the collective
 """
 
+import os
 import sys
 import traceback
 
@@ -171,16 +172,21 @@ def grads():
                                 f"{traceback.format_exc()[-1500:]}")
 
 
-def absent():
-    """Process 1 never calls the collective: process 0 must fail within its
-    timeout, naming what is missing, and not hang."""
+def absent(after_one=False, dies=False):
+    """Process 1 never calls the collective (``after_one``: after one call
+    that both made; ``dies``: it exits there): process 0 must fail with an
+    error, not hang."""
     global checks
     checks += 1
-    if pid == 1:
-        return
     x = placed(data("float32", (NPROC, LOCAL, 64), 0), MESH2, P("host", "local"))
     f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, ("host", "local"), timeout_s=5),
                               mesh=MESH2, in_specs=P("host", "local"), out_specs=P()))
+    if after_one:
+        jax.block_until_ready(f(x))
+    if pid == 1:
+        if dies:
+            os._exit(3)
+        return
     try:
         jax.block_until_ready(f(x))
         failures.append("absent: the collective returned although process 1 never called it")
@@ -189,10 +195,13 @@ def absent():
 
 
 if __name__ == "__main__":
-    {"cases": cases, "absent": absent}[sys.argv[1]]()
+    {"cases": cases, "absent": absent,
+     "absent-later": lambda: absent(after_one=True),
+     "dies": lambda: absent(after_one=True, dies=True)}[sys.argv[1]]()
     for f in failures:
         print("FAIL", f, flush=True)
     print(f"CHECKS {checks} FAILED {len(failures)}", flush=True)
     sys.stdout.flush()
-    jax.distributed.shutdown() if sys.argv[1] != "absent" else None
+    if sys.argv[1] == "cases":
+        jax.distributed.shutdown()
     sys.exit(1 if failures else 0)
