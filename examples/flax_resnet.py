@@ -11,6 +11,7 @@ flax (NNX) + optax training loop inside ``jax.jit(jax.shard_map(...))`` over a
 Run it (8 virtual CPU devices unless GPUs are present)::
 
     python examples/flax_resnet.py --compare
+    python examples/flax_resnet.py --compare --processes 2   # 2 processes x 4 devices
 
 ``--compare`` trains the same model from the same seed twice, once with
 ``jax_blink.psum`` and once with ``jax.lax.psum``, and reports the largest
@@ -40,6 +41,12 @@ Design notes
 * With ``--compare`` both models train in lockstep on the same batches, the
   blink and lax.psum steps alternating (and alternating who goes first), so
   that both step times are taken under the same machine load.
+* ``--processes N`` runs N local processes of one ``jax.distributed`` job
+  (``jax_blink.launch``: 127.0.0.1, gloo for the CPU collectives), 8/N CPU
+  devices each, over the same 1-D mesh. The gradients' psum then spans
+  processes and takes jax_blink's hierarchical path (in-process Blink
+  reduce-scatter, XLA's collective across processes, in-process Blink
+  all-gather); every process trains the same model and process 0 reports.
 * The data split, the initialisation and the batch order depend only on
   ``--seed``, so the blink and lax.psum runs see exactly the same inputs;
   their loss curves differ only by floating-point summation order. Those
@@ -51,6 +58,7 @@ Design notes
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -229,8 +237,9 @@ def make_train_step(graphdef, tx, collectives, mesh, n_dev: int):
     return jax.jit(sharded, donate_argnums=(0, 1))
 
 
-def make_predict(graphdef):
-    @jax.jit
+def make_predict(graphdef, mesh):
+    # replicated predictions: every process can read them (--processes)
+    @functools.partial(jax.jit, out_shardings=NamedSharding(mesh, P()))
     def predict(params, x):
         return jnp.argmax(nnx.merge(graphdef, params)(x), -1)
     return predict
@@ -259,7 +268,7 @@ class Trainer:
         replicated = NamedSharding(mesh, P())
         self.params = jax.device_put(params, replicated)
         self.opt_state = jax.device_put(tx.init(self.params), replicated)
-        self.predict = make_predict(graphdef)
+        self.predict = make_predict(graphdef, mesh)
         step = make_train_step(graphdef, tx, get_collectives(which), mesh, n_dev)
         # Compile ahead of time so that compilation is timed on its own.
         t0 = time.perf_counter()
@@ -320,7 +329,7 @@ def train(args, names, data, mesh, n_dev: int) -> dict:
     example = put(*next(batches(x_train, y_train, args.batch_size, 0, args.seed)))
     trainers = [Trainer(name, args, total, mesh, n_dev, example) for name in names]
     main = trainers[0]
-    bar = tqdm(total=total, desc=" vs ".join(LABELS[n] for n in names),
+    bar = tqdm(total=total, disable=jax.process_index() != 0, desc=" vs ".join(LABELS[n] for n in names),
                dynamic_ncols=True, file=sys.stdout)
 
     def show():
@@ -401,7 +410,8 @@ def print_summary(runs: dict, env: dict, diff: dict | None) -> None:
     w0 = max(len(r[0]) for r in rows)
     w = max(16, *(len(c) for c in cols))
     line = "-" * (w0 + (w + 3) * len(cols))
-    print(f"\n{env['n_devices']} x {env['platform']} devices ({env['machine']}, "
+    procs = f" in {env['processes']} processes" if env["processes"] > 1 else ""
+    print(f"\n{env['n_devices']} x {env['platform']} devices{procs} ({env['machine']}, "
           f"{env['cpu_cores']} CPU cores), ResNet width {env['width']} "
           f"({runs[names[0]]['params']:,} params), global batch {env['batch_size']}")
     print(line)
@@ -480,10 +490,16 @@ def parse_args(argv=None):
                    help="all-reduce for the gradients (ignored with --compare)")
     p.add_argument("--compare", action="store_true",
                    help="train with jax_blink.psum and jax.lax.psum, compare")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run as this many local processes of one jax.distributed job "
+                        "(127.0.0.1, gloo), the 8 CPU devices split among them; the gradients' "
+                        "psum then takes jax_blink's hierarchical path")
     p.add_argument("--steps", type=int, default=None,
                    help="stop after this many steps; the learning-rate schedule is fit to them "
                         "(for tests)")
     args = p.parse_args(argv)
+    if args.processes < 1 or 8 % args.processes:
+        p.error(f"--processes must divide the 8 CPU devices, got {args.processes}")
     for name in ("epochs", "batch_size", "width", "steps"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -491,9 +507,35 @@ def parse_args(argv=None):
     return args
 
 
+def launch(argv, args) -> int:
+    """--processes N: N local copies of this script, one jax.distributed job;
+    prints process 0's output (and any failing process's)."""
+    from jax_blink.launch import run_local
+
+    if _gpu_present():
+        sys.exit("error: --processes runs CPU processes on this machine; on GPUs start one "
+                 "process per host yourself (README, 'Several processes and hosts')")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    results = run_local([sys.executable, os.path.abspath(__file__), *argv], args.processes,
+                        devices_per_process=8 // args.processes, timeout_s=3600)
+    for r in results:
+        if r.process_id == 0 or not r.ok:
+            print(f"--- process {r.process_id} (exit {r.returncode})" if r.process_id else "",
+                  end="\n" if r.process_id else "")
+            sys.stdout.write(r.stdout)
+            if not r.ok:
+                sys.stdout.write(r.stderr[-5000:])
+    return 0 if all(r.ok for r in results) else 1
+
+
 def main(argv=None) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
+    from jax_blink.launch import ENV, initialize
+
+    if args.processes > 1 and ENV["coordinator"] not in os.environ:
+        return launch(argv, args)
+    process_id = initialize()  # joins the job that launch() started (no-op otherwise)
     devices = jax.devices()
     n_dev = len(devices)
     if args.batch_size % n_dev:
@@ -509,6 +551,7 @@ def main(argv=None) -> int:
         "n_devices": n_dev,
         "machine": machine_name(),
         "cpu_cores": os.cpu_count(),
+        "processes": jax.process_count(),
         "jax": jax.__version__,
         "jax_blink": getattr(jax_blink, "__version__", "?"),
         "width": args.width,
@@ -525,6 +568,8 @@ def main(argv=None) -> int:
     names = ["blink", "lax"] if args.compare else [args.psum]
     runs = train(args, names, data, mesh, n_dev)
 
+    if process_id != 0:  # process 0 reports; every process trained the same model
+        return 0
     env["loadavg_1min_end"] = os.getloadavg()[0]
     env["wall_s_after_imports"] = time.perf_counter() - t_start
     diff = compare_losses(runs) if args.compare else None

@@ -90,3 +90,18 @@ def test_example_rejects_batch_not_divisible_by_devices(tmp_path):
     proc = _run("--batch-size", "12", "--steps", "1", "--out-dir", str(tmp_path), timeout=60)
     assert proc.returncode != 0
     assert "must be divisible by the number of devices (8)" in proc.stderr
+
+
+def test_two_processes_train_as_one_and_agree_with_lax(tmp_path):
+    """--processes 2: two local processes of one jax.distributed job (4 CPU
+    devices each); the gradients' psum spans both and takes the hierarchical
+    path; the loss curve agrees with lax.psum's."""
+    proc = _run("--compare", "--processes", "2", "--steps", "8", "--epochs", "1", "--width", "8",
+                "--batch-size", "64", "--out-dir", str(tmp_path), timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(tmp_path / "results.json") as f:
+        result = json.load(f)
+    assert result["env"]["processes"] == 2 and result["env"]["n_devices"] == 8
+    assert result["loss_max_abs_diff"] < 1e-4
+    assert "hierarchical (2 processes x 4 devices" in result["jax_blink_explain"]
+    assert result["runs"]["blink"]["collectives"]["jax_blink"] >= 2
