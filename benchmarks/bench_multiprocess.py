@@ -1,0 +1,133 @@
+"""jax_blink.psum against lax.psum over devices of several processes.
+
+Launches local jax.distributed jobs (jax_blink.launch.run_local: 127.0.0.1,
+gloo) of P processes x L CPU devices, over a mesh ("host", "local"), and times
+``jax_blink.psum(x, ("host", "local"))`` (the hierarchical path: Blink
+reduce-scatter in each process, gloo allreduce of the shards across
+processes, Blink all-gather) against ``lax.psum`` on the same inputs, the two
+alternating, per float32 size per device. Counts elements outside the
+summation-order bound of lax's result.
+
+    python benchmarks/bench_multiprocess.py                 # 2x4 and 4x2
+    python benchmarks/bench_multiprocess.py --layouts 2x4 --sizes 1e3 1e5
+    python benchmarks/bench_multiprocess.py --json out.json
+
+Records the machine with the results (benchmarks/results/multiprocess_cpu.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child(sizes, reps):
+    from jax_blink.launch import initialize
+
+    pid = initialize()
+    import numpy as np
+
+    import jax
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jax_blink
+
+    nproc, local = jax.process_count(), jax.local_device_count()
+    mesh = jax.make_mesh((nproc, local), ("host", "local"))
+    axes = ("host", "local")
+    rows = []
+    for size in sizes:
+        rng = np.random.default_rng(size)
+        x = rng.standard_normal((nproc, local, size)).astype(np.float32)
+        xs = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("host", "local")),
+                                          lambda i: x[i])
+        fns = {name: jax.jit(jax.shard_map(lambda v, f=f: f(v, axes), mesh=mesh,
+                                           in_specs=P("host", "local"), out_specs=P()))
+               for name, f in (("blink", jax_blink.psum), ("lax", lax.psum))}
+        outs = {k: np.asarray(f(xs).addressable_shards[0].data) for k, f in fns.items()}
+        bound = 4 * nproc * local * np.finfo(np.float32).eps * np.abs(x).sum(axis=(0, 1))
+        wrong = int((np.abs(outs["blink"] - outs["lax"]) > bound).sum())
+        n = max(3, min(reps, int(2e8 // (size * 4 * local))))
+        times = {"blink": [], "lax": []}
+        for i in range(n):
+            for k in (("blink", "lax") if i % 2 == 0 else ("lax", "blink")):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fns[k](xs))
+                times[k].append(time.perf_counter() - t0)
+        med = {k: float(np.median(v)) for k, v in times.items()}
+        rows.append({"size": size, "bytes_per_device": size * 4, "reps": n,
+                     "blink_ms": 1e3 * med["blink"], "lax_ms": 1e3 * med["lax"],
+                     "ratio": med["blink"] / med["lax"], "wrong": wrong,
+                     "explain": jax_blink.explain().splitlines()[-3:]})
+    if pid == 0:
+        print("RESULT " + json.dumps({"processes": nproc, "devices_per_process": local,
+                                      "rows": rows}), flush=True)
+    jax.distributed.shutdown()
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layouts", nargs="+", default=["2x4", "4x2"],
+                    help="processes x devices per process")
+    ap.add_argument("--sizes", nargs="+", type=float, default=[1e3, 1e4, 1e5, 1e6, 1e7],
+                    help="float32 elements per device")
+    ap.add_argument("--reps", type=int, default=20, help="timed calls per op and size (at most)")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes]
+    if os.environ.get("JAX_BLINK_COORDINATOR"):
+        child(sizes, args.reps)
+        return 0
+    from jax_blink.launch import run_local
+
+    results = []
+    for layout in args.layouts:
+        p, d = (int(v) for v in layout.split("x"))
+        rs = run_local([sys.executable, os.path.abspath(__file__), "--sizes",
+                        *map(str, sizes), "--reps", str(args.reps)], p,
+                       devices_per_process=d, timeout_s=1800)
+        line = next((ln for ln in rs[0].stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None or not all(r.ok for r in rs):
+            for r in rs:
+                print(f"--- process {r.process_id} (exit {r.returncode})\n{r.stdout[-2000:]}"
+                      f"\n{r.stderr[-3000:]}")
+            return 1
+        res = json.loads(line[len("RESULT "):])
+        results.append(res)
+        print(f"\n{p} processes x {d} CPU devices, psum over ('host', 'local'), float32")
+        print(f"{'elements/device':>16} {'bytes/device':>13} {'blink ms':>10} {'lax ms':>10} "
+              f"{'blink/lax':>10} {'wrong':>6}")
+        for row in res["rows"]:
+            print(f"{row['size']:>16} {row['bytes_per_device']:>13} {row['blink_ms']:>10.3f} "
+                  f"{row['lax_ms']:>10.3f} {row['ratio']:>10.2f} {row['wrong']:>6}")
+    machine = {"machine": _cpu_model(), "cpu_cores": os.cpu_count(),
+               "python": platform.python_version()}
+    try:
+        import jax
+        machine["jax"] = jax.__version__
+    except ImportError:
+        pass
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "results": results}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
