@@ -103,7 +103,12 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
 
     Runs a topology-planned, pipelined tree allreduce through a C++ XLA
     custom call. Call it inside ``jax.shard_map`` or ``jax.pmap``, under jit,
-    grad, jvp, vmap and scan, exactly like ``lax.psum``.
+    grad, jvp, vmap and scan, exactly like ``lax.psum``. Over devices of
+    several processes (``jax.distributed``) it reduce-scatters inside each
+    process, sums the shards across processes with ``lax.psum`` and
+    all-gathers inside each process (:mod:`jax_blink.ops.hierarchical`), or
+    runs ``lax.psum`` where that layout does not apply; ``explain()`` says
+    which.
 
     Parameters
     ----------
