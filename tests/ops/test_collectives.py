@@ -15,19 +15,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
-
-N = 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
-def mesh1d():
-    return jax.sharding.Mesh(np.asarray(jax.devices()[:N]), ("x",))
+from ops_common import N, mesh1d, x64  # noqa: F401  (x64: an autouse fixture)
 
 
 def rows(fn, x, check_vma=True, mesh=None):

@@ -22,21 +22,9 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
+from ops_common import N, mesh1d, x64  # noqa: F401  (x64: an autouse fixture)
 
-N = 8
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint32", "bool"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
-def mesh1d(devices=None):
-    devices = jax.devices()[:N] if devices is None else devices
-    return jax.sharding.Mesh(np.asarray(devices), ("x",))
 
 
 def random_input(dtype, shape, seed=0):
