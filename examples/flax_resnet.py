@@ -520,8 +520,8 @@ def launch(argv, args) -> int:
                         devices_per_process=8 // args.processes, timeout_s=3600)
     for r in results:
         if r.process_id == 0 or not r.ok:
-            print(f"--- process {r.process_id} (exit {r.returncode})" if r.process_id else "",
-                  end="\n" if r.process_id else "")
+            if r.process_id:
+                print(f"--- process {r.process_id} (exit {r.returncode})")
             sys.stdout.write(r.stdout)
             if not r.ok:
                 sys.stdout.write(r.stderr[-5000:])

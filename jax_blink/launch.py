@@ -106,6 +106,9 @@ def initialize() -> int:
 
 
 if __name__ == "__main__":  # python -m jax_blink.launch N script.py [args...]
+    if len(sys.argv) < 3 or not sys.argv[1].isdigit() or int(sys.argv[1]) < 1:
+        sys.exit("usage: python -m jax_blink.launch N script.py [args...]  (N >= 1 local "
+                 "processes; the script calls jax_blink.launch.initialize() before it uses jax)")
     n, *command = sys.argv[1:]
     for r in run_local([sys.executable, *command], int(n)):
         sys.stdout.write(r.stdout)

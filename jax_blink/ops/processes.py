@@ -24,6 +24,7 @@ process). The layout is computed from public, process-independent facts
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Optional, Union
 
@@ -74,7 +75,15 @@ def layout(axes: tuple, groups=None) -> Union[None, Spanning, str]:
     if jax.process_count() == 1:
         return None
     mesh = jax.sharding.get_abstract_mesh()
-    names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes)
+    return _layout(tuple(mesh.axis_names), tuple(mesh.axis_sizes), tuple(axes),
+                   None if groups is None else tuple(tuple(g) for g in groups))
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(names, sizes, axes, groups):
+    """:func:`layout` of a mesh over ``jax.devices()`` (fixed for the job),
+    computed once per mesh, axes and groups: a multi-process psum asks for
+    the same layout once per phase and per trace."""
     devices = sorted(jax.devices(), key=lambda d: d.id)
     if int(np.prod(sizes)) != len(devices):
         return (f"the mesh has {int(np.prod(sizes))} devices of the job's {len(devices)}, so "
