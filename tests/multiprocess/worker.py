@@ -134,6 +134,17 @@ def cases():
     for vma in (True, False):
         run(f"pytree check_vma={vma}", lambda v: jax_blink.psum(v, both),
             lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), tree, check_vma=vma)
+    # every in-process phase below min_bytes: the phases' lax fallbacks (an
+    # empty leaf too), still typed as lax.psum's result
+    small = {"a": data("float32", (NPROC, LOCAL, 9), 11), "e": np.zeros((NPROC, LOCAL, 0), np.float32)}
+    for op in ("psum", "pmax"):
+        run(f"{op} below min_bytes over {both}",
+            lambda v: getattr(jax_blink, op)(v, both, min_bytes=1 << 30),
+            lambda v: getattr(lax, op)(v, both), MESH2, P("host", "local"), P(), small,
+            exact=op == "pmax")
+    run(f"psum below min_bytes over {one}", lambda v: jax_blink.psum(v, one, min_bytes=1 << 30),
+        lambda v: lax.psum(v, one), MESH1, P("i"), P(), small["a"].reshape(N, 9))
+    explained("phases below min_bytes", "below min_bytes")
     # the other collectives across processes: lax, said by explain()
     x = data("float32", (NPROC, LOCAL, N * 3), 6)
     run("psum_scatter", lambda v: jax_blink.psum_scatter(v, both, scatter_dimension=2, tiled=True),
