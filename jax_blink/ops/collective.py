@@ -112,7 +112,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         if span is not None:
             reason = (span if isinstance(span, str) else
                       f"the devices span processes ({span.describe()}); the hierarchical path "
-                      "serves psum, pmean, pmax and pmin")
+                      "serves psum, pmean, pmax, pmin, psum_scatter and all_gather")
     if reason is not None:
         _decide.record(f"{name} over {axes}: {_decide.lax_equivalent(collective, op)} ({reason})")
         results = fallback(parts, "untyped")

@@ -1,4 +1,6 @@
-"""The allreduce of devices that span processes: Blink's multi-server protocol.
+"""Collectives over devices that span processes: Blink's multi-server protocol.
+
+The allreduce:
 
 1. reduce-scatter inside each process, along Blink trees planned on that
    process's devices (:func:`jax_blink.ops.collective.run`, in-process groups);
@@ -10,6 +12,12 @@
 3. all-gather inside each process along Blink trees, typed invariant over
    the axes as ``lax.psum``'s result is.
 
+The reduce-scatter is steps 1 and 2 with ``lax.psum_scatter`` across
+processes; the all-gather is ``lax.all_gather`` across processes, then step
+3 (typed varying, as lax's). Their blocks are reordered so that each
+device's in-process shard holds the blocks of the ranks that share its
+in-process position.
+
 Every process traces the same steps (the layout comes from
 :func:`jax_blink.ops.processes.layout`, which reads no per-process state),
 so every process lowers the same plans, schedules and op ids.
@@ -17,26 +25,38 @@ so every process lowers the same plans, schedules and op ids.
 
 from __future__ import annotations
 
+import numpy as np
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jax_blink.ops import decide as _decide
 from jax_blink.ops.collective import run
-from jax_blink.ops.processes import Spanning
+from jax_blink.ops.processes import Spanning, layout
 
-__all__ = ["serves", "allreduce"]
+__all__ = ["span_for", "allreduce", "reduce_scatter", "all_gather"]
 
 # the lax collectives, as imported (not drop-ins a user swapped into jax.lax)
 _LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 _LAX_PSUM_SCATTER, _LAX_ALL_GATHER = lax.psum_scatter, lax.all_gather
 
 
-def serves(span: Spanning, op: str):
-    """None if the hierarchical path serves ``op`` over ``span``, else why not."""
+def span_for(axes: tuple, axis_index_groups, leaves, op: str = "sum"):
+    """None (the in-process path: one process, or each group inside one), a
+    :class:`Spanning` layout this module serves, or why the call goes to lax
+    (its devices span processes in a way this module does not serve)."""
+    if axis_index_groups is not None or _decide.environment_reason(axes) is not None:
+        return None  # run() checks these (groups spanning processes go to lax there)
+    span = layout(axes)
+    if not isinstance(span, Spanning):
+        return span
+    if any(set(axes) & set(jax.typeof(leaf).manual_axis_type.unreduced) for leaf in leaves):
+        return "an unreduced value over devices of several processes"
     if span.groups is not None and op != "sum":
         return (f"p{op} over one axis split among processes: XLA has no grouped p{op} inside "
                 "shard_map to reduce the shards across processes")
-    return None
+    return span
 
 
 def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
@@ -48,8 +68,10 @@ def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
     hosts = span.nprocesses
     local = span.local_axes if span.local_axes is not None else axes
     groups = span.groups
+    cross = (f"lax.p{op}{_where(span)}" if span.groups is None else
+             f"lax.psum_scatter + lax.all_gather{_where(span)}")
     _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across processes "
-                   f"{_cross_text(span, op)})")
+                   f"{cross})")
     # each shard splits again across processes in the one-axis layout
     multiple = k * (hosts if groups is not None else 1)
     sizes = [b.shape[1] for b in blocks]
@@ -95,7 +117,66 @@ def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
     return [f.reshape(1, -1)[:, :m] for f, m in zip(full, sizes)]
 
 
-def _cross_text(span, op):
+def _rank_order(axes, span):
+    """``(shape, perm)``: the ranks over ``axes`` (row-major) viewed as
+    ``shape`` and transposed by ``perm`` into (in-process position,
+    cross-process position) order, each row-major."""
+    if span.groups is not None:  # one axis in contiguous runs: rank = process * k + position
+        return (span.nprocesses, span.per_process), (1, 0)
+    sizes = [lax.axis_size(a) for a in axes]
+    order = [axes.index(a) for a in span.local_axes + span.cross_axes]
+    return tuple(sizes), tuple(order)
+
+
+def reduce_scatter(blocks: list, axes: tuple, span: Spanning, *, name: str, **keywords) -> list:
+    """The reduce-scatter of ``(n, w)`` ``blocks`` (row r: rank r's block) over
+    ``axes``: a ``(1, w)`` block per device (see the module docstring)."""
+    k, hosts = span.per_process, span.nprocesses
+    local = span.local_axes if span.local_axes is not None else axes
+    cross = span.cross_axes if span.cross_axes is not None else axes
+    cross_groups = span.cross_groups
+    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across processes "
+                   f"lax.psum_scatter{_where(span)})")
+    shape, perm = _rank_order(axes, span)
+    # row j of the in-process input: the blocks of the ranks at position j
+    ordered = [jnp.transpose(b.reshape(shape + (-1,)), perm + (len(shape),)).reshape(k, -1)
+               for b in blocks]
+
+    def rs_fallback(bs, mode):
+        return [_LAX_PSUM_SCATTER(b, local, axis_index_groups=span.groups, tiled=False)
+                .reshape(1, -1) for b in bs]
+
+    shards = run(ordered, local, name=name, collective="reduce_scatter",
+                 axis_index_groups=span.groups, fallback=rs_fallback, **keywords)
+    return [_LAX_PSUM_SCATTER(s.reshape(hosts, -1), cross, axis_index_groups=cross_groups,
+                              tiled=False).reshape(1, -1) for s in shards]
+
+
+def all_gather(blocks: list, axes: tuple, span: Spanning, *, name: str, **keywords) -> list:
+    """The all-gather of ``(1, w)`` ``blocks`` over ``axes``: ``(n, w)`` per
+    device, row r from rank r (see the module docstring)."""
+    k, hosts = span.per_process, span.nprocesses
+    local = span.local_axes if span.local_axes is not None else axes
+    cross = span.cross_axes if span.cross_axes is not None else axes
+    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across processes "
+                   f"lax.all_gather{_where(span)})")
+    across = [_LAX_ALL_GATHER(b[0], cross, axis_index_groups=span.cross_groups, tiled=True)
+              .reshape(1, -1) for b in blocks]
+
+    def ag_fallback(bs, mode):
+        return [_LAX_ALL_GATHER(b[0], local, axis_index_groups=span.groups) for b in bs]
+
+    full = run(across, local, name=name, collective="allgather", axis_index_groups=span.groups,
+               fallback=ag_fallback, **keywords)
+    shape, perm = _rank_order(axes, span)
+    moved = tuple(shape[i] for i in perm)
+    inverse = tuple(int(i) for i in np.argsort(perm))
+    n = int(np.prod(shape))
+    return [jnp.transpose(f.reshape(moved + (-1,)), inverse + (len(shape),)).reshape(n, -1)
+            for f in full]
+
+
+def _where(span):
     if span.groups is None:
-        return f"lax.p{op} over {span.cross_axes}"
-    return f"lax.psum_scatter + lax.all_gather in groups {[list(g) for g in span.cross_groups]}"
+        return f" over {span.cross_axes}"
+    return f" in groups {[list(g) for g in span.cross_groups]}"

@@ -13,7 +13,6 @@ from jax import lax
 from jax_blink.ops import decide as _decide, hierarchical
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import carried_as, run
-from jax_blink.ops.processes import Spanning, layout
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "explain"]
 
@@ -47,7 +46,7 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
-    span = _spanning(axes, axis_index_groups, leaves, op)
+    span = hierarchical.span_for(axes, axis_index_groups, leaves, op)
     if isinstance(span, str):
         _decide.record(f"{name} over {axes}: lax.p{op} ({span})")
         return _LAX_REDUCE[op](x, axes, axis_index_groups=axis_index_groups)
@@ -58,20 +57,6 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
                   axis_index_groups=axis_index_groups, fallback=fallback,
                   unreduced_ok=op == "sum", **keywords)
     return treedef.unflatten([o.reshape(s) for o, s in zip(out, shapes)])
-
-
-def _spanning(axes, axis_index_groups, leaves, op):
-    """None (the in-process path), a :class:`Spanning` layout for the
-    hierarchical path, or why the call goes to lax: devices of several
-    processes that the hierarchical path does not serve."""
-    if axis_index_groups is not None or _decide.environment_reason(axes) is not None:
-        return None  # run() checks these (groups spanning processes go to lax there)
-    span = layout(axes)
-    if not isinstance(span, Spanning):
-        return span
-    if any(set(axes) & set(jax.typeof(leaf).manual_axis_type.unreduced) for leaf in leaves):
-        return "an unreduced value over devices of several processes"
-    return hierarchical.serves(span, op) or span
 
 
 _KEYWORDS_DOC = """

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_blink.ops import decide as _decide
+from jax_blink.ops import decide as _decide, hierarchical
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import run
 
@@ -68,9 +68,17 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
         return [_LAX_PSUM_SCATTER(b, axes, scatter_dimension=0, axis_index_groups=axis_index_groups,
                                  tiled=False).reshape(1, -1) for b in bs]
 
-    out = run(blocks, axes, name="psum_scatter", collective="reduce_scatter",
-              axis_index_groups=axis_index_groups, topology=topology, min_bytes=min_bytes,
-              timeout_s=timeout_s, chunks=chunks, fallback=fallback, unreduced_ok=True)
+    keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+    span = hierarchical.span_for(axes, axis_index_groups, leaves)
+    if isinstance(span, str):
+        _decide.record(f"psum_scatter over {axes}: lax.psum_scatter ({span})")
+        out = fallback(blocks, "untyped")
+    elif span is not None:
+        out = hierarchical.reduce_scatter(blocks, axes, span, name="psum_scatter", **keywords)
+    else:
+        out = run(blocks, axes, name="psum_scatter", collective="reduce_scatter",
+                  axis_index_groups=axis_index_groups, fallback=fallback, unreduced_ok=True,
+                  **keywords)
     results = []
     for o, (shape, d, was_tiled) in zip(out, shapes):
         o = o.reshape(shape)
@@ -116,12 +124,20 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
 
     def fallback(bs, mode):
         return [_LAX_ALL_GATHER(b[0], axes, axis_index_groups=axis_index_groups, axis=0,
-                               tiled=False, to="invarying" if mode == "invariant" else "varying")
-                for b in bs]
+                               tiled=False, to=to) for b in bs]
 
-    out = run(blocks, axes, name="all_gather", collective="allgather",
-              axis_index_groups=axis_index_groups, topology=topology, min_bytes=min_bytes,
-              timeout_s=timeout_s, chunks=chunks, fallback=fallback, invariant=to == "invarying")
+    keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+    # an invariant gather across processes is left to run(), which gives it to lax
+    span = hierarchical.span_for(axes, axis_index_groups, leaves) if to == "varying" else None
+    if isinstance(span, str):
+        _decide.record(f"all_gather over {axes}: lax.all_gather ({span})")
+        out = fallback(blocks, "untyped")
+    elif span is not None:
+        out = hierarchical.all_gather(blocks, axes, span, name="all_gather", **keywords)
+    else:
+        out = run(blocks, axes, name="all_gather", collective="allgather",
+                  axis_index_groups=axis_index_groups, fallback=fallback,
+                  invariant=to == "invarying", **keywords)
     results = []
     for o, (shape, a) in zip(out, shapes):
         o = jnp.moveaxis(o.reshape((size,) + shape), 0, a)

@@ -145,15 +145,54 @@ def cases():
     run(f"psum below min_bytes over {one}", lambda v: jax_blink.psum(v, one, min_bytes=1 << 30),
         lambda v: lax.psum(v, one), MESH1, P("i"), P(), small["a"].reshape(N, 9))
     explained("phases below min_bytes", "below min_bytes")
-    # the other collectives across processes: lax, said by explain()
+    # psum_scatter and all_gather: hierarchical over both layouts (and the
+    # axes in either order, which reorders the ranks)
+    layouts = ((("host", "local"), MESH2, P("host", "local"), (NPROC, LOCAL)),
+               (("local", "host"), MESH2, P("host", "local"), (NPROC, LOCAL)),
+               (("i",), MESH1, P("i"), (N,)))
+    for axes, mesh, spec, lead in layouts:
+        for k, dtype in enumerate(("float32", "int32", "bfloat16", "complex64")):
+            x = data(dtype, lead + (N * 3, 2), 20 + k)
+            for tiled in (True, False):
+                xx = x if tiled else x[..., :N, :]
+                run(f"psum_scatter {dtype} over {axes} tiled={tiled}",
+                    lambda v: jax_blink.psum_scatter(v, axes, scatter_dimension=len(lead),
+                                                     tiled=tiled),
+                    lambda v: lax.psum_scatter(v, axes, scatter_dimension=len(lead), tiled=tiled),
+                    mesh, spec, spec, xx)
+                run(f"all_gather {dtype} over {axes} tiled={tiled}",
+                    lambda v: jax_blink.all_gather(v, axes, axis=len(lead) + 1, tiled=tiled),
+                    lambda v: lax.all_gather(v, axes, axis=len(lead) + 1, tiled=tiled),
+                    mesh, spec, spec, x, exact=True)
+        explained(f"all_gather over {axes}", "all_gather over", "hierarchical (")
+        # gradients through the pair (each the other's transpose)
+        w = data("float32", (N * 3,), 30)
+        x = data("float32", lead + (N * 3,), 31)
+        for vma in (True, False):
+            def loss(scatter, gather, v, axes=axes, mesh=mesh, spec=spec, nlead=len(lead)):
+                def body(a):
+                    s = scatter(a, axes, scatter_dimension=nlead, tiled=True)
+                    return (gather(jnp.sin(s), axes, axis=nlead, tiled=True) * w).sum(
+                        keepdims=True)
+                return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec,
+                                     check_vma=vma)(v).sum()
+            try:
+                xs = placed(x, mesh, spec)
+                ours = jax.jit(jax.grad(lambda v: loss(jax_blink.psum_scatter,
+                                                       jax_blink.all_gather, v)))(xs)
+                ref = jax.jit(jax.grad(lambda v: loss(lax.psum_scatter, lax.all_gather, v)))(xs)
+                check(f"grad scatter/gather over {axes} check_vma={vma}", local(ours),
+                      local(ref), x)
+            except Exception:  # noqa: BLE001
+                failures.append(f"grad scatter/gather over {axes} check_vma={vma}: "
+                                f"{traceback.format_exc()[-1500:]}")
+    # across processes, lax: an invariant gather and broadcast (said by explain())
+    both = ("host", "local")
     x = data("float32", (NPROC, LOCAL, N * 3), 6)
-    run("psum_scatter", lambda v: jax_blink.psum_scatter(v, both, scatter_dimension=2, tiled=True),
-        lambda v: lax.psum_scatter(v, both, scatter_dimension=2, tiled=True),
-        MESH2, P("host", "local"), P("host", "local"), x)
-    explained("psum_scatter falls back", "lax.psum_scatter", "span processes")
-    run("all_gather", lambda v: jax_blink.all_gather(v, both, axis=2, tiled=True),
-        lambda v: lax.all_gather(v, both, axis=2, tiled=True),
-        MESH2, P("host", "local"), P("host", "local"), x)
+    run("all_gather invarying", lambda v: jax_blink.all_gather(v, both, axis=2, to="invarying"),
+        lambda v: lax.all_gather(v, both, axis=2, to="invarying"),
+        MESH2, P("host", "local"), P(), x)
+    explained("invarying falls back", "lax.all_gather", "span processes")
     run("broadcast", lambda v: jax_blink.broadcast(v, both, root=5 % N),
         lambda v: lax.psum(jnp.where(lax.axis_index(both) == 5 % N, v, 0), both),
         MESH2, P("host", "local"), P(), x)
