@@ -1,15 +1,17 @@
-"""jax_blink.psum against lax.psum over devices of several processes.
+"""jax_blink's collectives against lax's over devices of several processes.
 
 Launches local jax.distributed jobs (jax_blink.launch.run_local: 127.0.0.1,
 gloo) of P processes x L CPU devices, over a mesh ("host", "local"), and times
 ``jax_blink.psum(x, ("host", "local"))`` (the hierarchical path: Blink
 reduce-scatter in each process, gloo allreduce of the shards across
 processes, Blink all-gather) against ``lax.psum`` on the same inputs, the two
-alternating, per float32 size per device. Counts elements outside the
-summation-order bound of lax's result.
+alternating, per float32 size per device; likewise ``psum_scatter`` (tiled)
+and ``all_gather`` (tiled) with ``--ops``. Counts elements outside the
+summation-order bound of lax's result (all_gather: any difference).
 
     python benchmarks/bench_multiprocess.py                 # 2x4 and 4x2
     python benchmarks/bench_multiprocess.py --layouts 2x4 --sizes 1e3 1e5
+    python benchmarks/bench_multiprocess.py --ops psum psum_scatter all_gather
     python benchmarks/bench_multiprocess.py --json out.json
 
 Records the machine with the results (benchmarks/results/multiprocess_cpu.json).
@@ -27,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(sizes, reps):
+def child(sizes, reps, ops):
     from jax_blink.launch import initialize
 
     pid = initialize()
@@ -42,30 +44,49 @@ def child(sizes, reps):
     nproc, local = jax.process_count(), jax.local_device_count()
     mesh = jax.make_mesh((nproc, local), ("host", "local"))
     axes = ("host", "local")
+    pairs = {"psum": (jax_blink.psum, lax.psum),
+             "psum_scatter": (lambda v, a: jax_blink.psum_scatter(v, a, tiled=True),
+                              lambda v, a: lax.psum_scatter(v, a, tiled=True)),
+             "all_gather": (lambda v, a: jax_blink.all_gather(v, a, tiled=True),
+                            lambda v, a: lax.all_gather(v, a, tiled=True))}
     rows = []
-    for size in sizes:
-        rng = np.random.default_rng(size)
-        x = rng.standard_normal((nproc, local, size)).astype(np.float32)
-        xs = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("host", "local")),
-                                          lambda i: x[i])
-        fns = {name: jax.jit(jax.shard_map(lambda v, f=f: f(v, axes), mesh=mesh,
-                                           in_specs=P("host", "local"), out_specs=P()))
-               for name, f in (("blink", jax_blink.psum), ("lax", lax.psum))}
-        outs = {k: np.asarray(f(xs).addressable_shards[0].data) for k, f in fns.items()}
-        bound = 4 * nproc * local * np.finfo(np.float32).eps * np.abs(x).sum(axis=(0, 1))
-        wrong = int((np.abs(outs["blink"] - outs["lax"]) > bound).sum())
-        n = max(3, min(reps, int(2e8 // (size * 4 * local))))
-        times = {"blink": [], "lax": []}
-        for i in range(n):
-            for k in (("blink", "lax") if i % 2 == 0 else ("lax", "blink")):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fns[k](xs))
-                times[k].append(time.perf_counter() - t0)
-        med = {k: float(np.median(v)) for k, v in times.items()}
-        rows.append({"size": size, "bytes_per_device": size * 4, "reps": n,
-                     "blink_ms": 1e3 * med["blink"], "lax_ms": 1e3 * med["lax"],
-                     "ratio": med["blink"] / med["lax"], "wrong": wrong,
-                     "explain": jax_blink.explain().splitlines()[-3:]})
+    for op in ops:
+        ours, ref = pairs[op]
+        for size in sizes:
+            size -= size % (nproc * local)  # psum_scatter's tiled split
+            rng = np.random.default_rng(size)
+            x = rng.standard_normal((nproc, local, size)).astype(np.float32)
+            xs = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("host", "local")),
+                                              lambda i: x[i])
+            if op == "psum":  # (1, 1, size) per device in, the replicated sum out
+                fns = {name: jax.jit(jax.shard_map(lambda v, f=f: f(v, axes), mesh=mesh,
+                                                   in_specs=P("host", "local"), out_specs=P()))
+                       for name, f in (("blink", ours), ("lax", ref))}
+            else:  # each device's shard or gathered vector
+                fns = {name: jax.jit(jax.shard_map(lambda v, f=f: f(v[0, 0], axes)[None, None],
+                                                   mesh=mesh, in_specs=P("host", "local"),
+                                                   out_specs=P("host", "local")))
+                       for name, f in (("blink", ours), ("lax", ref))}
+            outs = {k: [np.asarray(s.data) for s in f(xs).addressable_shards]
+                    for k, f in fns.items()}
+            if op == "all_gather":
+                wrong = sum(int((a != b).sum()) for a, b in zip(outs["blink"], outs["lax"]))
+            else:
+                bound = 4 * nproc * local * np.finfo(np.float32).eps * np.abs(x).sum()
+                wrong = sum(int((np.abs(a - b) > bound).sum())
+                            for a, b in zip(outs["blink"], outs["lax"]))
+            n = max(3, min(reps, int(2e8 // (size * 4 * local))))
+            times = {"blink": [], "lax": []}
+            for i in range(n):
+                for k in (("blink", "lax") if i % 2 == 0 else ("lax", "blink")):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(fns[k](xs))
+                    times[k].append(time.perf_counter() - t0)
+            med = {k: float(np.median(v)) for k, v in times.items()}
+            rows.append({"op": op, "size": size, "bytes_per_device": size * 4, "reps": n,
+                         "blink_ms": 1e3 * med["blink"], "lax_ms": 1e3 * med["lax"],
+                         "ratio": med["blink"] / med["lax"], "wrong": wrong,
+                         "explain": jax_blink.explain().splitlines()[-3:]})
     if pid == 0:
         print("RESULT " + json.dumps({"processes": nproc, "devices_per_process": local,
                                       "rows": rows}), flush=True)
@@ -87,11 +108,13 @@ def main(argv=None):
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e3, 1e4, 1e5, 1e6, 1e7],
                     help="float32 elements per device")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per op and size (at most)")
+    ap.add_argument("--ops", nargs="+", default=["psum"],
+                    choices=["psum", "psum_scatter", "all_gather"])
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes]
     if os.environ.get("JAX_BLINK_COORDINATOR"):
-        child(sizes, args.reps)
+        child(sizes, args.reps, args.ops)
         return 0
     from jax_blink.launch import run_local
 
@@ -99,7 +122,7 @@ def main(argv=None):
     for layout in args.layouts:
         p, d = (int(v) for v in layout.split("x"))
         rs = run_local([sys.executable, os.path.abspath(__file__), "--sizes",
-                        *map(str, sizes), "--reps", str(args.reps)], p,
+                        *map(str, sizes), "--reps", str(args.reps), "--ops", *args.ops], p,
                        devices_per_process=d, timeout_s=1800)
         line = next((ln for ln in rs[0].stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None or not all(r.ok for r in rs):
@@ -109,12 +132,13 @@ def main(argv=None):
             return 1
         res = json.loads(line[len("RESULT "):])
         results.append(res)
-        print(f"\n{p} processes x {d} CPU devices, psum over ('host', 'local'), float32")
-        print(f"{'elements/device':>16} {'bytes/device':>13} {'blink ms':>10} {'lax ms':>10} "
-              f"{'blink/lax':>10} {'wrong':>6}")
+        print(f"\n{p} processes x {d} CPU devices, over ('host', 'local'), float32")
+        print(f"{'op':>13} {'elements/device':>16} {'bytes/device':>13} {'blink ms':>10} "
+              f"{'lax ms':>10} {'blink/lax':>10} {'wrong':>6}")
         for row in res["rows"]:
-            print(f"{row['size']:>16} {row['bytes_per_device']:>13} {row['blink_ms']:>10.3f} "
-                  f"{row['lax_ms']:>10.3f} {row['ratio']:>10.2f} {row['wrong']:>6}")
+            print(f"{row['op']:>13} {row['size']:>16} {row['bytes_per_device']:>13} "
+                  f"{row['blink_ms']:>10.3f} {row['lax_ms']:>10.3f} {row['ratio']:>10.2f} "
+                  f"{row['wrong']:>6}")
     machine = {"machine": _cpu_model(), "cpu_cores": os.cpu_count(),
                "python": platform.python_version()}
     try:

@@ -25,17 +25,21 @@ so every process lowers the same plans, schedules and op ids.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_blink import settings
 from jax_blink.ops import decide as _decide
 from jax_blink.ops.collective import run
 from jax_blink.ops.processes import Spanning, layout
+from jax_blink.planning.cost import CPU_CROSS_PROCESS_BYTES
 
-__all__ = ["span_for", "allreduce", "reduce_scatter", "all_gather"]
+__all__ = ["span_for", "prefers_lax", "allreduce", "reduce_scatter", "all_gather"]
 
 # the lax collectives, as imported (not drop-ins a user swapped into jax.lax)
 _LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
@@ -51,12 +55,29 @@ def span_for(axes: tuple, axis_index_groups, leaves, op: str = "sum"):
     span = layout(axes)
     if not isinstance(span, Spanning):
         return span
+    if settings.algo() == "lax":
+        return "JAX_BLINK_ALGO=lax"
     if any(set(axes) & set(jax.typeof(leaf).manual_axis_type.unreduced) for leaf in leaves):
         return "an unreduced value over devices of several processes"
     if span.groups is not None and op != "sum":
         return (f"p{op} over one axis split among processes: XLA has no grouped p{op} inside "
                 "shard_map to reduce the shards across processes")
     return span
+
+
+def prefers_lax(collective: str, nbytes: int) -> Optional[str]:
+    """Why lax's reduce-scatter or all-gather across processes is the faster
+    for ``nbytes`` of input per device, or None: on CPU devices, outside
+    :data:`~jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` (unless
+    ``JAX_BLINK_ALGO=blink``); elsewhere never (each device sends
+    1/(devices per process) of what lax sends across processes)."""
+    if settings.algo() == "blink" or jax.default_backend() != "cpu":
+        return None
+    low, high = CPU_CROSS_PROCESS_BYTES[collective]
+    if low <= nbytes <= high:
+        return None
+    return (f"{nbytes} B per device across CPU processes: lax measured faster outside "
+            f"{low:g}..{high:g} B (planning.cost.CPU_CROSS_PROCESS_BYTES)")
 
 
 def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,

@@ -28,6 +28,11 @@ def _group_size(axes, axis_index_groups, name):
     return len(groups[0]) if groups else n
 
 
+def _nbytes(blocks):
+    """Input bytes per device of a call's blocks."""
+    return sum(int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize for b in blocks)
+
+
 def _dimension(d, ndim, name, what):
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not -ndim <= d < ndim:
         raise ValueError(f"jax_blink.{name}: {what} {d!r} is out of range for a value of rank "
@@ -70,6 +75,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
 
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
     span = hierarchical.span_for(axes, axis_index_groups, leaves)
+    if span is not None and not isinstance(span, str):
+        span = hierarchical.prefers_lax("reduce_scatter", _nbytes(blocks)) or span
     if isinstance(span, str):
         _decide.record(f"psum_scatter over {axes}: lax.psum_scatter ({span})")
         out = fallback(blocks, "untyped")
@@ -129,6 +136,8 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
     # an invariant gather across processes is left to run(), which gives it to lax
     span = hierarchical.span_for(axes, axis_index_groups, leaves) if to == "varying" else None
+    if span is not None and not isinstance(span, str):
+        span = hierarchical.prefers_lax("allgather", _nbytes(blocks)) or span
     if isinstance(span, str):
         _decide.record(f"all_gather over {axes}: lax.all_gather ({span})")
         out = fallback(blocks, "untyped")

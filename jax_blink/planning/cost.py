@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-__all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
+__all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_CROSS_PROCESS_BYTES", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
            "pipeline_chunks"]
 
 #: One-way latency of one link (one arc of a route) by link kind, in
@@ -56,6 +56,17 @@ CPU_ALLREDUCE_US = {
     "blink": (236.8, 275.7, 227.7, 328.3, 564.0, 3367.5, 58743.0),
     "lax": (342.5, 336.5, 294.7, 400.3, 568.1, 3464.5, 124351.1),
 }
+
+
+#: Across local CPU processes (gloo over loopback), the per-device input
+#: bytes where the hierarchical reduce-scatter and all-gather beat lax's, as
+#: ``[low, high]``, read off ``benchmarks/bench_multiprocess.py --ops
+#: psum_scatter all_gather`` (2 x 4 and 4 x 2 devices on a 2-core AMD EPYC,
+#: ``benchmarks/results/multiprocess_cpu.json``): the hierarchical
+#: reduce-scatter pays a second collective per call and wins from 4 MB; the
+#: hierarchical all-gather's reordering copy of the whole result loses from
+#: 4 MB. (The allreduce's hierarchical path won at every size measured.)
+CPU_CROSS_PROCESS_BYTES = {"reduce_scatter": (4e6, math.inf), "allgather": (0.0, 1e6)}
 
 
 def cpu_allreduce_seconds(which: str, size_bytes: float) -> float:

@@ -145,8 +145,21 @@ def cases():
     run(f"psum below min_bytes over {one}", lambda v: jax_blink.psum(v, one, min_bytes=1 << 30),
         lambda v: lax.psum(v, one), MESH1, P("i"), P(), small["a"].reshape(N, 9))
     explained("phases below min_bytes", "below min_bytes")
-    # psum_scatter and all_gather: hierarchical over both layouts (and the
-    # axes in either order, which reorders the ranks)
+    # psum_scatter and all_gather: the per-size choice on CPU (small
+    # reduce-scatters go to lax, small all-gathers are hierarchical) ...
+    x = data("float32", (NPROC, LOCAL, N * 3), 6)
+    run("psum_scatter auto", lambda v: jax_blink.psum_scatter(v, both, scatter_dimension=2, tiled=True),
+        lambda v: lax.psum_scatter(v, both, scatter_dimension=2, tiled=True),
+        MESH2, P("host", "local"), P("host", "local"), x)
+    explained("psum_scatter auto", "lax.psum_scatter", "lax measured faster")
+    # ... and JAX_BLINK_ALGO=lax sends every collective across processes to lax
+    os.environ["JAX_BLINK_ALGO"] = "lax"
+    run("psum with JAX_BLINK_ALGO=lax", lambda v: jax_blink.psum(v, both),
+        lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), x)
+    explained("JAX_BLINK_ALGO=lax", "lax.psum (JAX_BLINK_ALGO=lax)")
+    # hierarchical (JAX_BLINK_ALGO=blink) over both layouts, the axes in either
+    # order (which reorders the ranks)
+    os.environ["JAX_BLINK_ALGO"] = "blink"
     layouts = ((("host", "local"), MESH2, P("host", "local"), (NPROC, LOCAL)),
                (("local", "host"), MESH2, P("host", "local"), (NPROC, LOCAL)),
                (("i",), MESH1, P("i"), (N,)))
@@ -186,6 +199,7 @@ def cases():
             except Exception:  # noqa: BLE001
                 failures.append(f"grad scatter/gather over {axes} check_vma={vma}: "
                                 f"{traceback.format_exc()[-1500:]}")
+    del os.environ["JAX_BLINK_ALGO"]
     # across processes, lax: an invariant gather and broadcast (said by explain())
     both = ("host", "local")
     x = data("float32", (NPROC, LOCAL, N * 3), 6)
