@@ -137,7 +137,8 @@ def algo() -> str:
     ``auto`` (default): the fastest by the cost model; ``blink``: the planned
     trees; ``ring``, ``tree``, ``chain``: NCCL's ring, NCCL's double binary
     tree, a pipelined chain, run by jax_blink's executor; ``lax``: the lax
-    collective.
+    collective. Across processes, ``lax`` sends every collective to lax and
+    ``blink`` takes the hierarchical psum_scatter and all_gather at every size.
     """
     text = _env("JAX_BLINK_ALGO")
     if text is None:
