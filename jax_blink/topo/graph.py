@@ -99,7 +99,9 @@ class LinkGraph:
 
         The direct arc when there is one, else the path through switches only
         with the fewest hops and, among those, the widest bottleneck (ties go
-        to the path found first, exploring nodes in ascending order). Schedules
+        to the path found first, exploring nodes in ascending order). Network
+        (``"net"``) links are used only where no other links join the two
+        ranks, as NCCL uses its network transport only between hosts. Schedules
         that carry no routes of their own are simulated on these, and the
         baselines size their pipelines by them.
 
@@ -110,7 +112,13 @@ class LinkGraph:
         """
         key = (src, dst)
         if key not in self._default_routes:
-            self._default_routes[key] = self._fewest_hops_widest(src, dst)
+            route = None
+            if "net" in self.kinds:
+                try:
+                    route = self._fewest_hops_widest(src, dst, avoid="net")
+                except TopologyError:
+                    pass  # only the network joins them
+            self._default_routes[key] = route or self._fewest_hops_widest(src, dst)
         return self._default_routes[key]
 
     def path(self, src: int, dst: int) -> tuple:
@@ -121,7 +129,7 @@ class LinkGraph:
         """Bottleneck bandwidth of :meth:`route` from ``src`` to ``dst``."""
         return float(min(self.capacity_gbps[a] for a in self.route(src, dst)))
 
-    def _fewest_hops_widest(self, src, dst):
+    def _fewest_hops_widest(self, src, dst, avoid=None):
         best = {src: (math.inf, ())}  # node -> (bottleneck GB/s, arcs)
         frontier = [src]
         while frontier and dst not in best:
@@ -130,7 +138,7 @@ class LinkGraph:
                 width, path = best[node]
                 for a in self.out_arcs[node]:
                     w = self.arcs[a][1]
-                    if w in best or (w < self.n and w != dst):
+                    if w in best or (w < self.n and w != dst) or self.arc_kind[a] == avoid:
                         continue  # ranks do not forward
                     cand = (min(width, float(self.capacity_gbps[a])), path + (a,))
                     if w not in nxt or cand[0] > nxt[w][0]:

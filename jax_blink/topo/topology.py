@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .._jsonio import read_document
+from . import hosts as _hosts
 from . import presets
 from .errors import TopologyError
 from .graph import LinkGraph
@@ -241,6 +242,39 @@ class Topology:
         return cls(*presets.preset_spec(name))
 
     @classmethod
+    def multi_host(cls, host, hosts: int, nic_gbps: float, nics: int = 1, name: str = "") -> "Topology":
+        """``hosts`` copies of one host joined by NICs to a non-blocking network switch.
+
+        Host ``h`` holds ranks ``h * k .. h * k + k - 1`` (``k`` = the host's
+        ranks); see :mod:`jax_blink.topo.hosts` for the model.
+
+        Parameters
+        ----------
+        host : Topology or str
+            One host: a Topology, a preset name or a topology JSON path.
+        hosts : int
+        nic_gbps : float
+            Bandwidth of each NIC in GB/s per direction (100 Gb/s is 12.5).
+        nics : int
+            NICs per host; the host's GPUs are split among them in contiguous runs.
+        name : str
+            Display name (default ``"<hosts>x<host name>"``).
+
+        Raises
+        ------
+        TopologyError
+            Naming the value that is not allowed.
+
+        Examples
+        --------
+        >>> t = Topology.multi_host("dgx1-v100", 4, nic_gbps=12.5)
+        >>> t.name, t.n, len(t.host_ranks())
+        ('4xdgx1-v100', 32, 4)
+        """
+        host = host if isinstance(host, Topology) else load_topology(host)
+        return cls(*_hosts.multi_host_spec(host, hosts, nic_gbps, nics, name))
+
+    @classmethod
     def from_json(cls, path_or_text) -> "Topology":
         """Load from JSON text, a dict, or a path to a JSON file (see :meth:`to_json`).
 
@@ -350,6 +384,28 @@ class Topology:
                                      for l in links],
                         [self.switches[s - self.n] for s in sorted(keep_switch)],
                         name or f"{self.name}[{','.join(map(str, ranks))}]")
+
+    def host_ranks(self) -> tuple:
+        """The ranks of each host: the groups joined by links other than ``"net"``.
+
+        See :func:`jax_blink.topo.hosts.host_ranks`; one group when the
+        topology has no network links.
+        """
+        return _hosts.host_ranks(self)
+
+    def network(self) -> "Topology":
+        """The network between the hosts, each host contracted to one rank.
+
+        See :func:`jax_blink.topo.hosts.network_spec`.
+
+        Raises
+        ------
+        TopologyError
+            If the topology is one host (nothing joins a network).
+        """
+        if len(self.host_ranks()) < 2:
+            raise TopologyError(f"{self.name} is one host: it has no 'net' links between groups of ranks")
+        return Topology(*_hosts.network_spec(self))
 
     def kinds(self) -> tuple:
         """The link kinds present, fastest class first."""
