@@ -11,6 +11,13 @@ and the Blink row the speedup over the fastest baseline.
     python -m jax_blink bench --topology dgx1-v100 --gpus 0,1,2,5 --sizes 1K:1G --png out.png
     python -m jax_blink bench --topology dgx1-p100 --all-subsets --sizes 1M,256M --json out.json
 
+Several hosts (``--hosts H --nic-gbps G``, or a JSON topology whose ``net``
+links join groups of ranks) compare Blink's three-phase allreduce (in-host
+reduce-scatter, allreduce across hosts, in-host all-gather) with NCCL's flat
+ring over all GPUs and its hierarchical tree (:func:`jax_blink.sim.compare_hosts`):
+
+    python -m jax_blink bench --topology dgx1-v100 --hosts 4 --nic-gbps 12.5 --sizes 1M,256M
+
 ``--devices`` instead runs ``jax_blink.psum`` and ``jax.lax.psum`` on the
 devices present (CPU virtual devices with ``--cpu-devices N``, or GPUs),
 with the same columns plus ``#wrong``: elements that differ from numpy's sum.
@@ -24,10 +31,10 @@ import math
 import os
 import sys
 
-from jax_blink.cli.common import allocations, output_path, plain, wrote
+from jax_blink.cli.common import add_topology_args, allocations, output_path, plain, topology_from_args, wrote
 from jax_blink.cli.sizes import format_size, parse_sizes
-from jax_blink.sim import SimModel, compare, sweep_subsets
-from jax_blink.topo import load_topology
+from jax_blink.planning import plan_hosts
+from jax_blink.sim import SimModel, compare, compare_hosts, sweep_subsets
 
 __all__ = ["add_parser"]
 
@@ -36,14 +43,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="compare Blink with ring/tree baselines (simulated) or lax.psum (--devices)",
         description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--topology", default="dgx1-v100",
-                   help="preset name (see `python -m jax_blink plan --help`) or a topology JSON file "
-                        "(default: dgx1-v100)")
-    p.add_argument("--gpus", default=None,
-                   help="comma-separated ranks of the allocation, e.g. 0,1,2,5 (default: all)")
+    add_topology_args(p, required=False)
     p.add_argument("--sizes", type=parse_sizes, default=None,
                    help="message sizes per rank: LO:HI[:FACTOR] or a comma list, suffixes K/M/G "
-                        "(default: 1K:1G; --all-subsets: 1M,256M; --devices: 4K:16M:4)")
+                        "(default: 1K:1G; --all-subsets and --hosts: 1M,256M; --devices: 4K:16M:4)")
     p.add_argument("--dtype", default="float32", help="element type (default float32)")
     p.add_argument("--png", default=None, help="write a busbw-vs-size plot per algorithm here")
     p.add_argument("--json", default=None, help="write every row (and the summary) as JSON here")
@@ -90,13 +93,6 @@ def _model(args):
     return SimModel(**kwargs)
 
 
-def _ranks(text):
-    try:
-        return [int(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise ValueError(f"--gpus {text!r}: expected comma-separated rank numbers, e.g. 0,1,2,5") from None
-
-
 def _print_table(rows_by_size, n, out=sys.stdout):
     print(f"# {'size':>8} {'algorithm':>12} {'time_us':>11} {'algbw':>8} {'busbw':>8}  blink speedup", file=out)
     for size, rows in rows_by_size:
@@ -133,11 +129,13 @@ def _plot(rows_by_size, title, path):
 
 
 def _simulated_main(args):
-    topology = load_topology(args.topology)
+    if args.all_subsets and (args.gpus or args.hosts):
+        raise ValueError("--all-subsets sweeps every allocation of one machine; drop --gpus and --hosts")
+    topology, _ = topology_from_args(args)
     model = _model(args)
+    if len(topology.host_ranks()) > 1:
+        return _hosts_main(args, topology, model)
     if args.all_subsets:
-        if args.gpus:
-            raise ValueError("--all-subsets sweeps every allocation; drop --gpus")
         sizes = args.sizes or [2**20, 2**28]
         if args.min_gpus < 2:
             raise ValueError(f"--min-gpus must be >= 2, got {args.min_gpus}")
@@ -153,8 +151,6 @@ def _simulated_main(args):
             _write_json(args.json, {"topology": topology.name, "dtype": args.dtype, "model": _model_dict(model),
                                     "summary": summary, "allocations": rows})
         return 0
-    if args.gpus:
-        topology = topology.subset(_ranks(args.gpus))
     if topology.n < 2:
         raise ValueError(f"{topology.name} has one rank; an allreduce needs at least two")
     sizes = args.sizes or parse_sizes("1K:1G")
@@ -167,6 +163,36 @@ def _simulated_main(args):
     if args.json:
         _write_json(args.json, {"topology": topology.name, "dtype": args.dtype, "model": _model_dict(model),
                                 "rows": [{"size_bytes": s, **{k: v for k, v in r.items()}} for s, r in rows_by_size]})
+    return 0
+
+
+def _hosts_main(args, topology, model):
+    """Blink's three-phase allreduce against NCCL's flat ring and hierarchical tree, simulated."""
+    host_plan = plan_hosts(topology)
+    sizes = args.sizes or [2**20, 2**28]
+    rows_by_size = [(size, compare_hosts(topology, size, args.dtype, model, host_plan))
+                    for size in _progress("simulating")(sizes, total=len(sizes))]
+    print(f"# allreduce on {topology.name} ({topology.n} ranks: {len(host_plan.hosts)} hosts x "
+          f"{host_plan.ranks_per_host}, {host_plan.network_gbps:g} GB/s per host to the network), "
+          f"{args.dtype}, simulated; planned in {host_plan.plan_seconds:.2f} s")
+    print(f"# {'size':>8} {'algorithm':>12} {'time_us':>11} {'algbw':>8} {'busbw':>8}  "
+          f"blink speedup / phases (in-host RS, across hosts, in-host AG)")
+    for size, rows in rows_by_size:
+        for name, row in rows.items():
+            extra = ""
+            if "phases_us" in row:
+                rs, net, ag = row["phases_us"]
+                extra = (f"  {row['speedup']:.2f}x vs best NCCL  ({rs:.1f} + {net:.1f} [{row['network']}] "
+                         f"+ {ag:.1f} us)")
+            print(f"  {format_size(size):>8} {name:>12} {row['time_us']:11.1f} {row['algbw_gbps']:8.2f} "
+                  f"{row['busbw_gbps']:8.2f}{extra}")
+    if args.png:
+        _plot(rows_by_size, f"allreduce on {topology.name} (simulated)", args.png)
+    if args.json:
+        _write_json(args.json, {"topology": topology.name, "hosts": len(host_plan.hosts),
+                                "ranks_per_host": host_plan.ranks_per_host, "network_gbps": host_plan.network_gbps,
+                                "dtype": args.dtype, "model": _model_dict(model),
+                                "rows": [{"size_bytes": s, **r} for s, r in rows_by_size]})
     return 0
 
 

@@ -1,5 +1,5 @@
-"""What both commands share: plain-text help, output paths checked up front and
-reported, and counting allocations."""
+"""What both commands share: the topology options, plain-text help, output paths
+checked up front and reported, and counting allocations."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-__all__ = ["plain", "output_path", "wrote", "allocations"]
+__all__ = ["plain", "output_path", "wrote", "allocations", "add_topology_args", "topology_from_args"]
 
 
 def plain(doc: str) -> str:
@@ -38,3 +38,50 @@ def wrote(path, what: str) -> None:
 def allocations(n: int, smallest: int) -> int:
     """How many allocations of at least ``smallest`` of ``n`` ranks there are."""
     return sum(math.comb(n, k) for k in range(smallest, n + 1))
+
+
+def add_topology_args(p, required: bool) -> None:
+    """``--topology``, ``--gpus`` and the multi-host options ``--hosts``, ``--nic-gbps``, ``--nics``."""
+    p.add_argument("--topology", required=required, default=None if required else "dgx1-v100",
+                   help="preset name (e.g. dgx1-v100, shm:8) or topology JSON file"
+                        + ("" if required else " (default: dgx1-v100)"))
+    p.add_argument("--gpus", default=None,
+                   help="comma-separated ranks of the allocation, e.g. 0,1,4,5 (default: all); with --hosts, "
+                        "the ranks used on every host")
+    p.add_argument("--hosts", type=int, default=None,
+                   help="this many copies of the topology, joined by NICs to one network switch "
+                        "(Topology.multi_host): plans and simulates Blink's three-phase allreduce")
+    p.add_argument("--nic-gbps", type=float, default=12.5,
+                   help="--hosts: bandwidth of each NIC in GB/s per direction (default 12.5, i.e. 100 Gb/s)")
+    p.add_argument("--nics", type=int, default=1, help="--hosts: NICs per host (default 1)")
+
+
+def _ranks(text):
+    try:
+        return [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise ValueError(f"--gpus {text!r}: expected comma-separated rank numbers, e.g. 0,1,4,5") from None
+
+
+def topology_from_args(args):
+    """``(topology, gpus)`` from the options of :func:`add_topology_args`.
+
+    ``gpus`` is the list given to ``--gpus`` (None without it). With
+    ``--hosts`` the topology is ``--hosts`` copies of the (sub)topology.
+
+    Raises
+    ------
+    ValueError
+        (TopologyError included) naming the option that is wrong.
+    """
+    from jax_blink.topo import Topology, load_topology
+
+    topology = load_topology(args.topology)
+    gpus = _ranks(args.gpus) if args.gpus else None
+    if gpus is not None:
+        topology = topology.subset(gpus)
+    if args.hosts is not None:
+        if args.hosts < 1:
+            raise ValueError(f"--hosts must be >= 1, got {args.hosts}")
+        topology = Topology.multi_host(topology, args.hosts, args.nic_gbps, args.nics)
+    return topology, gpus

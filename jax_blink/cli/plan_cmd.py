@@ -4,7 +4,13 @@ Prints the trees, the rate against the certified bound and the ring
 baseline, the family and the planning time; ``--json`` prints the plan's JSON
 instead (:meth:`jax_blink.Plan.to_dict`, which ``Plan.from_json`` reads back,
 plus ``"gpus"``: the machine's GPU at each rank), ``--png`` draws the topology
-with each tree in its own colour.
+with each tree in its own colour. A topology of several hosts (``--hosts``,
+or a JSON topology whose ``net`` links join groups of ranks) gets Blink's
+three-phase allreduce: a reduce-scatter and an all-gather planned inside a
+host, the hosts' network between them (:func:`jax_blink.planning.plan_hosts`).
+
+    python -m jax_blink plan --topology dgx1-v100 --hosts 128 --nic-gbps 12.5
+
 Pure Python: never imports jax.
 """
 
@@ -13,26 +19,18 @@ from __future__ import annotations
 import json
 import sys
 
-from jax_blink.cli.common import output_path, plain, wrote
-from jax_blink.planning import COLLECTIVES, PlanError, plan
-from jax_blink.topo import TopologyError, load_topology
+from jax_blink.cli.common import add_topology_args, output_path, plain, topology_from_args, wrote
+from jax_blink.planning import COLLECTIVES, PlanError, plan, plan_hosts
+from jax_blink.topo import TopologyError
 
 __all__ = ["add_parser", "run"]
-
-
-def _parse_gpus(text: str) -> list:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise TopologyError(f"--gpus must be comma-separated rank numbers like 0,1,4,5, got {text!r}") from None
 
 
 def add_parser(subparsers) -> None:
     """Add the ``plan`` subcommand to an argparse ``subparsers`` object."""
     p = subparsers.add_parser("plan", help="plan a collective on a topology and show the trees",
                               description=plain(__doc__.split("\n\n")[0]))
-    p.add_argument("--topology", required=True, help="preset name (e.g. dgx1-v100, shm:8) or topology JSON file")
-    p.add_argument("--gpus", help="comma-separated ranks to use (default: all), e.g. 0,1,4,5")
+    add_topology_args(p, required=True)
     p.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
     p.add_argument("--root", type=int, default=None, help="root rank for broadcast/reduce (default 0)")
     p.add_argument("--max-trees", type=int, default=None, help="use at most this many trees")
@@ -50,9 +48,10 @@ def run(args) -> int:
     """Execute the ``plan`` subcommand; returns the exit status."""
     try:
         output_path(args.png, "--png")
-        full = load_topology(args.topology)
-        gpus = _parse_gpus(args.gpus) if args.gpus else list(range(full.n))
-        topology = full.subset(gpus, name=full.name if not args.gpus else "") if args.gpus else full
+        topology, gpus = topology_from_args(args)
+        if len(topology.host_ranks()) > 1 and args.collective == "allreduce":
+            return _run_hosts(args, topology)
+        gpus = gpus or list(range(topology.n))
         result = plan(topology, args.collective, root=args.root, max_trees=args.max_trees,
                       tolerance=args.tolerance, cache=not args.no_cache, links=args.links)
     except (TopologyError, PlanError, ValueError) as e:
@@ -67,6 +66,23 @@ def run(args) -> int:
     if args.png:
         draw(result, args.png, labels=[f"GPU{g}" for g in gpus])
         wrote(args.png, "the trees")
+    return 0
+
+
+def _run_hosts(args, topology) -> int:
+    """The three-phase allreduce of a topology of several hosts."""
+    for option, value in (("--png", args.png), ("--root", args.root), ("--max-trees", args.max_trees)):
+        if value is not None:
+            raise ValueError(f"{option} does not apply to the three-phase allreduce of {topology.name}'s "
+                             f"{len(topology.host_ranks())} hosts; plan one host (drop --hosts) to use it")
+    result = plan_hosts(topology, links=args.links, cache=not args.no_cache)
+    if args.json:
+        print(json.dumps({"topology": topology.to_dict(), "hosts": [list(h) for h in result.hosts],
+                          "reduce_scatter": result.reduce_scatter[0].to_dict(),
+                          "allgather": result.allgather[0].to_dict(), "network_gbps": result.network_gbps,
+                          "rate_gbps": result.rate_gbps, "plan_seconds": result.plan_seconds}))
+    else:
+        print(result.summary())
     return 0
 
 

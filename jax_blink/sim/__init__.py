@@ -5,15 +5,18 @@ Modules: :mod:`~jax_blink.sim.model` (:class:`SimModel`, :class:`SimError`),
 :mod:`~jax_blink.sim.tuning` (:func:`tune`, latency-aware lowering),
 :mod:`~jax_blink.sim.baselines` (NCCL-style ring, double binary tree,
 reduce-scatter + all-gather, chain), :mod:`~jax_blink.sim.comparison`
-(:func:`compare`, :func:`sweep_subsets`). Costs come from the one cost model,
+(:func:`compare`, :func:`sweep_subsets`), :mod:`~jax_blink.sim.hosts`
+(:func:`compare_hosts`: the three-phase allreduce against NCCL's flat ring
+and hierarchical tree over several hosts). Costs come from the one cost model,
 :mod:`jax_blink.planning.cost`; routes from :class:`jax_blink.topo.LinkGraph`.
 Pure Python: never imports jax.
 """
 
 from .comparison import compare, sweep_subsets
+from .hosts import compare_hosts
 from .model import SimError, SimModel
 from .simulator import SimResult, bus_factor, simulate
 from .tuning import Tuned, tune
 
 __all__ = ["simulate", "SimModel", "SimResult", "SimError", "bus_factor", "tune", "Tuned", "compare",
-           "sweep_subsets"]
+           "sweep_subsets", "compare_hosts"]

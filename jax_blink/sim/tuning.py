@@ -54,7 +54,9 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
     Candidates:
 
     * the plan's ``m`` heaviest trees (weights kept, so the data splits among
-      them as in the plan), for ``m = len(plan.trees)`` down to 1. A subset
+      them as in the plan), for ``m = len(plan.trees)`` down to 1 (all of
+      them for a reduce-scatter or all-gather, which need a tree rooted at
+      every rank). A subset
       whose bandwidth alone (``size / sum of weights``) cannot beat the best
       time so far is skipped, so large sizes cost few simulations;
     * with ``stars`` (allreduce only), the shallowest tree packing: every rank
@@ -85,7 +87,9 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
     if max_chunks < 1:
         raise SimError(f"max_chunks must be >= 1, got {max_chunks}")
     trees = sorted(plan.trees, key=lambda t: -t.weight)
-    candidates = [dataclasses.replace(plan, trees=tuple(trees[:m])) for m in range(len(trees), 0, -1)]
+    # a reduce-scatter or all-gather needs a tree rooted at every rank: only all of them
+    smallest = len(trees) if plan.collective in ("reduce_scatter", "allgather") else 1
+    candidates = [dataclasses.replace(plan, trees=tuple(trees[:m])) for m in range(len(trees), smallest - 1, -1)]
     if stars and plan.collective == "allreduce":
         graph = plan.topology.link_graph(plan.topology.kinds())
         n = plan.topology.n
