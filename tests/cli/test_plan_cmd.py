@@ -1,17 +1,19 @@
-"""``python -m jax_blink plan``: JSON that loads back, text, and clear errors."""
+"""``python -m jax_blink plan`` and ``bench``: JSON that loads back, text, and clear errors."""
 
 import json
 import math
 
 from jax_blink import Plan, Topology
-from jax_blink.cli import plan_cmd
+from jax_blink.cli import bench_cmd, plan_cmd
 
 
 def _cli(argv):
     import argparse
 
     parser = argparse.ArgumentParser()
-    plan_cmd.add_parser(parser.add_subparsers())
+    sub = parser.add_subparsers()
+    plan_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -76,3 +78,36 @@ def test_no_ring_is_said_in_words(capsys):
     out = capsys.readouterr().out
     assert "no NVLink/NVSwitch ring" in out and "ring 0 " not in out
     assert "rsag (reduce-scatter + all-gather" in out or "tree (each tree reduced" in out
+
+
+def test_hosts_plan_the_three_phases(capsys):
+    assert _cli(["plan", "--topology", "dgx1-v100", "--gpus", "0,1,2,5", "--hosts", "3", "--nic-gbps", "25",
+                 "--nics", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "3xdgx1-v100[0,1,2,5] (12 ranks: 3 hosts x 4)" in out
+    assert "50 GB/s per host to the network" in out and "3. all-gather in each host" in out
+    assert _cli(["plan", "--topology", "shm:4", "--hosts", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["hosts"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and out["network_gbps"] == 12.5
+    assert Plan.from_json(json.dumps(out["reduce_scatter"])).collective == "reduce_scatter"
+    assert _cli(["plan", "--topology", "shm:4", "--hosts", "2", "--root", "1"]) == 2
+    assert "--root does not apply to the three-phase allreduce" in capsys.readouterr().err
+    for bad, match in ((["--hosts", "0"], "--hosts must be >= 1"), (["--hosts", "2", "--nic-gbps", "0"], "NIC bandwidth"),
+                       (["--hosts", "2", "--nics", "9"], "more than the host's 4 ranks")):
+        assert _cli(["plan", "--topology", "shm:4", *bad]) == 2
+        assert match in capsys.readouterr().err
+
+
+def test_bench_hosts_prints_the_three_algorithms(capsys, tmp_path):
+    path = tmp_path / "rows.json"
+    assert _cli(["bench", "--topology", "shm:4", "--hosts", "2", "--nic-gbps", "2", "--sizes", "1M",
+                 "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    for name in ("blink-3phase", "nccl-ring", "nccl-tree"):
+        assert name in out
+    assert "x vs best NCCL" in out and "(8 ranks: 2 hosts x 4" in out
+    rows = json.loads(path.read_text())
+    assert rows["hosts"] == 2 and set(rows["rows"][0]) >= {"size_bytes", "blink-3phase", "nccl-ring", "nccl-tree"}
+    assert len(rows["rows"][0]["blink-3phase"]["phases_us"]) == 3
+    assert _cli(["bench", "--topology", "shm:4", "--hosts", "2", "--all-subsets"]) == 2
+    assert "drop --gpus and --hosts" in capsys.readouterr().err
