@@ -10,19 +10,21 @@
     all-gather, one after another, as ``jax_blink.psum`` runs them across
     processes (three operations). The cross-host phase is XLA's collective,
     so it is simulated as NCCL would run it: the faster of a ring and a
-    double binary tree over the network with the hosts as ranks, moving the
-    whole vector (the ``k`` slices of ``S / k`` bytes that share each host's
-    NICs move ``S`` bytes together). The times of the slowest host add up.
+    double binary tree with the hosts as ranks, each host reaching the
+    network at its NICs' combined bandwidth, moving the whole vector (the
+    ``k`` slices of ``S / k`` bytes, each on its own GPUs' NICs, move ``S``
+    bytes together). The times of the slowest host add up.
 ``nccl-ring``
-    NCCL's ring over all GPUs: inside each host along its best NVLink ring
-    cut open (rank order without one), hosts in order, one ring per NIC of a
-    host, each leaving and entering its hosts through that NIC where the
-    host's ring allows.
+    NCCL's rings over all GPUs: each of the host's NVLink rings
+    (:func:`~jax_blink.planning.rings.best_rings`; rank order without one)
+    cut open in every host and chained through the hosts in order, with the
+    ring's share of the data, the rings spread over each host's NICs.
 ``nccl-tree``
     NCCL's hierarchical tree (NCCL >= 2.4 across nodes): a chain through
     each host's GPUs, the chain heads joined by NCCL's double binary tree
-    over the hosts; two trees, each with half of the data, the second
-    chaining each host the other way round.
+    over the hosts; a pair of trees per NIC of a host, chaining each host's
+    GPUs both ways round from a GPU on that NIC, each tree with an equal
+    share of the data.
 
 Rows carry nccl-tests' columns over all ranks (busbw = algbw * 2(N-1)/N).
 
@@ -35,30 +37,36 @@ from types import SimpleNamespace
 
 from ..planning.hosts import HostPlan, plan_hosts
 from ..planning.rings import best_rings
+from ..topo import Topology
 from .baselines import _count, _dtree_edges, _lower, double_binary_tree, ring_allreduce
 from .model import SimModel
 from .simulator import bus_factor, simulate
 from .tuning import tune
 
-__all__ = ["HOST_ALGORITHMS", "compare_hosts", "host_paths", "flat_ring", "hierarchical_tree"]
+__all__ = ["HOST_ALGORITHMS", "compare_hosts", "host_rings", "host_paths", "flat_ring", "hierarchical_tree"]
 
 #: Algorithm names of :func:`compare_hosts`, in the order it reports them.
 HOST_ALGORITHMS = ("blink-3phase", "nccl-ring", "nccl-tree")
 
 
-def host_paths(host_plan: HostPlan) -> list:
-    """Each host's ranks along its heaviest NVLink ring cut open, else in rank order."""
-    paths = []
+def host_rings(host_plan: HostPlan) -> list:
+    """The hosts' NVLink rings as ``(local order, GB/s)``: :func:`~jax_blink.planning.rings.best_rings`
+    of one host, else one ring in rank order."""
     local = host_plan.reduce_scatter[0].topology
     rings = best_rings(local)
-    order = max(zip(rings.weights_gbps, rings.rings))[1] if rings.rings else tuple(range(local.n))
-    for ranks in host_plan.hosts:
-        paths.append([ranks[j] for j in order])
-    return paths
+    if rings.rings:
+        return [(tuple(r), float(w)) for r, w in zip(rings.rings, rings.weights_gbps)]
+    return [(tuple(range(local.n)), 1.0)]
+
+
+def host_paths(host_plan: HostPlan) -> list:
+    """Each host's ranks along its heaviest NVLink ring cut open, else in rank order."""
+    order = max(host_rings(host_plan), key=lambda ring: ring[1])[0]
+    return [[ranks[j] for j in order] for ranks in host_plan.hosts]
 
 
 def _nic_of(topology, rank):
-    """The NIC (first switch over a net link) of ``rank``, or None."""
+    """The NIC (the switch at the other end of a net link) of ``rank``, or None."""
     for l in topology.links:
         if l.kind == "net" and rank in (l.u, l.v):
             return l.v if l.u == rank else l.u
@@ -67,37 +75,80 @@ def _nic_of(topology, rank):
 
 def flat_ring(topology, size_bytes: int, dtype="float32", *, host_plan: HostPlan | None = None,
               model: SimModel | None = None):
-    """NCCL's ring over every GPU of every host (see the module docstring)."""
+    """NCCL's rings over every GPU of every host (see the module docstring).
+
+    There are as many rings as the host has NVLink rings (:func:`host_rings`)
+    or NICs, whichever is more. Ring ``q`` follows the host's NVLink ring
+    ``q mod R`` in every host, hosts in order, with its share of that ring's
+    data; it is cut open where both GPUs at the cut use the host's NIC
+    ``q mod nics`` (else where the GPU it leaves the host from does), so that
+    the rings spread over the NICs.
+    """
     host_plan = plan_hosts(topology) if host_plan is None else host_plan
-    paths = host_paths(host_plan)
-    nic = {r: _nic_of(topology, r) for path in paths for r in path}
-    nics = sorted({nic[r] for r in paths[0]}, key=lambda x: (x is None, x))
+    nic = {r: _nic_of(topology, r) for ranks in host_plan.hosts for r in ranks}
+    base = host_rings(host_plan)
+    count = max(len(base), max(len({nic[r] for r in ranks}) for ranks in host_plan.hosts))
     rings = []
-    for card in nics:
-        rotated = []
-        for path in paths:
-            k = len(path)
-            # a rotation whose ends (the ranks that leave and enter the host) use this NIC
-            score = [(nic[path[i - 1]] == card) + (nic[path[i]] == card) for i in range(k)]
-            i = max(range(k), key=lambda j: (score[j], -j))
-            rotated += path[i:] + path[:i]
-        rings.append((tuple(rotated), 1.0))
+    for q in range(count):  # a host ring used by several NICs splits its share among them
+        order, weight = base[q % len(base)]
+        weight /= len(range(q % len(base), count, len(base)))
+        flat = []
+        for ranks in host_plan.hosts:
+            path = [ranks[j] for j in order]
+            cards = sorted({nic[r] for r in ranks}, key=lambda x: (x is None, x))
+            card = cards[q % len(cards)]
+            # the ends of the cut-open ring leave and enter the host: both on this NIC if possible,
+            # else the one leaving (so that rings on NICs of one GPU each leave from different GPUs)
+            score = [2 * (nic[path[i - 1]] == card) + (nic[path[i]] == card) for i in range(len(path))]
+            i = max(range(len(path)), key=lambda j: (score[j], -j))
+            flat += path[i:] + path[:i]
+        rings.append((tuple(flat), weight))
     return ring_allreduce(topology, size_bytes, dtype, rings=rings, model=model)
 
 
 def hierarchical_tree(topology, size_bytes: int, dtype="float32", *, host_plan: HostPlan | None = None,
                       model: SimModel | None = None):
-    """NCCL's hierarchical double binary tree (see the module docstring)."""
+    """NCCL's hierarchical double binary tree (see the module docstring).
+
+    For each NIC ``c`` of a host, a pair of trees: each host's heaviest
+    NVLink ring (:func:`host_paths`, a cycle) is walked forward for one tree
+    and backward for the other, from the first GPU on NIC ``c``; the chain
+    heads are joined across hosts by NCCL's two complementary binary trees.
+    Every tree carries an equal share of the data.
+    """
     host_plan = plan_hosts(topology) if host_plan is None else host_plan
     count, dtype = _count(size_bytes, dtype)
     paths = host_paths(host_plan)
+    nic = {r: _nic_of(topology, r) for p in paths for r in p}
+    cards = sorted({nic[r] for r in paths[0]}, key=lambda x: (x is None, x))
     trees = []
-    for t, (root, edges) in enumerate(_dtree_edges(len(paths))):
-        chains = [p if t == 0 else p[::-1] for p in paths]
-        tree_edges = [(c[i], c[i + 1]) for c in chains for i in range(len(c) - 1)]
-        tree_edges += [(chains[p][0], chains[c][0]) for p, c in edges]
-        trees.append(SimpleNamespace(root=chains[root][0], edges=tree_edges, weight=1.0))
-    return _lower(trees, topology, count, dtype, SimModel() if model is None else model, "allreduce", -1, 0.5)
+    for c in range(len(cards)):
+        for t, (root, edges) in enumerate(_dtree_edges(len(paths))):
+            chains = []
+            for p in paths:
+                host_cards = sorted({nic[r] for r in p}, key=lambda x: (x is None, x))
+                i = next(j for j, r in enumerate(p) if nic[r] == host_cards[c])
+                chains.append(p[i:] + p[:i] if t == 0 else [p[i]] + (p[:i] + p[i + 1:])[::-1])
+            tree_edges = [(ch[i], ch[i + 1]) for ch in chains for i in range(len(ch) - 1)]
+            tree_edges += [(chains[a][0], chains[b][0]) for a, b in edges]
+            trees.append(SimpleNamespace(root=chains[root][0], edges=tree_edges, weight=1.0))
+    return _lower(trees, topology, count, dtype, SimModel() if model is None else model, "allreduce", -1,
+                  1.0 / len(trees))
+
+
+def _star(host_plan: HostPlan):
+    """The network as the cross-host phase sees it: each host a rank behind one "NIC" switch
+    whose links carry the slowest host's bandwidth to the network
+    (:attr:`HostPlan.network_gbps`, all its NICs together), all NICs on one switch.
+
+    The ``k`` allreduces of that phase (one per local position) each use their
+    own GPUs' NICs, so together they have all of a host's NICs; the star gives
+    one allreduce of the whole vector that bandwidth, and the four network
+    arcs of a GPU-NIC-switch-NIC-GPU route their latency.
+    """
+    h, gbps = len(host_plan.hosts), host_plan.network_gbps
+    links = [(r, h + r, gbps, "net") for r in range(h)] + [(h + r, 2 * h, gbps, "net") for r in range(h)]
+    return Topology(h, links, [f"host{r}/nics" for r in range(h)] + ["network"], f"{host_plan.topology.name} network")
 
 
 def _row(time_s, size_bytes, n):
@@ -135,7 +186,7 @@ def compare_hosts(topology, size_bytes: int, dtype="float32", model: SimModel | 
     for plans in (host_plan.reduce_scatter, host_plan.allgather):
         phases.append(max(tune(p, size_bytes, dtype, model=model, stars=False).result.time_s
                           for p in {id(p): p for p in plans}.values()))
-    network = host_plan.network
+    network = _star(host_plan)
     across = {name: simulate(build(network, size_bytes, dtype, model=model), network, model=model).time_s
               for name, build in (("ring", ring_allreduce), ("tree", double_binary_tree))}
     network_algo = min(across, key=across.get)

@@ -6,7 +6,7 @@ import pytest
 
 from jax_blink.planning import plan_hosts
 from jax_blink.sim import SimModel, compare_hosts, simulate
-from jax_blink.sim.hosts import HOST_ALGORITHMS, flat_ring, hierarchical_tree, host_paths
+from jax_blink.sim.hosts import HOST_ALGORITHMS, flat_ring, hierarchical_tree, host_paths, host_rings
 from jax_blink.topo import Topology
 
 SIZE = 2**28
@@ -54,11 +54,26 @@ def test_flat_ring_and_tree_follow_the_hosts_nvlink_rings():
         assert all(graph.arc_kind[graph.index[a, b]] == "nvlink" for a, b in zip(p, p[1:]))
     ring = flat_ring(t, 2**20, host_plan=hp).validate()
     tree = hierarchical_tree(t, 2**20, host_plan=hp).validate()
-    assert ring.ntrees == 1 and tree.ntrees == 2
-    # the tree's only cross-host transfers are between the chain heads
-    cross = {(s.peer, r) for r, steps in enumerate(tree.steps) for s in steps
+    assert ring.ntrees == len(host_rings(hp)) == 10 and tree.ntrees == 2  # one NIC: one pair of trees
+    # the tree's only cross-host transfers are between the chain heads, both on the host's one NIC
+    cross = {(r, s.peer) for r, steps in enumerate(tree.steps) for s in steps
              if s.op == "SEND" and (s.peer < 8) != (r < 8)}
-    assert cross == {(paths[1][0], paths[0][0]), (paths[0][0], paths[1][0]),
-                     (paths[1][-1], paths[0][-1]), (paths[0][-1], paths[1][-1])}
+    assert cross == {(paths[1][0], paths[0][0]), (paths[0][0], paths[1][0])}
     for schedule in (ring, tree):
         assert simulate(schedule, t).time_s > 0
+
+
+def test_every_nic_carries_rings_and_trees():
+    t = Topology.multi_host("dgx-a100", 2, nic_gbps=25, nics=8)
+    hp = plan_hosts(t)
+    assert hp.network_gbps == pytest.approx(200)
+    ring, tree = flat_ring(t, 2**20, host_plan=hp), hierarchical_tree(t, 2**20, host_plan=hp)
+    assert ring.ntrees == 8 and tree.ntrees == 16  # one NVSwitch ring split over 8 NICs; a pair per NIC
+    for schedule in (ring, tree):
+        leaving = {r for r, steps in enumerate(schedule.steps) for s in steps
+                   if s.op == "SEND" and (s.peer < 8) != (r < 8)}
+        assert leaving == set(range(16))  # every GPU sends across hosts through its own NIC
+    rows = compare_hosts(t, 2**28, model=FAST_REDUCER, host_plan=hp)
+    rs, net, ag = (x * 1e-6 for x in rows["blink-3phase"]["phases_us"])
+    assert net == pytest.approx(2**28 / 200e9, rel=0.02)  # 2(H-1)/H = 1 over all 8 NICs
+    assert rows["nccl-ring"]["time_us"] * 1e-6 == pytest.approx(2 * 15 / 16 * 2**28 / 200e9, rel=0.02)
