@@ -103,7 +103,10 @@ def markdown(results, crossovers, info, model, seconds):
         f"Machine: {info['cpu']}, {info['cores']} cores, Python {info['python']} ({info['note']}). "
         f"Model: `SimModel({', '.join(f'{k}={v!r}' for k, v in model.items())})` "
         f"(per-kind latency defaults in `jax_blink.planning.cost.LATENCY_US`). "
-        f"Run time {seconds / 60:.1f} min. Reproduce: `python benchmarks/bench_blink_vs_baselines.py`.",
+        f"Run time {seconds / 60:.1f} min"
+        + (" (the crossover only: the sweep is kept from the previous run, `--crossover-only`)"
+           if "sweep_kept_from" in info else "")
+        + ". Reproduce: `python benchmarks/bench_blink_vs_baselines.py`.",
         "",
         "Speedup = baseline time / Blink time; Blink = `jax_blink.sim.tune(plan(topology), size)`. "
         "`#slower` counts allocations where some baseline is faster than Blink; "
@@ -144,13 +147,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--machine", default=None, help="name used in the output files (default: from lscpu)")
+    parser.add_argument("--crossover-only", action="store_true",
+                        help="re-run only the crossover; keep the sweep of the existing results file (its run "
+                             "takes about 40 minutes on 2 cores, the crossover about 10)")
     args = parser.parse_args()
     info = machine(note="simulated: the numbers depend on the model, not on this machine")
     name = args.machine or "-".join(info["cpu"].split()[:2]).lower() + f"-{info['cores']}core"
     model = SimModel()
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"blink_vs_baselines_{name}")
     start = time.perf_counter()
     results = {}
-    for preset in PRESETS:
+    if args.crossover_only:
+        with open(out + ".json") as f:
+            kept = json.load(f)
+        results, info["sweep_kept_from"] = kept["sweep"], kept.get("sweep_kept_from", kept["machine"])
+    for preset in PRESETS if not args.crossover_only else ():
         summary, rows = sweep_subsets(Topology.preset(preset), list(SWEEP_SIZES), model=model, jobs=args.jobs,
                                       progress=lambda it, total: tqdm(it, total=total, desc=preset, file=sys.stderr,
                                                                       leave=False))
@@ -166,7 +177,6 @@ def main():
                               "rows": [{"size_bytes": s, "algorithms": r} for s, r in rows]}
         print(preset, "crossover", format_size(cross), flush=True)
     seconds = time.perf_counter() - start
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"blink_vs_baselines_{name}")
     model_dict = {"latency_us": model.latency_us, "step_overhead_us": model.step_overhead_us,
                   "reduce_gbps": model.reduce_gbps, "channels": model.channels}
     with open(out + ".json", "w") as f:

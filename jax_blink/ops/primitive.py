@@ -36,6 +36,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
 from jax_blink.ops.decide import schedule_for
+from jax_blink.ops.processes import check_lowered_mesh
 from jax_blink.schedule.constants import COLLECTIVE_CODE, REDUCE_OP_CODE
 
 __all__ = ["blink_collective_p", "bind_collective", "MODES"]
@@ -190,6 +191,7 @@ _op_ids = weakref.WeakKeyDictionary()  # lowered module -> its op id counter
 
 def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, **params):
     _ffi.ensure_registered(platform)
+    check_lowered_mesh(getattr(ctx.module_context, "axis_context", None))
     module = ctx.module_context.module
     if module not in _op_ids:
         _op_ids[module] = itertools.count(1)

@@ -32,7 +32,7 @@ import numpy as np
 
 import jax
 
-__all__ = ["Spanning", "layout", "layout_of", "process_of_positions"]
+__all__ = ["Spanning", "layout", "layout_of", "process_of_positions", "check_lowered_mesh"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +90,37 @@ def _layout(names, sizes, axes, groups):
                 "which process owns which device is unknown (jax_blink assumes a mesh over "
                 "jax.devices() in order, as jax.make_mesh builds it)")
     return layout_of(process_of_positions(sizes, devices), names, axes, groups)
+
+
+def check_lowered_mesh(axis_context) -> None:
+    """Refuse, when lowering, a multi-process mesh that is not ``jax.devices()`` in order.
+
+    :func:`layout` decided which devices share a process from the abstract
+    mesh, assuming the layout of ``jax.make_mesh``. The lowering rule sees the
+    concrete mesh (``axis_context.mesh``, where this jax provides it): if its
+    devices are in another order, the in-process groups would hold devices of
+    other processes and the executor would wait for them until its timeout,
+    so this raises at once instead. Where jax gives no concrete mesh the
+    assumption stands unchecked.
+
+    Raises
+    ------
+    ValueError
+        Naming the mesh's device order and what to do.
+    """
+    if jax.process_count() == 1:
+        return
+    devices = getattr(getattr(axis_context, "mesh", None), "devices", None)
+    if devices is None:
+        return
+    ids = [d.id for d in np.asarray(devices).flat]
+    expected = sorted(d.id for d in jax.devices())
+    if len(ids) == len(expected) and ids != expected:
+        raise ValueError(
+            f"jax_blink: the mesh's devices (ids {ids[:16]}{' ...' if len(ids) > 16 else ''} in mesh order) are "
+            f"not jax.devices() in id order, which jax_blink assumes across processes to know which devices "
+            f"share a process (inside shard_map jax shows only the abstract mesh). Build the mesh with "
+            f"jax.make_mesh (or a Mesh over jax.devices() in order), or use lax's collectives on this mesh.")
 
 
 def layout_of(owner: np.ndarray, names: tuple, axes: tuple, groups=None):

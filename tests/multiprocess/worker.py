@@ -211,6 +211,26 @@ def cases():
         lambda v: lax.psum(jnp.where(lax.axis_index(both) == 5 % N, v, 0), both),
         MESH2, P("host", "local"), P(), x)
     grads()
+    permuted_mesh()
+
+
+def permuted_mesh():
+    """A mesh whose rows are not processes (devices out of jax.devices() order): jax_blink
+    took "local" to be process-local from the abstract mesh, and refuses when lowering,
+    in every process, before anything waits."""
+    global checks
+    checks += 1
+    devices = np.array(sorted(jax.devices(), key=lambda d: d.id)).reshape(NPROC, LOCAL).T.reshape(NPROC, LOCAL)
+    mesh = jax.sharding.Mesh(devices, ("host", "local"))
+    x = placed(data("float32", (NPROC, LOCAL, 8), 7), mesh, P("host", "local"))
+    f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "local"), mesh=mesh, in_specs=P("host", "local"),
+                              out_specs=P("host")))
+    try:
+        jax.block_until_ready(f(x))
+        failures.append("permuted mesh: jax_blink ran over a mesh that is not jax.devices() in order")
+    except ValueError as e:
+        if "not jax.devices() in id order" not in str(e):
+            failures.append(f"permuted mesh: unexpected error {str(e)[:500]}")
 
 
 def grads():
