@@ -5,11 +5,13 @@ gloo) of P processes x L CPU devices, over a mesh ("host", "local"), and times
 ``jax_blink.psum(x, ("host", "local"))`` (the hierarchical path: Blink
 reduce-scatter in each process, gloo allreduce of the shards across
 processes, Blink all-gather) against ``lax.psum`` on the same inputs, the two
-alternating, per float32 size per device; likewise ``psum_scatter`` (tiled)
-and ``all_gather`` (tiled) with ``--ops``. Counts elements outside the
-summation-order bound of lax's result (all_gather: any difference).
+alternating, per float32 size per device; likewise ``psum_scatter`` (tiled),
+``all_gather`` (tiled) and ``broadcast`` from the last device (against lax's
+equivalent, the psum of the root's value) with ``--ops``. Counts elements
+outside the summation-order bound of lax's result (all_gather and
+broadcast: any difference).
 
-    python benchmarks/bench_multiprocess.py                 # 2x4 and 4x2, all three ops
+    python benchmarks/bench_multiprocess.py                 # 2x4 and 4x2, all four ops
     python benchmarks/bench_multiprocess.py --layouts 2x4 --sizes 1e3 1e5 --ops psum
     python benchmarks/bench_multiprocess.py --json out.json
 
@@ -25,7 +27,7 @@ import platform
 import sys
 import time
 
-COLLECTIVE = {"psum_scatter": "reduce_scatter", "all_gather": "allgather"}  # psum: always hierarchical
+COLLECTIVE = {"psum_scatter": "reduce_scatter", "all_gather": "allgather"}  # psum, broadcast: always hierarchical
 
 
 def child(sizes, reps, ops):
@@ -44,11 +46,14 @@ def child(sizes, reps, ops):
     nproc, local = jax.process_count(), jax.local_device_count()
     mesh = jax.make_mesh((nproc, local), ("host", "local"))
     axes = ("host", "local")
+    root = nproc * local - 1
     pairs = {"psum": (jax_blink.psum, lax.psum),
              "psum_scatter": (lambda v, a: jax_blink.psum_scatter(v, a, tiled=True),
                               lambda v, a: lax.psum_scatter(v, a, tiled=True)),
              "all_gather": (lambda v, a: jax_blink.all_gather(v, a, tiled=True),
-                            lambda v, a: lax.all_gather(v, a, tiled=True))}
+                            lambda v, a: lax.all_gather(v, a, tiled=True)),
+             "broadcast": (lambda v, a: jax_blink.broadcast(v, a, root=root),
+                           lambda v, a: lax.psum(jax.numpy.where(lax.axis_index(a) == root, v, 0), a))}
     rows = []
     for op in ops:
         ours, ref = pairs[op]
@@ -58,7 +63,7 @@ def child(sizes, reps, ops):
             x = rng.standard_normal((nproc, local, size)).astype(np.float32)
             xs = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("host", "local")),
                                               lambda i: x[i])
-            if op == "psum":  # (1, 1, size) per device in, the replicated sum out
+            if op in ("psum", "broadcast"):  # (1, 1, size) per device in, the replicated result out
                 fns = {name: jax.jit(jax.shard_map(lambda v, f=f: f(v, axes), mesh=mesh,
                                                    in_specs=P("host", "local"), out_specs=P()))
                        for name, f in (("blink", ours), ("lax", ref))}
@@ -69,7 +74,7 @@ def child(sizes, reps, ops):
                        for name, f in (("blink", ours), ("lax", ref))}
             outs = {k: [np.asarray(s.data) for s in f(xs).addressable_shards]
                     for k, f in fns.items()}
-            if op == "all_gather":
+            if op in ("all_gather", "broadcast"):
                 wrong = sum(int((a != b).sum()) for a, b in zip(outs["blink"], outs["lax"]))
             else:
                 bound = 4 * nproc * local * np.finfo(np.float32).eps * np.abs(x).sum()
@@ -110,8 +115,8 @@ def main(argv=None):
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e3, 1e4, 1e5, 1e6, 1e7],
                     help="float32 elements per device")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per op and size (at most)")
-    ap.add_argument("--ops", nargs="+", default=["psum", "psum_scatter", "all_gather"],
-                    choices=["psum", "psum_scatter", "all_gather"])
+    ap.add_argument("--ops", nargs="+", default=["psum", "psum_scatter", "all_gather", "broadcast"],
+                    choices=["psum", "psum_scatter", "all_gather", "broadcast"])
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes]

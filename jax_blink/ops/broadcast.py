@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_blink.ops import decide as _decide, hierarchical
 from jax_blink.ops.axes import axes_tuple, axis_size
 from jax_blink.ops.collective import run
 
@@ -26,7 +27,10 @@ def broadcast(x, axis_name, *, root=0, topology=None, min_bytes=None, timeout_s=
     the root's max-flow bound, Edmonds) through the custom call. lax has no
     broadcast collective; its equivalent is
     ``lax.psum(jnp.where(lax.axis_index(axis_name) == root, x, 0), axis_name)``,
-    which moves the data of an allreduce.
+    which moves the data of an allreduce. Over devices of several processes
+    (the layouts of :func:`psum`) it is that equivalent with jax_blink's
+    hierarchical allreduce: the root's value exactly (NaN and inf included),
+    except that a -0.0 arrives as 0.0, as from the lax equivalent.
 
     Parameters
     ----------
@@ -59,13 +63,25 @@ def broadcast(x, axis_name, *, root=0, topology=None, min_bytes=None, timeout_s=
                          f"{axes}, got {root!r}")
     root = int(root)
 
-    def fallback(blocks, mode):
+    def masked(blocks):
         mine = lax.axis_index(axes) == root
-        return _LAX_PSUM([jnp.where(mine, b, jnp.zeros_like(b)) for b in blocks], axes)
+        return [jnp.where(mine, b, jnp.zeros_like(b)) for b in blocks]
+
+    def fallback(blocks, mode):
+        return _LAX_PSUM(masked(blocks), axes)
 
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
-    out = run(blocks, axes, name="broadcast", collective="broadcast", root=root,
-              topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks,
-              fallback=fallback)
+    keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+    span = hierarchical.span_for(axes, None, leaves)
+    if isinstance(span, str):
+        _decide.record(f"broadcast over {axes}: lax.psum of the root's value ({span})")
+        return treedef.unflatten([o.reshape(s) for o, s in zip(fallback(blocks, None), shapes)])
+    if span is not None:  # across processes: the hierarchical allreduce of the root's value
+        out = hierarchical.allreduce(masked(blocks), axes, span, name="broadcast", op="sum", **keywords)
+        out = [o.astype(b.dtype) for o, b in zip(out, blocks)]
+    else:
+        out = run(blocks, axes, name="broadcast", collective="broadcast", root=root, fallback=fallback,
+                  **keywords)
     return treedef.unflatten([o.reshape(s) for o, s in zip(out, shapes)])
+

@@ -65,12 +65,15 @@ def host_paths(host_plan: HostPlan) -> list:
     return [[ranks[j] for j in order] for ranks in host_plan.hosts]
 
 
-def _nic_of(topology, rank):
-    """The NIC (the switch at the other end of a net link) of ``rank``, or None."""
-    for l in topology.links:
-        if l.kind == "net" and rank in (l.u, l.v):
-            return l.v if l.u == rank else l.u
-    return None
+def _nics(topology) -> dict:
+    """Rank -> its NIC (the switch at the other end of its net link); ranks without one are absent."""
+    return {l.u if l.u < topology.n else l.v: l.v if l.u < topology.n else l.u
+            for l in topology.links if l.kind == "net" and (l.u < topology.n) != (l.v < topology.n)}
+
+
+def _cards(nic: dict, ranks) -> list:
+    """The NICs of ``ranks``, in id order (None for ranks without one, last)."""
+    return sorted({nic.get(r) for r in ranks}, key=lambda x: (x is None, x))
 
 
 def flat_ring(topology, size_bytes: int, dtype="float32", *, host_plan: HostPlan | None = None,
@@ -85,9 +88,9 @@ def flat_ring(topology, size_bytes: int, dtype="float32", *, host_plan: HostPlan
     the rings spread over the NICs.
     """
     host_plan = plan_hosts(topology) if host_plan is None else host_plan
-    nic = {r: _nic_of(topology, r) for ranks in host_plan.hosts for r in ranks}
+    nic = _nics(topology)
     base = host_rings(host_plan)
-    count = max(len(base), max(len({nic[r] for r in ranks}) for ranks in host_plan.hosts))
+    count = max(len(base), max(len(_cards(nic, ranks)) for ranks in host_plan.hosts))
     rings = []
     for q in range(count):  # a host ring used by several NICs splits its share among them
         order, weight = base[q % len(base)]
@@ -95,11 +98,11 @@ def flat_ring(topology, size_bytes: int, dtype="float32", *, host_plan: HostPlan
         flat = []
         for ranks in host_plan.hosts:
             path = [ranks[j] for j in order]
-            cards = sorted({nic[r] for r in ranks}, key=lambda x: (x is None, x))
+            cards = _cards(nic, ranks)
             card = cards[q % len(cards)]
             # the ends of the cut-open ring leave and enter the host: both on this NIC if possible,
             # else the one leaving (so that rings on NICs of one GPU each leave from different GPUs)
-            score = [2 * (nic[path[i - 1]] == card) + (nic[path[i]] == card) for i in range(len(path))]
+            score = [2 * (nic.get(path[i - 1]) == card) + (nic.get(path[i]) == card) for i in range(len(path))]
             i = max(range(len(path)), key=lambda j: (score[j], -j))
             flat += path[i:] + path[:i]
         rings.append((tuple(flat), weight))
@@ -119,15 +122,15 @@ def hierarchical_tree(topology, size_bytes: int, dtype="float32", *, host_plan: 
     host_plan = plan_hosts(topology) if host_plan is None else host_plan
     count, dtype = _count(size_bytes, dtype)
     paths = host_paths(host_plan)
-    nic = {r: _nic_of(topology, r) for p in paths for r in p}
-    cards = sorted({nic[r] for r in paths[0]}, key=lambda x: (x is None, x))
+    nic = _nics(topology)
     trees = []
-    for c in range(len(cards)):
+    for c in range(len(_cards(nic, paths[0]))):
         for t, (root, edges) in enumerate(_dtree_edges(len(paths))):
             chains = []
             for p in paths:
-                host_cards = sorted({nic[r] for r in p}, key=lambda x: (x is None, x))
-                i = next(j for j, r in enumerate(p) if nic[r] == host_cards[c])
+                cards = _cards(nic, p)
+                card = cards[c % len(cards)]
+                i = next(j for j, r in enumerate(p) if nic.get(r) == card)
                 chains.append(p[i:] + p[:i] if t == 0 else [p[i]] + (p[:i] + p[i + 1:])[::-1])
             tree_edges = [(ch[i], ch[i + 1]) for ch in chains for i in range(len(ch) - 1)]
             tree_edges += [(chains[a][0], chains[b][0]) for a, b in edges]

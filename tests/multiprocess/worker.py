@@ -200,16 +200,27 @@ def cases():
                 failures.append(f"grad scatter/gather over {axes} check_vma={vma}: "
                                 f"{traceback.format_exc()[-1500:]}")
     del os.environ["JAX_BLINK_ALGO"]
-    # across processes, lax: an invariant gather and broadcast (said by explain())
+    # across processes, lax: an invariant gather (said by explain())
     both = ("host", "local")
     x = data("float32", (NPROC, LOCAL, N * 3), 6)
     run("all_gather invarying", lambda v: jax_blink.all_gather(v, both, axis=2, to="invarying"),
         lambda v: lax.all_gather(v, both, axis=2, to="invarying"),
         MESH2, P("host", "local"), P(), x)
     explained("invarying falls back", "lax.all_gather", "span processes")
-    run("broadcast", lambda v: jax_blink.broadcast(v, both, root=5 % N),
-        lambda v: lax.psum(jnp.where(lax.axis_index(both) == 5 % N, v, 0), both),
-        MESH2, P("host", "local"), P(), x)
+    # broadcast: the hierarchical allreduce of the root's value, exactly the root's value
+    # (NaN and inf kept; -0.0 arrives as 0.0, as from lax.psum of the masked value)
+    root = 5 % N
+    for dtype in ["float32", "bfloat16", "int8", "bool", "complex64", "float64"]:
+        for mesh, spec, axes, shape in ((MESH2, P("host", "local"), both, (NPROC, LOCAL, 37)),
+                                        (MESH1, P("i"), "i", (N, 37))):
+            x = data(dtype, shape, 10)
+            if dtype == "float32":
+                x.reshape(N, -1)[root, :3] = [-0.0, np.inf, np.nan]
+            run(f"broadcast {dtype} over {axes}", lambda v, axes=axes: jax_blink.broadcast(v, axes, root=root),
+                lambda v, axes=axes: jax.tree.map(
+                    lambda a: jnp.broadcast_to(lax.all_gather(a, axes, tiled=True)[root], a.shape), v),
+                mesh, spec, spec, x, exact=True)
+    explained("broadcast hierarchical", "broadcast over", "hierarchical")
     grads()
     permuted_mesh()
 
@@ -234,10 +245,14 @@ def permuted_mesh():
 
 
 def grads():
-    """Gradients through the hierarchical psum equal lax.psum's."""
+    """Gradients through the hierarchical psum and broadcast equal lax's."""
     both = ("host", "local")
     x = data("float32", (NPROC, LOCAL, 13), 8)
     w = data("float32", (13,), 9)
+    root = 3 % N
+    pairs = {"psum": (jax_blink.psum, lax.psum),
+             "broadcast": (lambda a, axes: jax_blink.broadcast(a, axes, root=root),
+                           lambda a, axes: lax.psum(jnp.where(lax.axis_index(axes) == root, a, 0), axes))}
     for vma in (True, False):
         for mesh, spec, axes, shape in ((MESH2, P("host", "local"), both, x.shape),
                                         (MESH1, P("i"), "i", (N, 13))):
@@ -247,13 +262,14 @@ def grads():
                                     check_vma=vma)(v)
                 return out.sum()
             xs = placed(x.reshape(shape), mesh, spec)
-            try:
-                ours = jax.jit(jax.grad(lambda v: loss(jax_blink.psum, v)))(xs)
-                ref = jax.jit(jax.grad(lambda v: loss(lax.psum, v)))(xs)
-                check(f"grad over {axes} check_vma={vma}", local(ours), local(ref), x)
-            except Exception:  # noqa: BLE001
-                failures.append(f"grad over {axes} check_vma={vma}: "
-                                f"{traceback.format_exc()[-1500:]}")
+            for what, (mine, theirs) in pairs.items():
+                try:
+                    ours = jax.jit(jax.grad(lambda v: loss(mine, v)))(xs)
+                    ref = jax.jit(jax.grad(lambda v: loss(theirs, v)))(xs)
+                    check(f"grad {what} over {axes} check_vma={vma}", local(ours), local(ref), x)
+                except Exception:  # noqa: BLE001
+                    failures.append(f"grad {what} over {axes} check_vma={vma}: "
+                                    f"{traceback.format_exc()[-1500:]}")
 
 
 def absent(after_one=False, dies=False):
