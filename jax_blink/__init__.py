@@ -25,6 +25,8 @@ _EXPORTS = {
     "Plan": "planning",
     "Tree": "planning",
     "PlanError": "planning",
+    "plan_hosts": "planning",
+    "HostPlan": "planning",
     "Schedule": "schedule",
     "Step": "schedule",
     "ScheduleError": "schedule",

@@ -98,7 +98,7 @@ def test_the_public_names_resolve():
         import jax_blink
         assert callable(jax_blink.plan) and jax_blink.plan.__module__ == "jax_blink.planning.planner"
         for name in ("Topology", "Link", "TopologyError", "preset_names", "plan", "Plan", "Tree",
-                     "PlanError", "Schedule", "Step", "ScheduleError", "simulate"):
+                     "PlanError", "plan_hosts", "HostPlan", "Schedule", "Step", "ScheduleError", "simulate"):
             assert name in jax_blink.__all__ and getattr(jax_blink, name) is not None, name
         assert jax_blink.simulate is jax_blink.sim.simulate
         p = jax_blink.plan(jax_blink.Topology.preset("shm:2"), cache=False)
