@@ -84,4 +84,3 @@ def broadcast(x, axis_name, *, root=0, topology=None, min_bytes=None, timeout_s=
         out = run(blocks, axes, name="broadcast", collective="broadcast", root=root, fallback=fallback,
                   **keywords)
     return treedef.unflatten([o.reshape(s) for o, s in zip(out, shapes)])
-
