@@ -64,6 +64,10 @@ def plot(results, crossovers, path):
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     ax = axes[0]
     for preset in PRESETS:
+        if not results[preset].get("allocations"):  # a kept sweep whose rows were not recorded
+            ax.text(0.5, 0.5 - 0.1 * PRESETS.index(preset), f"{preset}: per-allocation rows not kept",
+                    ha="center", transform=ax.transAxes)
+            continue
         speedups = sorted(row["sizes"][str(2**28)]["blink"]["vs_ring"] for row in results[preset]["allocations"])
         ax.plot(range(len(speedups)), speedups, label=preset)
     ax.axhline(1, color="k", lw=0.8)
@@ -71,7 +75,8 @@ def plot(results, crossovers, path):
     ax.set_xlabel("allocations, sorted")
     ax.set_ylabel("speedup over NCCL-style rings")
     ax.set_title("256 MB allreduce, every DGX-1 allocation")
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     ax.grid(alpha=0.3)
     for ax, preset in zip(axes[1:], PRESETS):
         rows = crossovers[preset]["rows"]
@@ -160,7 +165,10 @@ def main():
     if args.crossover_only:
         with open(out + ".json") as f:
             kept = json.load(f)
-        results, info["sweep_kept_from"] = kept["sweep"], kept.get("sweep_kept_from", kept["machine"])
+        # older files keep only the summaries ({preset: {size: summary}})
+        results = {preset: sweep if "summary" in sweep else {"summary": sweep, "allocations": []}
+                   for preset, sweep in kept["sweep"].items()}
+        info["sweep_kept_from"] = kept["machine"].get("sweep_kept_from", kept["machine"])
     for preset in PRESETS if not args.crossover_only else ():
         summary, rows = sweep_subsets(Topology.preset(preset), list(SWEEP_SIZES), model=model, jobs=args.jobs,
                                       progress=lambda it, total: tqdm(it, total=total, desc=preset, file=sys.stderr,

@@ -252,7 +252,13 @@ class Packer:
         def per_link(capacity):  # allreduce trees load both directions: a link holds its smaller one
             return np.minimum(capacity[0::2], capacity[1::2]) if self.collective == "allreduce" else capacity
         while remaining > tol * 10:
-            _, weights, _ = self.generate(residual)
+            try:
+                _, weights, _ = self.generate(residual)
+            except PlanError:
+                # on a nearly exhausted residual the duals can be noisy enough that pricing
+                # keeps finding "new" trees of equal cost; carving only adds columns, so stop
+                # here: the trees found so far stay candidates for the tree-count MILP
+                return
             order = [j for j in np.argsort(-weights)[:tries] if weights[j] > tol]
             best = None
             for j in order:
