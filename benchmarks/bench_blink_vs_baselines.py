@@ -75,7 +75,7 @@ def plot(results, crossovers, path):
     ax.set_xlabel("allocations, sorted")
     ax.set_ylabel("speedup over NCCL-style rings")
     ax.set_title("256 MB allreduce, every DGX-1 allocation")
-    if ax.lines:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend()
     ax.grid(alpha=0.3)
     for ax, preset in zip(axes[1:], PRESETS):
