@@ -177,6 +177,13 @@ def test_dgx1v_broadcast_from_gpu0_reaches_edmonds_over_every_link():
     assert plan(DGX1V, "broadcast", root=0, links="fast").rate_gbps == pytest.approx(150.0, rel=1e-6)
 
 
+def test_dgx1v_broadcast_from_gpu1_reaches_edmonds_over_every_link():
+    """Carving this packing once ended in column generation that never converged on a nearly
+    exhausted residual (bench_planner); carving now stops there and the plan is still optimal."""
+    assert plan(DGX1V, "broadcast", root=1, cache=False).rate_gbps == pytest.approx(broadcast_cut(DGX1V, 1),
+                                                                                  rel=1e-6)
+
+
 def test_partial_dgx1v_allreduce_beats_forestcoll_and_matches_an_lp_over_every_tree():
     # GPUs {0,1,2,5,7}: NVLink alone is cut to 25 GB/s by the single link 1-5. ForestColl's separate
     # reduce-scatter and all-gather over every link give 1 / (1/82.5 + 1/82.5) = 41.25 (the issue's
