@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_blink.ops import decide as _decide, hierarchical
+from jax_blink.ops import hierarchical
 from jax_blink.ops.axes import axes_tuple, axis_size
 from jax_blink.ops.collective import run
 
@@ -73,9 +73,8 @@ def broadcast(x, axis_name, *, root=0, topology=None, min_bytes=None, timeout_s=
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
-    span = hierarchical.span_for(axes, None, leaves)
+    span = hierarchical.path("broadcast", axes, None, leaves, "lax.psum of the root's value")
     if isinstance(span, str):
-        _decide.record(f"broadcast over {axes}: lax.psum of the root's value ({span})")
         return treedef.unflatten([o.reshape(s) for o, s in zip(fallback(blocks, None), shapes)])
     if span is not None:  # across processes: the hierarchical allreduce of the root's value
         out = hierarchical.allreduce(masked(blocks), axes, span, name="broadcast", op="sum", **keywords)

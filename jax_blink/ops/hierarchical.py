@@ -39,7 +39,7 @@ from jax_blink.ops.collective import run
 from jax_blink.ops.processes import Spanning, layout
 from jax_blink.planning.cost import CPU_CROSS_PROCESS_BYTES
 
-__all__ = ["span_for", "prefers_lax", "allreduce", "reduce_scatter", "all_gather"]
+__all__ = ["span_for", "prefers_lax", "path", "allreduce", "reduce_scatter", "all_gather"]
 
 # the lax collectives, as imported (not drop-ins a user swapped into jax.lax)
 _LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
@@ -78,6 +78,21 @@ def prefers_lax(collective: str, nbytes: int) -> Optional[str]:
         return None
     return (f"{nbytes} B per device across CPU processes: lax measured faster outside "
             f"{low:g}..{high:g} B (planning.cost.CPU_CROSS_PROCESS_BYTES)")
+
+
+def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op: str = "sum",
+         collective: Optional[str] = None, nbytes: int = 0):
+    """Which path a call over ``axes`` takes: None (in-process: :func:`run`), a
+    :class:`Spanning` layout (this module), or why ``lax_text`` (the lax
+    collective) runs it instead, recorded for ``explain()``. ``collective``
+    (``"reduce_scatter"``, ``"allgather"``) also asks :func:`prefers_lax`
+    about ``nbytes`` of input per device."""
+    span = span_for(axes, axis_index_groups, leaves, op)
+    if isinstance(span, Spanning) and collective is not None:
+        span = prefers_lax(collective, nbytes) or span
+    if isinstance(span, str):
+        _decide.record(f"{name} over {axes}: {lax_text} ({span})")
+    return span
 
 
 def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,

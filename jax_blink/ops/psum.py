@@ -46,9 +46,8 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
-    span = hierarchical.span_for(axes, axis_index_groups, leaves, op)
+    span = hierarchical.path(name, axes, axis_index_groups, leaves, f"lax.p{op}", op=op)
     if isinstance(span, str):
-        _decide.record(f"{name} over {axes}: lax.p{op} ({span})")
         return _LAX_REDUCE[op](x, axes, axis_index_groups=axis_index_groups)
     if span is not None:
         out = hierarchical.allreduce(blocks, axes, span, name=name, op=op, **keywords)

@@ -74,11 +74,9 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
                                  tiled=False).reshape(1, -1) for b in bs]
 
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
-    span = hierarchical.span_for(axes, axis_index_groups, leaves)
-    if span is not None and not isinstance(span, str):
-        span = hierarchical.prefers_lax("reduce_scatter", _nbytes(blocks)) or span
+    span = hierarchical.path("psum_scatter", axes, axis_index_groups, leaves, "lax.psum_scatter",
+                             collective="reduce_scatter", nbytes=_nbytes(blocks))
     if isinstance(span, str):
-        _decide.record(f"psum_scatter over {axes}: lax.psum_scatter ({span})")
         out = fallback(blocks, "untyped")
     elif span is not None:
         out = hierarchical.reduce_scatter(blocks, axes, span, name="psum_scatter", **keywords)
@@ -135,11 +133,9 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
 
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
     # an invariant gather across processes is left to run(), which gives it to lax
-    span = hierarchical.span_for(axes, axis_index_groups, leaves) if to == "varying" else None
-    if span is not None and not isinstance(span, str):
-        span = hierarchical.prefers_lax("allgather", _nbytes(blocks)) or span
+    span = (hierarchical.path("all_gather", axes, axis_index_groups, leaves, "lax.all_gather",
+                              collective="allgather", nbytes=_nbytes(blocks)) if to == "varying" else None)
     if isinstance(span, str):
-        _decide.record(f"all_gather over {axes}: lax.all_gather ({span})")
         out = fallback(blocks, "untyped")
     elif span is not None:
         out = hierarchical.all_gather(blocks, axes, span, name="all_gather", **keywords)

@@ -53,10 +53,9 @@ class HostPlan:
     reduce_scatter, allgather : tuple of Plan
         Each host's in-host plans, on its own topology (``topology.subset(hosts[h])``);
         hosts with the same links share the same Plan objects.
-    network : Topology
-        The network, each host contracted to one rank (:meth:`Topology.network`).
     network_gbps : float
-        The slowest host's bandwidth to the network, per direction (its NICs' ports together).
+        The slowest host's bandwidth to the network, per direction (its NICs' ports
+        together): the max flow out of and into it over :meth:`Topology.network`.
     plan_seconds : float
         Wall time of :func:`plan_hosts` (the in-host plans may come from the cache).
     """
@@ -65,7 +64,6 @@ class HostPlan:
     hosts: tuple
     reduce_scatter: tuple
     allgather: tuple
-    network: Topology
     network_gbps: float
     plan_seconds: float
 
@@ -115,17 +113,17 @@ def _host_bandwidth_gbps(network: Topology) -> float:
     import networkx as nx
 
     graph = network.link_graph()
-    g = nx.DiGraph()
+    out = nx.DiGraph()
     for (u, v), cap in zip(graph.arcs, graph.capacity_gbps):
-        g.add_edge(u, v, capacity=float(cap))
+        out.add_edge(u, v, capacity=float(cap))
+    back = out.reverse(copy=True)
     best = float("inf")
-    for h in range(network.n):
-        flows = []
-        for forward in (True, False):
-            d = g.copy() if forward else g.reverse(copy=True)
-            d.add_edges_from(((x, "others") for x in range(network.n) if x != h), capacity=float("inf"))
-            flows.append(nx.maximum_flow_value(d, h, "others"))
-        best = min(best, *flows)
+    for g in (out, back):  # every host drains into "others", except the one measured
+        g.add_edges_from(((x, "others") for x in range(network.n)), capacity=float("inf"))
+        for h in range(network.n):
+            g.remove_edge(h, "others")
+            best = min(best, nx.maximum_flow_value(g, h, "others"))
+            g.add_edge(h, "others", capacity=float("inf"))
     return best
 
 
@@ -183,6 +181,5 @@ def plan_hosts(topology: Topology, links: str = "all", cache: bool = True) -> Ho
             plans[key] = tuple(plan(local, c, cache=cache, links=links) for c in ("reduce_scatter", "allgather"))
         rs.append(plans[key][0])
         ag.append(plans[key][1])
-    network = topology.network()
-    return HostPlan(topology, hosts, tuple(rs), tuple(ag), network, _host_bandwidth_gbps(network),
+    return HostPlan(topology, hosts, tuple(rs), tuple(ag), _host_bandwidth_gbps(topology.network()),
                     time.perf_counter() - start)

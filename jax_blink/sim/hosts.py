@@ -91,10 +91,11 @@ def flat_ring(topology, size_bytes: int, dtype="float32", *, host_plan: HostPlan
     nic = _nics(topology)
     base = host_rings(host_plan)
     count = max(len(base), max(len(_cards(nic, ranks)) for ranks in host_plan.hosts))
+    uses = [len(range(r, count, len(base))) for r in range(len(base))]  # rings made from host ring r
     rings = []
     for q in range(count):  # a host ring used by several NICs splits its share among them
         order, weight = base[q % len(base)]
-        weight /= len(range(q % len(base), count, len(base)))
+        weight /= uses[q % len(base)]
         flat = []
         for ranks in host_plan.hosts:
             path = [ranks[j] for j in order]

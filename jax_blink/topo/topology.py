@@ -403,9 +403,10 @@ class Topology:
         TopologyError
             If the topology is one host (nothing joins a network).
         """
-        if len(self.host_ranks()) < 2:
+        spec = _hosts.network_spec(self)
+        if spec[0] < 2:
             raise TopologyError(f"{self.name} is one host: it has no 'net' links between groups of ranks")
-        return Topology(*_hosts.network_spec(self))
+        return Topology(*spec)
 
     def kinds(self) -> tuple:
         """The link kinds present, fastest class first."""
