@@ -5,7 +5,9 @@ Modules: :mod:`~jax_blink.sim.model` (:class:`SimModel`, :class:`SimError`),
 :mod:`~jax_blink.sim.tuning` (:func:`tune`, latency-aware lowering),
 :mod:`~jax_blink.sim.baselines` (NCCL-style ring, double binary tree,
 reduce-scatter + all-gather, chain), :mod:`~jax_blink.sim.comparison`
-(:func:`compare`, :func:`sweep_subsets`), :mod:`~jax_blink.sim.hosts`
+(:func:`compare`, :func:`sweep_subsets`), :mod:`~jax_blink.sim.closed_form`
+(the busiest arc and a plan's slowest pipelined tree, the forms the
+simulator is checked against), :mod:`~jax_blink.sim.hosts`
 (:func:`compare_hosts`: the three-phase allreduce against NCCL's flat ring
 and hierarchical tree over several hosts). Costs come from the one cost model,
 :mod:`jax_blink.planning.cost`; routes from :class:`jax_blink.topo.LinkGraph`.

@@ -1,8 +1,9 @@
 """Simulator fidelity at 256 MB: baselines and Blink against closed forms of their traffic.
 
 The closed form of a schedule's bandwidth term is its busiest arc: the bytes
-its transfers put on each directed arc (counted here from the schedule's
-steps and routes, not by the simulator) over the arc's capacity. A schedule
+its transfers put on each directed arc (counted from the schedule's steps and
+routes by :func:`jax_blink.sim.closed_form.busiest_arc_s`, not by the
+simulator) over the arc's capacity. A schedule
 whose pipeline keeps that arc busy reaches it; a pipeline of ``k`` chunks
 through ``h`` hops adds its fill, ``(h + k - 1) / k``. The reducer is taken
 out of the way (``reduce_gbps=inf``) except where stated: a reducer slower
@@ -10,7 +11,6 @@ than the bandwidth into a rank is a bottleneck these closed forms leave out
 (docs/simulator.md).
 """
 
-import collections
 import math
 
 import pytest
@@ -18,34 +18,12 @@ import pytest
 from jax_blink.planning import plan
 from jax_blink.sim import SimModel, simulate
 from jax_blink.sim.baselines import chain, rs_ag, ring_allreduce
+from jax_blink.sim.closed_form import busiest_arc_s, slowest_tree_s
 from jax_blink.topo import Topology
 
 SIZE = 2**28
 FAST_REDUCER = SimModel(reduce_gbps=math.inf)
 PRESETS = ["dgx-a100", "hgx-h100", "dgx1-v100", "dgx1-p100", "pcie"]
-
-
-def busiest_arc_s(schedule, topology):
-    """Seconds the busiest directed arc needs for the bytes the schedule's SENDs put on it."""
-    graph = topology.link_graph()
-    carried = {}
-    for tree, paths in enumerate(schedule.routes):
-        for path in paths:
-            carried[tree, path[0], path[-1]] = path
-            carried[tree, path[-1], path[0]] = path[::-1]
-    load = collections.Counter()
-    for rank, steps in enumerate(schedule.steps):
-        for step in steps:
-            if step.op == "SEND":
-                path = carried.get((step.tree, rank, step.peer)) or graph.path(rank, step.peer)
-                for x, y in zip(path, path[1:]):
-                    load[x, y] += schedule.chunks[step.chunk][1] * schedule.itemsize
-    capacity = {}
-    for l in topology.links:
-        capacity[l.u, l.v] = capacity.get((l.u, l.v), 0.0) + l.bandwidth_gbps * 1e9
-        back = l.bandwidth_gbps if l.reverse_gbps is None else l.reverse_gbps
-        capacity[l.v, l.u] = capacity.get((l.v, l.u), 0.0) + back * 1e9
-    return max(b / capacity[a] for a, b in load.items())
 
 
 @pytest.mark.parametrize("preset, port_gbps", [("dgx-a100", 300.0), ("hgx-h100", 450.0)])
@@ -115,8 +93,7 @@ def test_deep_blink_trees_lie_between_their_busiest_arc_and_their_pipeline_fill(
     chunks = p.chunks_for(SIZE)
     s = p.lower(SIZE, "float32", chunks=chunks)
     time_s = simulate(s, t, model=FAST_REDUCER).time_s
-    fill = max((2 * tree.depth + k - 1) / k for tree, k in zip(p.trees, chunks))
-    slowest_tree_s = fill * SIZE / (sum(tree.weight for tree in p.trees) * 1e9)
+    slowest = slowest_tree_s(p, chunks, SIZE)
     assert busiest_arc_s(s, t) == pytest.approx(SIZE / (p.rate_gbps * 1e9), rel=1e-5)  # chunks round
-    assert busiest_arc_s(s, t) * 0.98 <= time_s <= slowest_tree_s * 1.02
+    assert busiest_arc_s(s, t) * 0.98 <= time_s <= slowest * 1.02
     assert time_s / busiest_arc_s(s, t) > 1.03  # the fill shows: the bound is not the busiest arc alone
