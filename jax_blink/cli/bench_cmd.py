@@ -36,7 +36,11 @@ from jax_blink.cli.sizes import format_size, parse_sizes
 from jax_blink.planning import plan_hosts
 from jax_blink.sim import SimModel, compare, compare_hosts, sweep_subsets
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "MAX_SIMULATED_HOST_RANKS"]
+
+#: Most GPUs ``bench --hosts`` simulates (4 x 8 take about 45 s for two sizes on
+#: 2 cores, and the flat ring's cost grows with the square of the GPU count).
+MAX_SIMULATED_HOST_RANKS = 128
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to ``subparsers``."""
@@ -169,6 +173,10 @@ def _simulated_main(args):
 
 def _hosts_main(args, topology, model):
     """Blink's three-phase allreduce against NCCL's flat ring and hierarchical tree, simulated."""
+    if topology.n > MAX_SIMULATED_HOST_RANKS:
+        raise ValueError(f"{topology.name} has {topology.n} GPUs: simulating NCCL's flat ring over more than "
+                         f"{MAX_SIMULATED_HOST_RANKS} takes hours in this Python simulator; use fewer --hosts, "
+                         f"or `python -m jax_blink plan` with the same options to plan the three phases")
     host_plan = plan_hosts(topology)
     sizes = args.sizes or [2**20, 2**28]
     rows_by_size = [(size, compare_hosts(topology, size, args.dtype, model, host_plan))

@@ -111,3 +111,5 @@ def test_bench_hosts_prints_the_three_algorithms(capsys, tmp_path):
     assert len(rows["rows"][0]["blink-3phase"]["phases_us"]) == 3
     assert _cli(["bench", "--topology", "shm:4", "--hosts", "2", "--all-subsets"]) == 2
     assert "drop --gpus and --hosts" in capsys.readouterr().err
+    assert _cli(["bench", "--topology", "dgx1-v100", "--hosts", "128"]) == 2
+    assert "1024 GPUs: simulating NCCL's flat ring over more than 128" in capsys.readouterr().err
