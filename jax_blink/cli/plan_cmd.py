@@ -114,12 +114,13 @@ def draw(result, path: str, labels=None) -> None:
     name_of = (lambda r: labels[r]) if labels else (lambda r: str(r))
     for i, tree in enumerate(result.trees):
         offset = 0.025 * (i - ntrees / 2)
-        for path_nodes in tree.paths:
+        # broadcast edges solid, a split tree's reduce edges dashed and pointing up
+        for path_nodes, style in [(p, "solid") for p in tree.paths] + [(p[::-1], "dashed") for p in tree.up_paths]:
             for x, y in zip(path_nodes, path_nodes[1:]):
                 (x0, y0), (x1, y1) = pos[x], pos[y]
                 ax.annotate("", xy=(x1 + offset, y1 + offset), xytext=(x0 + offset, y0 + offset),
                             arrowprops=dict(arrowstyle="-|>", mutation_scale=16, color=colours[i],
-                                            lw=2, shrinkA=14, shrinkB=14), zorder=2)
+                                            lw=2, linestyle=style, shrinkA=14, shrinkB=14), zorder=2)
         ax.plot([], [], color=colours[i], lw=2,
                 label=f"tree {i}: {tree.weight:.3g} GB/s, root {name_of(tree.root)}")
     for node, (x, y) in pos.items():

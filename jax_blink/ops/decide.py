@@ -272,8 +272,9 @@ def lax_equivalent(collective: str, op: str = "sum") -> str:
 
 
 def _describe(p, schedule, fewer="the value is too small for more") -> str:
-    used = (f"{len(p.trees)} tree(s)" if schedule.ntrees == len(p.trees)
-            else f"{schedule.ntrees} of {len(p.trees)} trees ({fewer})")
+    full = len(p.trees) + sum(1 for t in p.trees if t.up_edges)  # a split tree also reduces up another
+    unit = "tree(s)" if full == len(p.trees) else "reduce and broadcast trees"
+    used = (f"{full} {unit}" if schedule.ntrees == full else f"{schedule.ntrees} of {full} {unit} ({fewer})")
     return (f"{p.family} plan on {p.topology.name}: {used}, "
             f"rate {p.rate_gbps:.3g} GB/s (bound {p.bound_gbps:.3g}, {p.ring_text()}), "
             f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps")

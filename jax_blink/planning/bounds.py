@@ -17,6 +17,15 @@ The bounds are computed without the planner's LP, so they certify its rate:
   enter it (reduce-scatter): ``|S ∩ R| x <= c(δ⁺S)`` (or ``c(δ⁻S)``). The
   rate ``N x`` is at most ``N min_S c(δS) / |S ∩ R|``, exact for every size
   by a ratio search over max flows (:func:`shard_bound`, :func:`min_shard_cut`);
+* allreduce by the ``"split"`` family (reduce trees into a root, other
+  broadcast trees out of it; planned where some link's two directions
+  differ, and reaching the families above where none does): every node set
+  ``S`` holding some but not all ranks is left once by each reduce tree into
+  a root outside ``S`` and by each broadcast tree out of a root inside it, so
+  the rate is at most ``min_S c(δ⁺S)``, the smallest max flow between two
+  ranks (:func:`split_cut_bound`). The strength above bounds only trees
+  that load both directions of a link alike, so on such links it is no
+  bound at all;
 * any collective, any topology (switches included): weak LP duality turns
   any non-negative arc prices into a bound (:func:`dual_bound`), which is
   how a plan certifies itself where no closed form is tight.
@@ -37,7 +46,7 @@ from .collectives import DIRECTIONS
 from .errors import PlanError
 
 __all__ = ["broadcast_bound", "reduce_bound", "tree_packing_bound", "shard_bound", "dual_bound",
-           "certified_bound", "min_cut", "min_partition", "min_shard_cut", "MAX_PARTITION_RANKS"]
+           "certified_bound", "min_cut", "min_partition", "min_shard_cut", "split_cut_bound", "MAX_PARTITION_RANKS"]
 
 #: Largest rank count for which :func:`tree_packing_bound` enumerates partitions.
 MAX_PARTITION_RANKS = 10
@@ -262,6 +271,19 @@ def shard_bound(graph: LinkGraph, toward_root: bool = False) -> float:
     return graph.n * min_shard_cut(graph, toward_root=toward_root)[0]
 
 
+def split_cut_bound(graph: LinkGraph) -> float:
+    """The cut bound of a ``"split"`` allreduce: the smallest max flow from one rank to another, in GB/s.
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> t = Topology.from_links(3, [(0, 1, 10, "nvlink", 2), (1, 2, 10, "nvlink", 2), (2, 0, 10, "nvlink", 2)])
+    >>> split_cut_bound(t.link_graph())  # any rank sends 10 + 2 out
+    12.0
+    """
+    return min(min_cut(graph, root)[0] for root in range(graph.n))
+
+
 def dual_bound(graph: LinkGraph, arc_price, directions: str, root: int | None = None) -> float:
     """Weak-duality bound from arbitrary non-negative arc prices ``y``, in GB/s.
 
@@ -275,19 +297,33 @@ def dual_bound(graph: LinkGraph, arc_price, directions: str, root: int | None = 
     and the rate is ``N x``: with ``m_r`` the cheapest arborescence rooted at
     ``r``, ``x Σ_r m_r <= y·c``, so the rate is at most ``N y·c / Σ_r m_r``.
 
+    With ``directions="split"`` (allreduce by reduce trees and separate
+    broadcast trees): a unit of rate rooted at ``r`` costs at least
+    ``u_r + d_r``, its cheapest reduce and broadcast arborescences, so the
+    rate is at most ``y·c / min_r (u_r + d_r)``; it bounds every allreduce
+    tree packing, since a tree reduced up and broadcast down its own edges
+    is one of each.
+
     Parameters
     ----------
     graph : LinkGraph
     arc_price : array_like
         One price per arc (negative entries are treated as 0).
     directions : str
-        ``"both"`` (allreduce trees), ``"down"`` (broadcast, all-gather) or
-        ``"up"`` (reduce, reduce-scatter).
+        ``"both"`` (allreduce trees), ``"down"`` (broadcast, all-gather),
+        ``"up"`` (reduce, reduce-scatter) or ``"split"``.
     root : int, optional
         Root for a broadcast or reduce; None for the per-rank roots of
         all-gather and reduce-scatter.
     """
     price = np.maximum(np.asarray(arc_price, dtype=float), 0.0)
+    if directions == "split":
+        up = graph.cheapest_trees(price, "up", range(graph.n))
+        down = graph.cheapest_trees(price, "down", range(graph.n))
+        if any(f is None for f in up + down):
+            return float("inf")
+        least = min(u[0] + d[0] for u, d in zip(up, down))
+        return float(price @ graph.capacity_gbps / least) if least > 0 else float("inf")
     if directions != "both" and root is None:
         found = graph.cheapest_trees(price, directions, range(graph.n))
         if any(f is None for f in found) or sum(f[0] for f in found) <= 0:
@@ -301,6 +337,10 @@ def dual_bound(graph: LinkGraph, arc_price, directions: str, root: int | None = 
 
 def certified_bound(graph: LinkGraph, collective: str, root: int | None, arc_prices) -> float:
     """The bound a plan reports: the smallest of the closed forms that apply and the dual bounds.
+
+    An allreduce over links whose two directions differ somewhere
+    (:attr:`LinkGraph.symmetric <jax_blink.topo.LinkGraph.symmetric>` false)
+    is bounded as a ``"split"`` packing, which contains the other families.
 
     Parameters
     ----------
@@ -320,8 +360,12 @@ def certified_bound(graph: LinkGraph, collective: str, root: int | None, arc_pri
     >>> certified_bound(g, "broadcast", 0, [])
     166.0
     """
-    candidates = [dual_bound(graph, y, DIRECTIONS[collective], root) for y in arc_prices]
-    if collective == "broadcast":
+    split = collective == "allreduce" and not graph.symmetric
+    directions = "split" if split else DIRECTIONS[collective]
+    candidates = [dual_bound(graph, y, directions, root) for y in arc_prices]
+    if split:
+        candidates.append(split_cut_bound(graph))
+    elif collective == "broadcast":
         candidates.append(broadcast_bound(graph, root))
     elif collective == "reduce":
         candidates.append(reduce_bound(graph, root))

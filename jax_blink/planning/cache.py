@@ -52,7 +52,7 @@ __all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "c
            "CACHE_VERSION", "ENTRY_FORMAT"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 #: The ``"format"`` of a cache entry.
 ENTRY_FORMAT = "jax_blink.plan_cache"
 

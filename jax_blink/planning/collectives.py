@@ -7,7 +7,7 @@ collectives it can carry, :data:`jax_blink.schedule.constants.COLLECTIVES`;
 =================  =========  ==============  =====================================  =========
 collective         root       tree direction  trees                                  busbw/algbw
 =================  =========  ==============  =====================================  =========
-``allreduce``      none       both            family ``"tree"`` or ``"rsag"``        2(N-1)/N
+``allreduce``      none       both            ``"tree"``, ``"rsag"`` or ``"split"``  2(N-1)/N
 ``broadcast``      argument   down            arborescences out of the root          1
 ``reduce``         argument   up              arborescences into the root            1
 ``reduce_scatter`` each rank  up              ``"rsag"``: into every rank, equal     (N-1)/N
@@ -21,6 +21,14 @@ all-gather the output of each rank). In the ``"rsag"`` family every rank
 bytes (reduce-scatter: reduced into ``r`` child to parent; all-gather: sent
 from ``r`` parent to child), all ranks at once, so ``t = (S / N) / x`` and
 the rate is ``N x``.
+
+The ``"split"`` family (allreduce, planned where some link's two directions
+differ) reduces each piece up an arborescence into a root and broadcasts it
+down a *different* arborescence out of that root, so the reduce and the
+broadcast may each take the faster direction of a link; its trees are
+:class:`~jax_blink.planning.tree.Tree` s with ``up_edges``. On links whose
+two directions are equal it reaches the ``"tree"`` family's rate, so it is
+not planned there.
 
 Pure Python: never imports jax.
 """
@@ -40,12 +48,13 @@ COLLECTIVES = tuple(DIRECTIONS)
 #: The collectives with one root, given to :func:`~jax_blink.planning.plan`.
 ROOTED = ("broadcast", "reduce")
 #: The plan families each collective may be planned with.
-FAMILIES = {"allreduce": ("tree", "rsag"), "broadcast": ("tree",), "reduce": ("tree",),
+FAMILIES = {"allreduce": ("tree", "rsag", "split"), "broadcast": ("tree",), "reduce": ("tree",),
             "reduce_scatter": ("rsag",), "allgather": ("rsag",)}
 #: What a family means for a collective (:meth:`~jax_blink.planning.Plan.family_text`).
 FAMILY_TEXT = {
     ("allreduce", "tree"): "each tree reduced up to its root and broadcast back down",
     ("allreduce", "rsag"): "reduce-scatter + all-gather: every rank roots trees for its own slice",
+    ("allreduce", "split"): "each piece reduced up one tree into its root and broadcast down another",
     ("broadcast", "tree"): "arborescences out of the root",
     ("reduce", "tree"): "arborescences into the root",
     ("reduce_scatter", "rsag"): "every rank roots in-trees reducing its own 1/N slice",

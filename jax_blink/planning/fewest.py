@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 
 from .errors import PlanError
+from .packing import pair_split
 from .tree import Tree
 
 __all__ = ["fewest_trees", "lp_support", "exact_weights", "MILP_TIME_LIMIT_S"]
@@ -58,6 +59,9 @@ def fewest_trees(packer, target: float, max_trees: int | None) -> list:
         t = cp.Variable()
         base.append(packer.root_matrix(cols) @ cp.multiply(gain, x) >= t / packer.n)
         rate = t
+    elif packer.family == "split":  # reduce trees count; every rank broadcasts what it reduces
+        base.append(packer.balance_matrix(cols) @ cp.multiply(gain, x) <= 0)
+        rate = (packer.rate_vector(cols) * gain) @ x
     else:
         rate = gain @ x
     goal = 1.0
@@ -106,7 +110,8 @@ def exact_weights(packer, chosen) -> tuple:
     Returns
     -------
     (float, tuple of Tree)
-        The rate and the trees of positive weight.
+        The rate and the trees of positive weight (for ``"split"``, the
+        reduce and broadcast columns paired by :func:`~jax_blink.planning.packing.pair_split`).
     """
     cols = [packer.columns[j] for j in chosen]
     rate, weights, _, _ = packer.solve_lp(cols)
@@ -119,6 +124,9 @@ def exact_weights(packer, chosen) -> tuple:
         per_root = packer.root_matrix(cols) @ weights
         share = float(per_root.min())
         weights = weights * np.array([share / per_root[c.root] for c in cols])
+    if packer.family == "split":
+        trees = pair_split(cols, weights)
+        return float(sum(t.weight for t in trees)), trees
     keep = [j for j, wt in enumerate(weights) if wt > 1e-9 * max(weights.max(), 1e-300)]
     trees = tuple(Tree(float(weights[j]), cols[j].root, cols[j].edges, cols[j].paths) for j in keep)
     if packer.family == "rsag":

@@ -14,6 +14,12 @@ every rank roots a total weight of at least ``x``: for allreduce the trees
 are undirected (one cheapest tree prices every root), for reduce-scatter and
 all-gather they are arborescences into or out of their root (each root is
 priced with its own cheapest arborescence), ForestColl's packing.
+``"split"`` (allreduce on links whose directions differ) packs
+arborescences into each rank (reduce) and out of it (broadcast) as separate
+columns and maximises the reduced weight, every rank broadcasting at least
+what it reduces: with arc prices ``y`` and root prices ``π >= 0``, a reduce
+tree into ``r`` prices at ``1 - π_r``, a broadcast tree out of ``r`` at
+``π_r``. :func:`pair_split` pairs the two kinds into allreduce trees.
 :meth:`Packer.carve` and :meth:`Packer.widest` add heavy trees, so that few
 columns reach the optimum.
 
@@ -31,9 +37,9 @@ from ..topo import LinkGraph
 from . import bounds
 from .collectives import DIRECTIONS
 from .errors import PlanError
-from .tree import tree_depth
+from .tree import Tree, tree_depth
 
-__all__ = ["Packer", "Column", "orient", "PRICE_TOL"]
+__all__ = ["Packer", "Column", "orient", "pair_split", "PRICE_TOL"]
 
 #: Column generation stops when no tree is this much cheaper than 1.
 PRICE_TOL = 1e-7
@@ -41,13 +47,15 @@ PRICE_TOL = 1e-7
 
 @dataclasses.dataclass
 class Column:
-    """A candidate tree: its root, edges and routes, how often it crosses each arc, its depth."""
+    """A candidate tree: its root, edges and routes, how often it crosses each arc, its depth,
+    and (``"split"`` family) whether it reduces (``"up"``) or broadcasts (``"down"``)."""
 
     root: int
     edges: tuple
     paths: tuple
     use: np.ndarray
     depth: int
+    direction: str = ""
 
 
 def orient(edges, paths, root):
@@ -83,7 +91,8 @@ class Packer:
     collective, family : str
     root : int or None
     directions : str
-        Arc directions a tree loads (:data:`~jax_blink.planning.collectives.DIRECTIONS`).
+        Arc directions a tree loads (:data:`~jax_blink.planning.collectives.DIRECTIONS`);
+        ``"split"`` for the ``"split"`` family, whose columns each load one direction.
     columns : list of Column
     """
 
@@ -93,13 +102,24 @@ class Packer:
         self.collective = collective
         self.family = family
         self.root = root
-        self.directions = DIRECTIONS[collective]
+        self.directions = "split" if family == "split" else DIRECTIONS[collective]
         self.columns: list = []
         self.keys: set = set()
 
     # -- columns
-    def add(self, root, edges, paths) -> bool:
-        """Add a tree as a column unless an equivalent one is there; return whether it was added."""
+    def add(self, root, edges, paths, direction=None) -> bool:
+        """Add a tree as a column unless an equivalent one is there; return whether it was added.
+
+        ``direction`` (``"up"`` or ``"down"``) is the kind of a ``"split"`` column.
+        """
+        if self.family == "split":
+            key = (root, direction, frozenset(zip(edges, paths)))
+            if key in self.keys:
+                return False
+            self.keys.add(key)
+            self.columns.append(Column(root, tuple(edges), tuple(paths), self.graph.usage(edges, paths, direction),
+                                       tree_depth(root, edges), direction))
+            return True
         if self.family == "tree" and self.collective == "allreduce":
             # the reduction may end anywhere: root the tree at its centre
             root = min(range(self.n), key=lambda r: (tree_depth(r, orient(edges, paths, r)[0]), r))
@@ -118,26 +138,37 @@ class Packer:
         """Shallow starting columns: a breadth-first tree from each root."""
         routes = self.graph.routes(np.ones(len(self.graph.arcs)))
         roots = range(self.n) if self.root is None else [self.root]
+        kinds = ("up", "down") if self.family == "split" else (self.directions,)
         for r in roots:
-            edges, paths, seen, frontier = [], [], {r}, [r]
-            while frontier:
-                nxt = []
-                for v in frontier:
-                    for w in range(self.n):
-                        pair = (v, w) if self.directions != "up" else (w, v)
-                        if w not in seen and pair in routes:
-                            arcs = routes[pair][1]
-                            path = self.graph.path_of(arcs)
-                            seen.add(w)
-                            edges.append((v, w))
-                            paths.append(path if path[0] == v else path[::-1])
-                            nxt.append(w)
-                frontier = nxt
-            self.add(r, tuple(edges), tuple(paths))
+            for direction in kinds:
+                edges, paths, seen, frontier = [], [], {r}, [r]
+                while frontier:
+                    nxt = []
+                    for v in frontier:
+                        for w in range(self.n):
+                            pair = (v, w) if direction != "up" else (w, v)
+                            if w not in seen and pair in routes:
+                                arcs = routes[pair][1]
+                                path = self.graph.path_of(arcs)
+                                seen.add(w)
+                                edges.append((v, w))
+                                paths.append(path if path[0] == v else path[::-1])
+                                nxt.append(w)
+                    frontier = nxt
+                self.add(r, tuple(edges), tuple(paths), direction)
 
     def price(self, arc_price, root_price=None, tol=PRICE_TOL) -> int:
         """Add the cheapest tree if its reduced cost is negative (for ``"rsag"``, the cheapest
-        tree of each root whose price it undercuts); return how many columns were added."""
+        tree of each root whose price it undercuts; for ``"split"``, the cheapest reduce and
+        broadcast trees of each root that undercut ``1 - π_r`` and ``π_r``); return how many
+        columns were added."""
+        if self.family == "split":
+            added = 0
+            for direction, limit in (("up", 1.0 - root_price), ("down", root_price)):
+                found = self.graph.cheapest_trees(arc_price, direction, range(self.n))
+                added += sum(self.add(r, tuple(edges), tuple(paths), direction)
+                             for r, (cost, edges, paths) in enumerate(found) if cost < limit[r] - tol)
+            return added
         if self.family == "rsag":  # a column for every root whose price its cheapest tree undercuts
             if self.directions == "both":  # one undirected tree, rooted anywhere
                 found = self.graph.cheapest_trees(arc_price, "both", [0]) * self.n
@@ -160,6 +191,18 @@ class Packer:
         for j, c in enumerate(columns):
             g[c.root, j] = 1.0
         return g
+
+    def balance_matrix(self, columns):
+        """``"split"``: rank-by-column, +1 for a reduce tree into the rank, -1 for a broadcast tree
+        out of it (a rank broadcasts at least what it reduces: ``balance @ w <= 0``)."""
+        g = np.zeros((self.n, len(columns)))
+        for j, c in enumerate(columns):
+            g[c.root, j] = 1.0 if c.direction == "up" else -1.0
+        return g
+
+    def rate_vector(self, columns):
+        """What each column's weight adds to the rate: 1, or for ``"split"`` 1 for reduce trees only."""
+        return np.array([0.0 if c.direction == "down" else 1.0 for c in columns])
 
     def solve_lp(self, columns, capacity_gbps=None):
         """Max rate over ``columns``: returns (rate, weights, arc duals, root duals).
@@ -186,12 +229,15 @@ class Packer:
             t = cp.Variable()
             per_root = self.root_matrix(columns) @ w >= t / self.n
             problem = cp.Problem(cp.Maximize(t), [capacity, per_root])
+        elif self.family == "split":
+            per_root = self.balance_matrix(columns) @ w <= 0
+            problem = cp.Problem(cp.Maximize(self.rate_vector(columns) @ w), [capacity, per_root])
         else:
             problem = cp.Problem(cp.Maximize(cp.sum(w)), [capacity])
         problem.solve(solver=cp.HIGHS)
         if problem.status != cp.OPTIMAL:
             raise PlanError(f"internal error: the tree-packing LP ended {problem.status}")
-        root_price = np.asarray(per_root.dual_value) if self.family == "rsag" else None
+        root_price = np.asarray(per_root.dual_value) if self.family in ("rsag", "split") else None
         return (float(problem.value) * scale, np.maximum(np.asarray(w.value), 0.0) * scale,
                 np.asarray(capacity.dual_value), root_price)
 
@@ -308,3 +354,48 @@ class Packer:
                 residual = np.maximum(residual - weight * use, 0.0)
                 for r in (range(self.n) if self.family == "rsag" and not each_root else [root]):
                     self.add(r, edges, paths)
+
+
+def pair_split(columns, weights, tol: float = 1e-9) -> tuple:
+    """Pair a ``"split"`` packing's reduce and broadcast trees into allreduce trees.
+
+    For each root, its reduce trees and its broadcast trees each cover the
+    root's reduced weight ``x_r`` (the broadcast side is trimmed to it) laid
+    end to end; cutting ``[0, x_r)`` at both sides' boundaries gives pieces,
+    each reduced up one reduce tree and broadcast down one broadcast tree.
+    Every tree keeps its total weight, so the load on each arc is the
+    packing's; a root with ``a`` reduce and ``b`` broadcast trees gets at most
+    ``a + b - 1`` pieces.
+
+    Returns
+    -------
+    tuple of Tree
+        ``up_edges``/``up_paths`` set where the two trees of a piece differ.
+    """
+    by_root = defaultdict(lambda: {"up": [], "down": []})
+    for column, weight in zip(columns, weights):
+        if weight > 0:
+            by_root[column.root][column.direction].append([float(weight), column])
+    out = []
+    for root in sorted(by_root):
+        ups, downs = by_root[root]["up"], by_root[root]["down"]
+        total = min(sum(w for w, _ in ups), sum(w for w, _ in downs))
+        for side in (ups, downs):  # trim both sides to the root's reduced weight
+            scale = total / sum(w for w, _ in side)
+            for item in side:
+                item[0] *= scale
+        i = j = 0
+        while i < len(ups) and j < len(downs):
+            piece = min(ups[i][0], downs[j][0])
+            up, down = ups[i][1], downs[j][1]
+            if piece > tol * total:
+                same = set(zip(up.edges, up.paths)) == set(zip(down.edges, down.paths))
+                out.append(Tree(piece, root, down.edges, down.paths,
+                                () if same else up.edges, () if same else up.paths))
+            ups[i][0] -= piece
+            downs[j][0] -= piece
+            if ups[i][0] <= tol * total:
+                i += 1
+            if downs[j][0] <= tol * total:
+                j += 1
+    return tuple(out)

@@ -19,6 +19,14 @@ Collectives and families (:mod:`jax_blink.planning.collectives`):
   computes both, keeps the faster, and on a tie prefers ``"rsag"`` when its
   trees are no deeper (every rank then does an equal share of the reduction,
   e.g. N depth-1 stars on shared memory).
+* allreduce, family ``"split"``, only where some link's two directions
+  differ (measured asymmetric PCIe): each piece is reduced up an
+  arborescence into a root and broadcast down another arborescence out of
+  it, so each phase can use the faster direction of a link. It contains the
+  two families above, so its optimum is at least theirs (on symmetric links
+  it is equal, so it is not planned there); it is kept only where it is
+  faster, and not with ``max_trees``. Its bound is the split cut bound and
+  LP duality (:func:`~jax_blink.planning.bounds.split_cut_bound`).
 * reduce_scatter / allgather, family ``"rsag"`` only (ForestColl): every rank
   roots arborescences of equal total weight ``x``, into it (reduce-scatter:
   its 1/N slice reduced child to parent) or out of it (all-gather: its slice
@@ -185,20 +193,24 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance, links):
                         f"rank 0 over any link; add the missing links or plan on a connected subset")
     kinds = topology.planning_kinds(links)
     graph = topology.link_graph(kinds)
-    # rsag needs a tree rooted at every rank
-    families = tuple(f for f in FAMILIES[collective] if f == "tree" or max_trees is None or max_trees >= topology.n)
+    # rsag needs a tree rooted at every rank; split gains only where a link's directions differ
+    families = tuple(f for f in FAMILIES[collective]
+                     if (f != "rsag" or max_trees is None or max_trees >= topology.n)
+                     and (f != "split" or max_trees is None and not graph.symmetric))
     results = {}
     for family in families:
         _, rate, trees, arc_price = _pack(graph, collective, family, root, max_trees, tolerance)
         results[family] = (rate, trees, arc_price)
     family = families[0]
-    if len(results) == 2:
+    if "rsag" in results and "tree" in results:
         tree_rate, rsag_rate = results["tree"][0], results["rsag"][0]
         tie = math.isclose(tree_rate, rsag_rate, rel_tol=RATE_RTOL)
         rsag_depth = max(t.depth for t in results["rsag"][1])
         trees_depth = max(t.depth for t in results["tree"][1])
         if rsag_rate > tree_rate and not tie or tie and rsag_depth <= trees_depth:
             family = "rsag"
+    if "split" in results and results["split"][0] > results[family][0] * (1 + RATE_RTOL):
+        family = "split"
     rate, trees, _ = results[family]
     certificate = [r[2] for r in results.values()]
     bound = certified_bound(graph, collective, root, certificate)

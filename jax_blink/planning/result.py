@@ -45,7 +45,8 @@ class Plan:
     root : int or None
         Root of a broadcast/reduce; None for the others.
     family : str
-        ``"tree"`` or ``"rsag"`` (allreduce); ``"tree"`` for broadcast/reduce;
+        ``"tree"``, ``"rsag"`` or ``"split"`` (allreduce; ``"split"`` trees
+        reduce up their own ``up_edges``); ``"tree"`` for broadcast/reduce;
         ``"rsag"`` for reduce-scatter and all-gather (every rank roots trees of
         equal total weight for its own slice).
     rate_gbps : float
@@ -115,31 +116,17 @@ class Plan:
                 raise PlanError(f"{where}: weight must be positive, got {tree.weight}")
             if self.root is not None and tree.root != self.root:
                 raise PlanError(f"{where}: a {self.collective} tree must be rooted at {self.root}")
-            reached, parent = {tree.root}, {}
-            for (p, c) in tree.edges:
-                if c in parent or c == tree.root or not 0 <= c < n or not 0 <= p < n:
-                    raise PlanError(f"{where}: edge {p}->{c} is not a tree edge over ranks 0..{n - 1}")
-                parent[c] = p
-            children = defaultdict(list)
-            for p, c in tree.edges:
-                children[p].append(c)
-            stack = [tree.root]
-            while stack:
-                for c in children[stack.pop()]:
-                    reached.add(c)
-                    stack.append(c)
-            if len(reached) != n or not 0 <= tree.root < n:
-                raise PlanError(f"{where}: does not span the ranks; unreached {sorted(set(range(n)) - reached)}")
-            if len(tree.paths) != len(tree.edges):
-                raise PlanError(f"{where}: {len(tree.paths)} paths for {len(tree.edges)} edges")
-            for (p, c), path in zip(tree.edges, tree.paths):
-                if path[0] != p or path[-1] != c or any(x < n for x in path[1:-1]):
-                    raise PlanError(f"{where}: path {list(path)} does not join {p} to {c} through switches")
-                try:
-                    graph.arcs_of_path(path)
-                except TopologyError as e:
-                    raise PlanError(f"{where}: {e}") from None
-            load += tree.weight * graph.usage(tree.edges, tree.paths, DIRECTIONS[self.collective])
+            if tree.up_edges and self.family != "split":
+                raise PlanError(f"{where}: only a 'split' allreduce reduces up a tree of its own (up_edges); "
+                                f"this is a {self.collective} plan of family {self.family!r}")
+            _check_spanning(where, tree.root, tree.edges, tree.paths, n, graph)
+            if tree.up_edges:
+                _check_spanning(f"{where} reduce tree", tree.root, tree.up_edges, tree.up_paths, n, graph)
+            if self.collective == "allreduce":  # reduced up one tree, broadcast down the same or another
+                load += tree.weight * (graph.usage(tree.reduce_edges, tree.reduce_paths, "up")
+                                       + graph.usage(tree.edges, tree.paths, "down"))
+            else:
+                load += tree.weight * graph.usage(tree.edges, tree.paths, DIRECTIONS[self.collective])
         over = load - graph.capacity_gbps * (1 + 1e-9)  # relative: capacities may be tiny
         if over.max(initial=0) > 0:
             a = int(np.argmax(over))
@@ -209,8 +196,9 @@ class Plan:
         graph = self.topology.link_graph(self.link_kinds)
         out = []
         for tree in self.trees:
-            depth = tree.depth * (2 if self.collective == "allreduce" else 1)
-            kinds = {graph.arc_kind[graph.index[x, y]] for path in tree.paths for x, y in zip(path, path[1:])}
+            depth = tree.round_trip if self.collective == "allreduce" else tree.depth
+            kinds = {graph.arc_kind[graph.index[x, y]]
+                     for path in tree.paths + tree.up_paths for x, y in zip(path, path[1:])}
             alpha = launch_s + (max(cost.latency_s(k) for k in kinds) if kinds
                                 else min(cost.latency_s(k) for k in cost.LATENCY_US))
             out.append(cost.pipeline_chunks(depth, size_bytes * tree.weight / total, tree.weight, alpha,
@@ -255,7 +243,8 @@ class Plan:
         """How much of :attr:`rate_gbps` each link kind carries, in GB/s.
 
         Every tree of weight ``w`` moves ``w`` GB/s over each of its
-        rank-to-rank edges; an edge counts for the kind of its route (a
+        rank-to-rank edges (a ``"split"`` tree over those of its reduce tree
+        and of its broadcast tree); an edge counts for the kind of its route (a
         route mixing kinds, e.g. PCIe then a NIC, counts for its slowest
         class in :data:`~jax_blink.topo.LINK_KINDS` order). The values are
         ``sum over trees of w * (edges of the kind) / (edges)``, so they add
@@ -271,10 +260,11 @@ class Plan:
         graph = self.topology.link_graph(self.link_kinds)
         out = {}
         for tree in self.trees:
-            for path in tree.paths:
+            paths = tree.paths + tree.up_paths
+            for path in paths:
                 kinds = {graph.arc_kind[graph.index[x, y]] for x, y in zip(path, path[1:])}
                 kind = max(kinds, key=LINK_KINDS.index)
-                out[kind] = out.get(kind, 0.0) + tree.weight / len(tree.paths)
+                out[kind] = out.get(kind, 0.0) + tree.weight / len(paths)
         return {k: out[k] for k in LINK_KINDS if k in out}
 
     def links_text(self) -> str:
@@ -307,4 +297,35 @@ class Plan:
         for i, t in enumerate(self.trees):
             edges = " ".join(f"{p}->{c}" for p, c in t.edges)
             lines.append(f"  tree {i}: weight {t.weight:.4g} GB/s, root {t.root}, depth {t.depth}: {edges}")
+            if t.up_edges:
+                up = " ".join(f"{c}->{p}" for p, c in t.up_edges)
+                lines.append(f"          reduced up another tree first: {up}")
         return "\n".join(lines)
+
+
+def _check_spanning(where, root, edges, paths, n, graph):
+    """``edges`` form a tree spanning ranks ``0..n-1`` from ``root``, joined by ``paths`` through switches."""
+    reached, parent = {root}, {}
+    for (p, c) in edges:
+        if c in parent or c == root or not 0 <= c < n or not 0 <= p < n:
+            raise PlanError(f"{where}: edge {p}->{c} is not a tree edge over ranks 0..{n - 1}")
+        parent[c] = p
+    children = defaultdict(list)
+    for p, c in edges:
+        children[p].append(c)
+    stack = [root]
+    while stack:
+        for c in children[stack.pop()]:
+            reached.add(c)
+            stack.append(c)
+    if len(reached) != n or not 0 <= root < n:
+        raise PlanError(f"{where}: does not span the ranks; unreached {sorted(set(range(n)) - reached)}")
+    if len(paths) != len(edges):
+        raise PlanError(f"{where}: {len(paths)} paths for {len(edges)} edges")
+    for (p, c), path in zip(edges, paths):
+        if path[0] != p or path[-1] != c or any(x < n for x in path[1:-1]):
+            raise PlanError(f"{where}: path {list(path)} does not join {p} to {c} through switches")
+        try:
+            graph.arcs_of_path(path)
+        except TopologyError as e:
+            raise PlanError(f"{where}: {e}") from None

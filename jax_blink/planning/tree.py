@@ -1,7 +1,8 @@
 """A weighted spanning tree of a plan, and the one tree-depth function.
 
 A :class:`Tree` is a rooted spanning tree of the ranks with a bandwidth share
-and the route (node path through switches) of each edge. :func:`tree_depth`
+and the route (node path through switches) of each edge; an allreduce tree of
+the ``"split"`` family also has its own reduce tree. :func:`tree_depth`
 is the depth every part of jax_blink uses (the packing's tie-break, the
 pipelining model, the baselines).
 
@@ -55,26 +56,56 @@ class Tree:
     paths : tuple of tuple of int
         The node path of each edge from parent to child (``(parent, child)``
         for a direct link; switch nodes in between otherwise).
+    up_edges, up_paths : tuple
+        An allreduce of the ``"split"`` family reduces up a different tree
+        into the same root (asymmetric links can carry more that way): its
+        ``(parent, child)`` edges (the child sends to the parent) and their
+        node paths from parent to child. Empty (the default): the reduction
+        goes up ``edges`` itself.
     """
 
     weight: float
     root: int
     edges: tuple
     paths: tuple
+    up_edges: tuple = ()
+    up_paths: tuple = ()
 
     @property
     def depth(self) -> int:
-        """Longest root-to-leaf path, in edges."""
+        """Longest root-to-leaf path, in edges (of the broadcast tree)."""
         return tree_depth(self.root, self.edges)
+
+    @property
+    def reduce_edges(self) -> tuple:
+        """The edges the reduction goes up: :attr:`up_edges`, or :attr:`edges` when the tree has none."""
+        return self.up_edges or self.edges
+
+    @property
+    def reduce_paths(self) -> tuple:
+        """The node paths of :attr:`reduce_edges`, parent first."""
+        return self.up_paths if self.up_edges else self.paths
+
+    @property
+    def round_trip(self) -> int:
+        """Hops from the deepest leaf up to the root and down again: the
+        pipeline depth of an allreduce over this tree."""
+        return tree_depth(self.root, self.reduce_edges) + self.depth
 
     def to_dict(self) -> dict:
         """The tree as a JSON object (part of a plan's JSON)."""
-        return {"weight": self.weight, "root": self.root, "edges": [list(e) for e in self.edges],
-                "paths": [list(p) for p in self.paths]}
+        d = {"weight": self.weight, "root": self.root, "edges": [list(e) for e in self.edges],
+             "paths": [list(p) for p in self.paths]}
+        if self.up_edges:
+            d["up_edges"] = [list(e) for e in self.up_edges]
+            d["up_paths"] = [list(p) for p in self.up_paths]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Tree":
-        """Read back :meth:`to_dict`; ``paths`` default to the edges (direct links)."""
+        """Read back :meth:`to_dict`; ``paths`` (``up_paths``) default to the edges (direct links)."""
         edges = tuple((int(p), int(c)) for p, c in d["edges"])
         paths = tuple(tuple(int(x) for x in p) for p in d.get("paths", edges))
-        return cls(float(d["weight"]), int(d["root"]), edges, paths)
+        up_edges = tuple((int(p), int(c)) for p, c in d.get("up_edges", ()))
+        up_paths = tuple(tuple(int(x) for x in p) for p in d.get("up_paths", up_edges))
+        return cls(float(d["weight"]), int(d["root"]), edges, paths, up_edges, up_paths)

@@ -81,7 +81,10 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
     ``chunks`` pieces. For each piece an allreduce reduces up the tree
     (children's partial results into their parent, children in ascending
     rank order) and broadcasts the root's result down it; a reduce does only
-    the first phase, a broadcast only the second.
+    the first phase, a broadcast only the second. An allreduce tree with
+    ``up_edges`` (the planner's ``"split"`` family) reduces up those edges
+    into the same root instead, and gets a second tree index in the
+    schedule for that phase (its routes are the tree's ``up_paths``).
 
     reduce_scatter, allgather: every rank roots at least one tree. Shard
     ``r`` (``[r * count / nranks, (r + 1) * count / nranks)``) is split among
@@ -98,7 +101,9 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
     ----------
     trees : iterable
         Objects with ``root`` (int), ``edges`` (``(parent, child)`` pairs in
-        broadcast direction) and ``weight`` (float > 0).
+        broadcast direction) and ``weight`` (float > 0); for an allreduce,
+        optionally ``up_edges`` (``(parent, child)`` pairs of another tree
+        to reduce up) and, with ``routes``, ``up_paths``.
     nranks, collective, root, count, dtype
         As in :class:`Schedule`; ``root`` is ignored for allreduce,
         reduce_scatter and allgather (each tree has its own) and must equal
@@ -155,10 +160,16 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
     per_tree_routes = [None] * len(trees) if routes is None else [tuple(map(tuple, r)) for r in routes]
     if len(per_tree_routes) != len(trees):
         raise ScheduleError(f"routes lists {len(per_tree_routes)} trees, expected one per tree ({len(trees)})")
-    for tree, paths in zip(trees, per_tree_routes):
-        if paths is not None and [(p[0], p[-1]) for p in paths] != [tuple(e) for e in tree.edges]:
+    up_edges = [tuple(getattr(t, "up_edges", ()) or ()) for t in trees]
+    if collective != "allreduce" and any(up_edges):
+        raise ScheduleError(f"only an allreduce reduces up a tree of its own (up_edges); this is a {collective}")
+    per_tree_up_routes = [tuple(map(tuple, t.up_paths)) if routes is not None and up else None
+                          for t, up in zip(trees, up_edges)]
+    for tree, paths, edges in list(zip(trees, per_tree_routes, [t.edges for t in trees])) + [
+            (t, p, e) for t, p, e in zip(trees, per_tree_up_routes, up_edges) if e]:
+        if paths is not None and [(p[0], p[-1]) for p in paths] != [tuple(e) for e in edges]:
             raise ScheduleError(f"tree rooted at {tree.root}: routes {[list(p) for p in paths]} do not "
-                                f"join the ends of its edges {[list(e) for e in tree.edges]} in order")
+                                f"join the ends of its edges {[list(e) for e in edges]} in order")
 
     align = max(1, align_bytes // DTYPES[dtype][1])
     # (start, end, tree indices): the vector, or each shard with the trees rooted at its rank
@@ -170,7 +181,7 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
         regions = [(0, count, list(range(len(trees))))]
 
     chunk_table = []
-    work = []  # (tree index in schedule, tree, chunk ids)
+    work = []  # (edges reduced up, their tree index in the schedule, the tree, its index, chunk ids)
     kept_routes = []
     for lo_region, hi_region, members in regions:
         units = -(-(hi_region - lo_region) // align)  # aligned blocks; the last may be short
@@ -179,7 +190,11 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
         for i, share in zip(members, shares):
             if share == 0:
                 continue
+            index = up_index = len(kept_routes)
             kept_routes.append(per_tree_routes[i])
+            if up_edges[i]:
+                up_index = len(kept_routes)
+                kept_routes.append(per_tree_up_routes[i])
             ids = []
             for piece in split_proportional(share, [1.0] * min(per_tree_chunks[i], share)):
                 lo = lo_region + start_unit * align
@@ -187,22 +202,24 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
                 hi = min(lo_region + start_unit * align, hi_region)
                 ids.append(len(chunk_table))
                 chunk_table.append((lo, hi - lo))
-            work.append((len(work), trees[i], ids))
+            work.append((up_edges[i] or trees[i].edges, up_index, trees[i], index, ids))
 
     # Each rank's steps in semantic order per (rank, chunk), before sorting.
     raw = [[] for _ in range(nranks)]  # (op, chunk, peer, tree)
     up = collective in ("allreduce", "reduce", "reduce_scatter")
     down = collective in ("allreduce", "broadcast", "allgather")
-    for tindex, tree, ids in work:
+    for reduce_edges, up_index, tree, tindex, ids in work:
         children, parent = _children(tree.edges, nranks, tree.root)
         order = _postorder(tree.root, children)
+        up_children, up_parent = _children(reduce_edges, nranks, tree.root)
+        up_order = _postorder(tree.root, up_children)
         for c in ids:
             if up:
-                for v in order:  # children before parents
-                    for ch in children.get(v, ()):
-                        raw[v].append(("RECV_REDUCE", c, ch, tindex))
+                for v in up_order:  # children before parents
+                    for ch in up_children.get(v, ()):
+                        raw[v].append(("RECV_REDUCE", c, ch, up_index))
                     if v != tree.root:
-                        raw[v].append(("SEND", c, parent[v], tindex))
+                        raw[v].append(("SEND", c, up_parent[v], up_index))
             if down:
                 for v in reversed(order):  # parents before children
                     if v != tree.root:
@@ -210,7 +227,7 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
                     for ch in children.get(v, ()):
                         raw[v].append(("SEND", c, ch, tindex))
     steps = _order_steps(raw)
-    return Schedule(nranks, count, collective, root, dtype, len(work),
+    return Schedule(nranks, count, collective, root, dtype, len(kept_routes),
                     tuple(chunk_table), steps, () if routes is None else tuple(kept_routes), op)
 
 

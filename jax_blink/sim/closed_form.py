@@ -45,14 +45,15 @@ def busiest_arc_s(schedule, topology) -> float:
 
 
 def slowest_tree_s(plan, chunks, size_bytes: int) -> float:
-    """The pipeline form of a plan's slowest tree, in seconds: ``max (2D + k - 1) / k`` over
-    its trees (depth ``D``, ``k`` chunks; ``D + k - 1`` hops for a one-way collective) times
+    """The pipeline form of a plan's slowest tree, in seconds: ``max (H + k - 1) / k`` over
+    its trees (``H`` hops up and down, :attr:`Tree.round_trip <jax_blink.planning.Tree.round_trip>`,
+    for an allreduce, the depth for a one-way collective; ``k`` chunks) times
     ``size_bytes`` over the trees' total weight.
 
     Every tree gets its planned bandwidth on every arc it crosses, so no tree
     is slower than this; trees that finish early free arcs for the others, so
     a packing of trees of several depths runs between its busiest arc and this.
     """
-    hops = 2 if plan.collective == "allreduce" else 1
-    fill = max((hops * tree.depth + k - 1) / k for tree, k in zip(plan.trees, chunks))
+    fill = max(((tree.round_trip if plan.collective == "allreduce" else tree.depth) + k - 1) / k
+               for tree, k in zip(plan.trees, chunks))
     return fill * size_bytes / (sum(tree.weight for tree in plan.trees) * 1e9)

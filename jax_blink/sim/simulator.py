@@ -264,17 +264,17 @@ class _Simulation:
                 self.missing.append(len(s.deps) + (s.op != "SEND"))
                 for d in s.deps:
                     self.dependents[base[r] + d].append(gid)
-                if s.op == "SEND":
-                    sends[(r, s.peer, s.chunk)] = gid
+                if s.op == "SEND":  # a triple may repeat: the k-th SEND matches the k-th RECV
+                    sends.setdefault((r, s.peer, s.chunk), deque()).append(gid)
                     channel_of[gid] = (r, s.peer, s.tree if model.channels == "tree" else 0)
         self.recv_of = {}
         for gid, op in enumerate(self.op):
             if op != "SEND":
                 key = (self.peer[gid], self.rank[gid], self.chunk[gid])
-                if key not in sends:
+                if not sends.get(key):
                     raise SimError(f"rank {self.rank[gid]} receives chunk {key[2]} from "
                                    f"{key[0]}, which never sends it (validate() the schedule)")
-                self.recv_of[sends[key]] = gid
+                self.recv_of[sends[key].popleft()] = gid
         # channels: the SENDs of each (src, dst) pair in list order
         self.channel_queue = defaultdict(deque)
         for gid in sorted(channel_of):

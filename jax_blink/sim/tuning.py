@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..planning import Tree
 from ..planning.cost import MAX_CHUNKS
+from ..topo import TopologyError
 from ..schedule import Schedule
 from .model import SimError, SimModel
 from .simulator import SimResult, simulate
@@ -63,7 +65,8 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
       roots a star over its routes to all others and carries ``1/n`` of the
       data (the reduce-scatter + all-gather family at depth one: two hops, the
       fewest any allreduce needs). It has less bandwidth than the plan but
-      wins at small sizes on well-connected allocations.
+      wins at small sizes on well-connected allocations. Where two ranks
+      share neither a link nor a switch there is no star packing.
 
     Each candidate starts from the pipelining model's chunk counts
     (``Plan.chunks_for``) and scales them by powers of two -- doubling, then
@@ -94,11 +97,13 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         graph = plan.topology.link_graph(plan.topology.kinds())
         n = plan.topology.n
         others = [[i for i in range(n) if i != j] for j in range(n)]
-        # weight: a star's share of its root's slowest route (only its chunking uses it)
-        candidates.append(dataclasses.replace(plan, link_kinds=plan.topology.kinds(), trees=tuple(
-            type(trees[0])(min(graph.route_bandwidth_gbps(j, i) for i in others[j]) / (n - 1), j,
-                           tuple((j, i) for i in others[j]), tuple(graph.path(j, i) for i in others[j]))
-            for j in range(n))))
+        try:  # weight: a star's share of its root's slowest route (only its chunking uses it)
+            candidates.append(dataclasses.replace(plan, link_kinds=plan.topology.kinds(), trees=tuple(
+                Tree(min(graph.route_bandwidth_gbps(j, i) for i in others[j]) / (n - 1), j,
+                     tuple((j, i) for i in others[j]), tuple(graph.path(j, i) for i in others[j]))
+                for j in range(n))))
+        except TopologyError:
+            pass  # some two ranks share no link or switch: no star reaches them
     best, tried = None, 0
     for index, sub in enumerate(candidates):
         subset = sub.trees

@@ -89,6 +89,11 @@ class LinkGraph:
         self._default_routes = {}
 
     @property
+    def symmetric(self) -> bool:
+        """Whether every link carries as much one way as the other."""
+        return bool(np.array_equal(self.capacity_gbps, self.capacity_gbps[self.reverse]))
+
+    @property
     def has_switches(self) -> bool:
         """Whether any arc touches a switch node."""
         return any(u >= self.n or v >= self.n for u, v in self.arcs)

@@ -7,6 +7,7 @@ here recomputes its number by brute force over node subsets or by an LP over
 enumerated trees, never with the planner's own code.
 """
 
+import dataclasses
 import itertools
 import json
 import math
@@ -14,7 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from jax_blink.planning import PlanError, cache, plan
+from jax_blink.planning import Plan, PlanError, Tree, cache, plan
+from jax_blink.planning.packing import Packer
 from jax_blink.topo import Topology, TopologyError
 
 DGX1V = Topology.preset("dgx1-v100")
@@ -108,21 +110,11 @@ def simple_routes(topology, u, v):
     return out
 
 
-def tree_family_optimum(topology):
-    """The allreduce tree-family optimum by an LP over every spanning tree and every route of its edges.
-
-    Each column is a labelled spanning tree of the ranks (Prüfer sequences) with one route per edge;
-    it loads both directions of every arc of its routes. Maximise the total weight under the arc
-    capacities (scipy's HiGHS; no column generation, no planner code).
-    """
-    from scipy.optimize import linprog
-
+def spanning_trees(topology):
+    """Every labelled spanning tree of the ranks (Prüfer sequences) with every choice of one route
+    per edge: ``(edges, paths)``, edge ``(u, v)`` with ``u < v`` and its path from ``u`` to ``v``."""
     n = topology.n
-    cap = arc_capacities(topology)
-    arcs = sorted(cap)
-    index = {a: i for i, a in enumerate(arcs)}
     routes = {(u, v): simple_routes(topology, u, v) for u in range(n) for v in range(u + 1, n)}
-    columns = []
     for seq in itertools.product(range(n), repeat=n - 2):
         degree = [1] * n
         for x in seq:
@@ -136,15 +128,75 @@ def tree_family_optimum(topology):
         last = [i for i in range(n) if degree[i] == 1]
         edges.append((last[0], last[1]))
         for choice in itertools.product(*(routes[e] for e in edges)):
-            use = np.zeros(len(arcs))
-            for path in choice:
-                for x, y in zip(path, path[1:]):
-                    use[index[x, y]] += 1
-                    use[index[y, x]] += 1
-            columns.append(use)
+            yield edges, choice
+
+
+def tree_family_optimum(topology):
+    """The allreduce tree-family optimum by an LP over every spanning tree and every route of its edges.
+
+    Each column is a labelled spanning tree of the ranks with one route per edge
+    (:func:`spanning_trees`); it loads both directions of every arc of its routes. Maximise the total
+    weight under the arc capacities (scipy's HiGHS; no column generation, no planner code).
+    """
+    from scipy.optimize import linprog
+
+    cap = arc_capacities(topology)
+    arcs = sorted(cap)
+    index = {a: i for i, a in enumerate(arcs)}
+    columns = []
+    for _, choice in spanning_trees(topology):
+        use = np.zeros(len(arcs))
+        for path in choice:
+            for x, y in zip(path, path[1:]):
+                use[index[x, y]] += 1
+                use[index[y, x]] += 1
+        columns.append(use)
     matrix = np.column_stack(columns)
     res = linprog(-np.ones(matrix.shape[1]), A_ub=matrix, b_ub=[cap[a] for a in arcs], bounds=(0, None),
                   method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def split_family_optimum(topology):
+    """The allreduce optimum when reduce trees and broadcast trees may differ, by an LP over every
+    arborescence: each spanning tree and route choice (:func:`spanning_trees`), oriented into each
+    root (a reduce column: data flows toward the root) or out of it (a broadcast column). Maximise
+    the reduced weight under the arc capacities, every root broadcasting what it reduces."""
+    from scipy.optimize import linprog
+
+    n = topology.n
+    cap = arc_capacities(topology)
+    arcs = sorted(cap)
+    index = {a: i for i, a in enumerate(arcs)}
+    columns, gain, balance = [], [], []
+    for edges, choice in spanning_trees(topology):
+        adjacency = {}
+        for path in choice:
+            adjacency.setdefault(path[0], []).append(path)
+            adjacency.setdefault(path[-1], []).append(path[::-1])
+        for root in range(n):
+            away = []  # each path oriented away from the root
+            seen, stack = {root}, [root]
+            while stack:
+                for path in adjacency.get(stack.pop(), []):
+                    if path[-1] not in seen:
+                        seen.add(path[-1])
+                        stack.append(path[-1])
+                        away.append(path)
+            for into_root in (False, True):
+                use = np.zeros(len(arcs))
+                for path in away:
+                    for x, y in zip(path, path[1:]):
+                        use[index[(y, x) if into_root else (x, y)]] += 1
+                columns.append(use)
+                gain.append(1.0 if into_root else 0.0)
+                row = np.zeros(n)
+                row[root] = 1.0 if into_root else -1.0
+                balance.append(row)
+    a_ub = np.vstack([np.column_stack(columns), np.column_stack(balance)])
+    b_ub = [cap[a] for a in arcs] + [0.0] * n
+    res = linprog(-np.asarray(gain), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
     assert res.status == 0
     return -res.fun
 
@@ -244,8 +296,53 @@ def test_directed_bandwidths_are_planned_exactly(seed):
         broadcast_cut(t, 0, into_root=True), rel=1e-6)
     assert plan(t, "allgather", cache=False).rate_gbps == pytest.approx(shard_rate(t), rel=1e-6)
     assert plan(t, "reduce_scatter", cache=False).rate_gbps == pytest.approx(shard_rate(t, into=True), rel=1e-6)
-    expected = tree_family_optimum(t) if t.switches else partition_strength(t)
-    assert plan(t, cache=False).rate_gbps == pytest.approx(expected, rel=1e-6)
+    # allreduce: reduce trees and broadcast trees may differ, each using a link's faster direction
+    undirected = tree_family_optimum(t) if t.switches else partition_strength(t)
+    optimum = split_family_optimum(t)
+    assert optimum >= undirected * (1 - 1e-9)
+    p = plan(t, cache=False)
+    assert p.rate_gbps == pytest.approx(optimum, rel=1e-6) and p.bound_gbps == pytest.approx(optimum, rel=1e-6)
+    assert p.family == ("split" if optimum > undirected * (1 + 1e-6) else "rsag" if p.family == "rsag" else "tree")
+    assert plan(t, cache=False, max_trees=64).rate_gbps == pytest.approx(undirected, rel=1e-6)
+
+
+def test_split_allreduce_gains_where_links_are_faster_one_way():
+    # a ring, 10 GB/s clockwise and 2 GB/s back. Trees loading both directions alike see 2 GB/s
+    # links: strength 4 * 2 / 3. A unit of rate needs a reduce and a broadcast arborescence, 3 arcs
+    # each, and the ring has 4 * (10 + 2) = 48 GB/s of arcs: at most 8, which paths reach
+    t = Topology.from_links(4, [(i, (i + 1) % 4, 10.0, "nvlink", 2.0) for i in range(4)], name="oneway")
+    assert partition_strength(t) == pytest.approx(8 / 3)
+    assert split_family_optimum(t) == pytest.approx(8.0)
+    p = plan(t, cache=False)
+    assert p.family == "split" and p.rate_gbps == pytest.approx(8.0, rel=1e-6)
+    assert p.bound_gbps == pytest.approx(8.0, rel=1e-6)
+    assert any(tree.up_edges for tree in p.trees)
+    assert "reduced up another tree first" in p.summary()
+    back = Plan.from_json(p.to_json())
+    assert back.trees == p.trees and back.family == "split"
+    assert Tree.from_dict(json.loads(json.dumps(p.trees[0].to_dict()))) == p.trees[0]
+
+
+def test_split_is_not_planned_on_symmetric_links_where_it_gains_nothing():
+    # the claim that lets the planner skip it: on symmetric links the split LP equals the tree family's
+    t = Topology.from_links(5, [(0, 1, 10), (1, 2, 20), (2, 3, 10), (3, 4, 5), (4, 0, 15), (0, 2, 5), (1, 3, 5)])
+    graph = t.link_graph()
+    assert graph.symmetric
+    split_rate = Packer(graph, "allreduce", "split", None).generate()[0]
+    assert split_rate == pytest.approx(partition_strength(t), rel=1e-6)
+    assert plan(t, cache=False).family in ("tree", "rsag")
+
+
+def test_a_split_tree_is_refused_outside_the_split_family():
+    p = plan(Topology.from_links(3, [(0, 1, 10.0, "nvlink", 2.0), (1, 2, 10.0, "nvlink", 2.0),
+                                     (2, 0, 10.0, "nvlink", 2.0)]), cache=False)
+    assert p.family == "split"
+    split_tree = next(tree for tree in p.trees if tree.up_edges)
+    with pytest.raises(PlanError, match="only a 'split' allreduce reduces up a tree of its own"):
+        dataclasses.replace(p, family="tree", trees=(split_tree,)).check()
+    with pytest.raises(PlanError, match="reduce tree: does not span the ranks"):
+        bad = dataclasses.replace(split_tree, up_edges=split_tree.up_edges[:1], up_paths=split_tree.up_paths[:1])
+        dataclasses.replace(p, trees=(bad,), rate_gbps=bad.weight).check()
 
 
 def test_a_link_s_two_directions_survive_canonical_order_subset_and_json():
