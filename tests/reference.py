@@ -141,6 +141,12 @@ def v2_schedules(nranks, count, dtype, op, chunks=2):
     out = {}
     common = dict(nranks=n, count=count, dtype=dtype, chunks=chunks, op=op)
     out["trees:allreduce"] = lower_trees([star, chain, shifted], collective="allreduce", **common)
+    # the planner's "split" family: reduced up one tree (up_edges), broadcast down another
+    reduce_chain = [(i, i + 1) for i in range(n - 1)]  # (parent, child): up toward rank 0
+    out["trees:allreduce-split"] = lower_trees(
+        [T(root=0, edges=star.edges, up_edges=reduce_chain, weight=1.0),
+         T(root=n - 1, edges=chain.edges, up_edges=[(n - 1, i) for i in range(n - 1)], weight=1.0)],
+        collective="allreduce", **common)
     out["trees:reduce"] = lower_trees([chain], collective="reduce", root=n - 1, **common)
     out["trees:broadcast"] = lower_trees([star], collective="broadcast", root=0, **common)
     out["trees:reduce_scatter"] = lower_trees(rooted, collective="reduce_scatter", **common)

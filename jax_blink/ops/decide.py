@@ -324,8 +324,10 @@ def _choose(request, count, dtype, platform, what, fallback):
     """The allreduce's algorithm: ``JAX_BLINK_PLAN``, else ``JAX_BLINK_ALGO``,
     else (``auto``) the fastest predicted one. On GPUs the simulator predicts
     the tuned plan and the baselines our executor runs (ring, tree, chain),
-    and the lax collective is NCCL's choice (the faster of ring and tree); on
-    CPU devices the CPU model (``planning.cost.cpu_allreduce_seconds``)
+    and the lax collective is NCCL's choice (the faster of ring and tree); a
+    baseline that the topology's links cannot carry (two ranks with no link
+    or switch path between them) is listed as n/a and not chosen. On CPU
+    devices the CPU model (``planning.cost.cpu_allreduce_seconds``)
     predicts the plan and lax."""
     forced = settings.algo()
     if settings.plan_file():
@@ -342,11 +344,13 @@ def _choose(request, count, dtype, platform, what, fallback):
     if forced != "auto":
         candidates = ("blink-tuned" if gpu and forced == "blink" else forced,)
     predicted = _predicted(request, count, dtype, gpu, candidates)
+    runnable = {k: v for k, v in predicted.items() if v is not None}
     if forced == "auto":
-        choice = min(predicted, key=predicted.get)  # ties: ours first (dict order), lax last
+        choice = min(runnable, key=runnable.get)  # ties: ours first (dict order), lax last
     else:
         choice = candidates[0]
-    times = ", ".join(f"{'lax' if k == 'lax' else k} {v * 1e6:.4g} us" for k, v in predicted.items())
+    times = ", ".join(f"{k} {v * 1e6:.4g} us" if v is not None else f"{k} n/a (no route between some ranks)"
+                      for k, v in predicted.items())
     basis = "simulated" if gpu else "CPU model"
     if choice == "lax":
         return Decision(f"{what}: {fallback} (predicted fastest; {basis}: {times})")
@@ -368,12 +372,18 @@ def _predicted_cached(request, count, dtype, gpu, candidates):
         return tuple(out.items())
     out = {}
     for name in dict.fromkeys(candidates + ("ring", "tree")):
-        schedule = schedule_for(dataclasses.replace(request, algo=name), count, dtype)[1]
+        try:
+            schedule = schedule_for(dataclasses.replace(request, algo=name), count, dtype)[1]
+        except TopologyError:  # a baseline needs routes between ranks the topology does not join
+            out[name] = None
+            continue
         out[name] = simulate(schedule, request.topology).time_s
-    out["lax"] = min(out["ring"], out["tree"])  # NCCL picks the faster of its two
+    nccl = [out[k] for k in ("ring", "tree") if out[k] is not None]
+    out["lax"] = min(nccl) if nccl else None  # NCCL picks the faster of its two
     return tuple((k, v) for k, v in out.items() if k in candidates or k == "lax")
 
 
 def _predicted(request, count, dtype, gpu, candidates):
-    """Predicted seconds per candidate (and ``lax``), by the model of the platform."""
+    """Predicted seconds per candidate (and ``lax``), by the model of the platform;
+    None for a schedule the topology cannot carry."""
     return dict(_predicted_cached(request, count, dtype, gpu, tuple(candidates)))

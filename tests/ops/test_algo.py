@@ -116,3 +116,23 @@ def test_plan_file_is_used_and_refused_where_it_does_not_fit(monkeypatch, tmp_pa
     monkeypatch.setenv("JAX_BLINK_PLAN", str(schedule))
     with pytest.raises(ValueError, match="is a schedule of 64 float32; this call reduces 32"):
         rows(lambda v: jax_blink.psum(v, "x"), x[:, :32])
+
+
+def test_a_split_plan_for_links_faster_one_way_runs_through_psum_as_lax(monkeypatch):
+    """Links 10 GB/s one way and 2 GB/s back: the planner reduces up some trees and broadcasts
+    down others (family "split"); the schedule, with a tree index per phase, gives lax's results
+    on the CPU executor, and on a GPU topology the decision predicts it fastest at 1 MB."""
+    links = [(i, (i + 1) % N, 10.0, "nvlink", 2.0) for i in range(N)] + [(0, 4, 5.0, "nvlink", 5.0)]
+    topology = Topology.from_links(N, links, name="one-way-ring")
+    p = plan(topology)
+    assert p.family == "split" and any(t.up_edges for t in p.trees)
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")
+    x = np.random.default_rng(1).integers(-100, 100, (N, 1000)).astype(np.int32)
+    for name in ("psum", "pmax"):
+        ours = rows(lambda v: getattr(jax_blink, name)(v, "x", topology=topology), x)
+        np.testing.assert_array_equal(ours, rows(lambda v: getattr(lax, name)(v, "x"), x))
+        assert "split plan on one-way-ring" in jax_blink.explain().splitlines()[-1]
+    monkeypatch.setenv("JAX_BLINK_ALGO", "auto")
+    d = _decide.decide(1 << 18, "float32", N, topology=topology, platform="gpu")
+    predicted = predictions(d.text)
+    assert d.request.algo == "blink-tuned" and predicted["blink-tuned"] < predicted["lax"], d.text

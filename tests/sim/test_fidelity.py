@@ -97,3 +97,19 @@ def test_deep_blink_trees_lie_between_their_busiest_arc_and_their_pipeline_fill(
     assert busiest_arc_s(s, t) == pytest.approx(SIZE / (p.rate_gbps * 1e9), rel=1e-5)  # chunks round
     assert busiest_arc_s(s, t) * 0.98 <= time_s <= slowest * 1.02
     assert time_s / busiest_arc_s(s, t) > 1.03  # the fill shows: the bound is not the busiest arc alone
+
+
+def test_a_split_allreduce_lies_between_its_busiest_arc_and_its_pipeline_fill():
+    """Reduce trees and other broadcast trees (links 10 GB/s one way, 2 back): the schedule's
+    busiest arc is the certified rate, and the simulation lies between it and the slowest pair's
+    pipeline form, ``(up depth + down depth + k - 1) / k``."""
+    links = [(i, (i + 1) % 6, 10.0, "nvlink", 2.0) for i in range(6)] + [(0, 3, 4.0, "nvlink", 4.0)]
+    t = Topology.from_links(6, links, name="one-way-ring6")
+    p = plan(t)
+    assert p.family == "split" and any(tree.up_edges for tree in p.trees)
+    chunks = p.chunks_for(SIZE)
+    s = p.lower(SIZE, "float32", chunks=chunks)
+    assert s.ntrees == len(p.trees) + sum(1 for tree in p.trees if tree.up_edges)
+    time_s = simulate(s, t, model=FAST_REDUCER).time_s
+    assert busiest_arc_s(s, t) == pytest.approx(SIZE / (p.rate_gbps * 1e9), rel=1e-5)
+    assert busiest_arc_s(s, t) * 0.98 <= time_s <= slowest_tree_s(p, chunks, SIZE) * 1.02
