@@ -212,7 +212,8 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
         return p, schedule, EncodedSchedule(schedule.encode())
     p = plan(topology, request.collective, root=root)
     if request.algo == "blink-tuned":
-        schedule = dataclasses.replace(tune(p, size, dtype).schedule, op=request.op).validate()
+        # cache: tuning a full DGX-1 plan takes about a minute; later processes reuse the choice
+        schedule = dataclasses.replace(tune(p, size, dtype, cache=True).schedule, op=request.op).validate()
     else:
         schedule = p.lower(size, dtype, chunks=request.chunks, launch_s=request.launch_s,
                            op=request.op)

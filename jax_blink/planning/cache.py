@@ -49,7 +49,7 @@ from .errors import PlanError
 from .result import FORMAT_VERSION, RATE_RTOL, Plan
 
 __all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "check_entry", "entry_path",
-           "CACHE_VERSION", "ENTRY_FORMAT"]
+           "CACHE_VERSION", "ENTRY_FORMAT", "disk_store"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
 CACHE_VERSION = 4
@@ -180,7 +180,7 @@ def store(result: Plan, options: tuple, certificate) -> None:
     _MEMORY_CACHE[_digest(key)] = result
     entry = {"format": ENTRY_FORMAT, "version": CACHE_VERSION, "key": key,
              "certificate": [[float(p) for p in y] for y in certificate], "plan": result.to_dict()}
-    _disk_store(entry_path(key), json.dumps(entry))
+    disk_store(entry_path(key), json.dumps(entry))
 
 
 def _disk_load(path: Path, key: dict):
@@ -196,15 +196,16 @@ def _disk_load(path: Path, key: dict):
 
 
 def _not_saved(path: Path, why: str) -> None:
-    logger.warning("jax_blink plan cache: cannot save %s (%s); the plan is not cached on disk", path, why)
+    logger.warning("jax_blink cache: cannot save %s (%s); it is not cached on disk", path, why)
 
 
 def _read_only(info: os.stat_result, path: Path) -> bool:
     return not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK)
 
 
-def _disk_store(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, or log why not."""
+def disk_store(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, or log why not (also the tuning cache's writer,
+    :func:`jax_blink.sim.tune`)."""
     directory = path.parent
     try:
         directory.mkdir(parents=True, exist_ok=True)

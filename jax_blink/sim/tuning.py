@@ -2,9 +2,11 @@
 
 A plan maximises bandwidth; at small sizes fewer trees and fewer chunks cost
 less latency. :func:`tune` lowers a plan with its heaviest ``m`` trees for
-every ``m`` (and, for allreduce, a star packing), scales the cost model's
-chunk counts by powers of two, simulates each, and returns the fastest (the
-simulation of a 1 MB schedule takes milliseconds).
+a grid of ``m`` (and, for allreduce, a star packing), scales the cost model's
+chunk counts by powers of two, simulates each, and returns the fastest. A
+simulation of a full DGX-1 schedule at 1 MB (tens of thousands of steps)
+takes about a second, so the grid matters: psum on a GPU topology tunes at
+trace time.
 
 Pure Python: never imports jax.
 """
@@ -12,17 +14,30 @@ Pure Python: never imports jax.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import logging
 
+from .._jsonio import parse_json, read_text_file
 from ..planning import Tree
+from ..planning.cache import CACHE_VERSION, cache_dir, disk_store
 from ..planning.cost import MAX_CHUNKS
+from ..schedule import dtype_name
 from ..topo import TopologyError
 from ..schedule import Schedule
 from .model import SimError, SimModel
 from .simulator import SimResult, simulate
 
-__all__ = ["tune", "Tuned"]
+__all__ = ["tune", "Tuned", "SUBSET_FRACTIONS"]
 
 _GB = 1e9
+logger = logging.getLogger(__name__)
+#: The subsets :func:`tune` tries: the fewest heaviest trees holding at least
+#: each of these fractions of the plan's weight (plus all, one and two trees).
+#: Hybrid plans have long tails of light trees (a full DGX-1V allreduce: 31
+#: trees, the lightest 4 under 3% of the weight), which is what dropping
+#: trees saves at small sizes.
+SUBSET_FRACTIONS = (0.999, 0.995, 0.99, 0.98, 0.97, 0.95, 0.9, 0.8, 0.65, 0.5, 0.35, 0.2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +65,14 @@ class Tuned:
 
 
 def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
-         max_chunks: int = MAX_CHUNKS, stars: bool = True) -> Tuned:
+         max_chunks: int = MAX_CHUNKS, stars: bool = True, cache: bool = False) -> Tuned:
     """The fastest lowering of ``plan`` at ``size_bytes``, by simulation.
 
     Candidates:
 
     * the plan's ``m`` heaviest trees (weights kept, so the data splits among
-      them as in the plan), for ``m = len(plan.trees)`` down to 1 (all of
+      them as in the plan): all of them, one, two, and the fewest holding
+      each fraction of :data:`SUBSET_FRACTIONS` of the weight (only all of
       them for a reduce-scatter or all-gather, which need a tree rooted at
       every rank). A subset
       whose bandwidth alone (``size / sum of weights``) cannot beat the best
@@ -72,6 +88,16 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
     (``Plan.chunks_for``) and scales them by powers of two -- doubling, then
     halving -- while that makes the simulation faster.
 
+    With ``cache``, the choice (which candidate, its chunks) is kept on disk
+    beside the plan cache (``tune-<hash>.json`` in
+    :func:`jax_blink.settings.cache_dir`), keyed by the plan's trees and
+    topology, the size, dtype, model and options; a later call lowers and
+    simulates only that candidate. psum on a GPU topology tunes this way at
+    trace time (a full DGX-1 plan takes about a minute to tune on two
+    cores). An entry that does not fit is ignored with a warning and the
+    plan tuned afresh: it can only name a candidate, whose schedule is
+    lowered and validated as ever.
+
     Parameters
     ----------
     plan : jax_blink.Plan
@@ -82,6 +108,8 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         Upper bound on chunks per tree.
     stars : bool
         Whether the star packing is a candidate.
+    cache : bool
+        Look the choice up on disk and store it there.
 
     Returns
     -------
@@ -90,9 +118,17 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
     if max_chunks < 1:
         raise SimError(f"max_chunks must be >= 1, got {max_chunks}")
     trees = sorted(plan.trees, key=lambda t: -t.weight)
-    # a reduce-scatter or all-gather needs a tree rooted at every rank: only all of them
-    smallest = len(trees) if plan.collective in ("reduce_scatter", "allgather") else 1
-    candidates = [dataclasses.replace(plan, trees=tuple(trees[:m])) for m in range(len(trees), smallest - 1, -1)]
+    sizes = {len(trees)}
+    if plan.collective not in ("reduce_scatter", "allgather"):  # those need a tree rooted at every rank
+        total, held, m = sum(t.weight for t in trees), 0.0, 0
+        for fraction in sorted(SUBSET_FRACTIONS):
+            while held < fraction * total * (1 - 1e-12) and m < len(trees):
+                held += trees[m].weight
+                m += 1
+            sizes.add(max(m, 1))
+        sizes |= {min(2, len(trees)), 1}
+    candidates = [dataclasses.replace(plan, trees=tuple(trees[:m])) for m in sorted(sizes, reverse=True)]
+    num_subsets = len(candidates)
     if stars and plan.collective == "allreduce":
         graph = plan.topology.link_graph(plan.topology.kinds())
         n = plan.topology.n
@@ -104,11 +140,19 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
                 for j in range(n))))
         except TopologyError:
             pass  # some two ranks share no link or switch: no star reaches them
-    best, tried = None, 0
+    key = _cache_key(plan, size_bytes, dtype, model, max_chunks, stars) if cache else None
+    if key is not None:
+        hit = _cached_choice(key, candidates, max_chunks)
+        if hit is not None:
+            index, chunks = hit
+            schedule = candidates[index].lower(size_bytes, dtype, chunks=list(chunks))
+            return Tuned(schedule, simulate(schedule, plan.topology, model=model),
+                         len(candidates[index].trees), chunks, 1)
+    best, best_index, tried = None, 0, 0
     for index, sub in enumerate(candidates):
         subset = sub.trees
         bandwidth_s = size_bytes / (sum(t.weight for t in subset) * _GB)
-        if best is not None and index < len(trees) and bandwidth_s >= best.result.time_s:
+        if best is not None and index < num_subsets and bandwidth_s >= best.result.time_s:
             continue  # a subset of the plan's trees too narrow to win
         base = sub.chunks_for(size_bytes)
 
@@ -132,5 +176,46 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         tried += len(here)
         fastest = min(here.values(), key=lambda t: t.result.time_s)
         if best is None or fastest.result.time_s < best.result.time_s:
-            best = fastest
+            best, best_index = fastest, index
+    if key is not None:
+        disk_store(_cache_path(key), json.dumps({"format": _ENTRY_FORMAT, "key": key, "candidate": best_index,
+                                                 "chunks": list(best.chunks)}))
     return dataclasses.replace(best, candidates=tried)
+
+
+_ENTRY_FORMAT = "jax_blink.tune_cache"
+
+
+def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars) -> dict:
+    """Everything a cached tuning answers, as a JSON object."""
+    return {"cache_version": CACHE_VERSION, "subset_fractions": list(SUBSET_FRACTIONS),
+            "topology": plan.topology.fingerprint(), "collective": plan.collective, "root": plan.root,
+            "link_kinds": list(plan.link_kinds), "trees": [t.to_dict() for t in plan.trees],
+            "size_bytes": int(size_bytes), "dtype": dtype_name(dtype), "max_chunks": int(max_chunks),
+            "stars": bool(stars), "model": repr(model or SimModel())}
+
+
+def _cache_path(key: dict):
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return cache_dir() / f"tune-{digest}.json"
+
+
+def _cached_choice(key, candidates, max_chunks):
+    """``(candidate index, chunks)`` from the disk entry for ``key``, or None."""
+    path = _cache_path(key)
+    try:
+        text = read_text_file(path, error=SimError, what="tuning cache entry", missing_ok=True)
+        if text is None:
+            return None
+        entry = parse_json(text, error=SimError, what="tuning cache entry")
+        if not isinstance(entry, dict) or entry.get("format") != _ENTRY_FORMAT or entry.get("key") != key:
+            raise SimError("it was written for another plan, size or version")
+        index, chunks = entry["candidate"], tuple(entry["chunks"])
+        if (type(index) is not int or not 0 <= index < len(candidates)
+                or len(chunks) != len(candidates[index].trees)
+                or not all(type(k) is int and 1 <= k <= max_chunks for k in chunks)):
+            raise SimError(f"candidate {index!r:.20} with chunks {chunks!r:.60} does not fit the plan")
+        return index, chunks
+    except (SimError, KeyError, TypeError, ValueError) as e:
+        logger.warning("jax_blink tuning cache: ignoring %s and tuning afresh: %s", path, e)
+        return None

@@ -212,3 +212,33 @@ def test_tune_is_never_slower_than_the_plain_lowering():
     # at 4 KB latency dominates: the star packing (two hops) wins
     assert tune(p, 2**12).num_trees == topo.n
     assert tune(p, 2**12, stars=False).result.time_s >= tune(p, 2**12).result.time_s
+
+
+def test_tune_keeps_its_choice_on_disk_and_ignores_an_entry_that_does_not_fit(tmp_path, monkeypatch, caplog):
+    import json
+
+    from jax_blink.planning import plan
+    from jax_blink.sim import tune
+
+    monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path))
+    topo = Topology.preset("dgx1-v100").subset([0, 1, 2, 3, 5])
+    p = plan(topo, cache=False)
+    first = tune(p, 2**20, cache=True)
+    assert first.candidates > 1
+    [entry] = tmp_path.glob("tune-*.json")
+    again = tune(p, 2**20, cache=True)  # only the cached candidate is lowered and simulated
+    assert again.candidates == 1 and again.result.time_s == first.result.time_s
+    assert again.schedule.encode().tobytes() == first.schedule.encode().tobytes()
+    data = json.loads(entry.read_text())
+    for bad, why in (({**data, "candidate": 999}, "does not fit the plan"),
+                     ({**data, "chunks": [0] * len(data["chunks"])}, "does not fit the plan"),
+                     ({**data, "key": {**data["key"], "size_bytes": 1}}, "another plan, size or version")):
+        entry.write_text(json.dumps(bad))
+        caplog.clear()
+        redo = tune(p, 2**20, cache=True)
+        assert redo.candidates > 1 and why in caplog.text
+        assert redo.schedule.encode().tobytes() == first.schedule.encode().tobytes()
+    entry.write_text("{not json")
+    assert tune(p, 2**20, cache=True).candidates > 1 and "ignoring" in caplog.text
+    assert tune(p, 2**21, cache=True).candidates > 1  # another size: another entry
+    assert len(list(tmp_path.glob("tune-*.json"))) == 2
