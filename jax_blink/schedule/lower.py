@@ -163,10 +163,15 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
     up_edges = [tuple(getattr(t, "up_edges", ()) or ()) for t in trees]
     if collective != "allreduce" and any(up_edges):
         raise ScheduleError(f"only an allreduce reduces up a tree of its own (up_edges); this is a {collective}")
-    per_tree_up_routes = [tuple(map(tuple, t.up_paths)) if routes is not None and up else None
-                          for t, up in zip(trees, up_edges)]
-    for tree, paths, edges in list(zip(trees, per_tree_routes, [t.edges for t in trees])) + [
-            (t, p, e) for t, p, e in zip(trees, per_tree_up_routes, up_edges) if e]:
+    per_tree_up_routes = [None] * len(trees)
+    if routes is not None:
+        for i, (t, up) in enumerate(zip(trees, up_edges)):
+            if up and getattr(t, "up_paths", None) is None:
+                raise ScheduleError(f"tree rooted at {t.root} has up_edges but no up_paths for its routes")
+            per_tree_up_routes[i] = tuple(map(tuple, t.up_paths)) if up else None
+    checks = [(t, p, t.edges) for t, p in zip(trees, per_tree_routes)]
+    checks += [(t, p, e) for t, p, e in zip(trees, per_tree_up_routes, up_edges) if e]
+    for tree, paths, edges in checks:
         if paths is not None and [(p[0], p[-1]) for p in paths] != [tuple(e) for e in edges]:
             raise ScheduleError(f"tree rooted at {tree.root}: routes {[list(p) for p in paths]} do not "
                                 f"join the ends of its edges {[list(e) for e in edges]} in order")
