@@ -71,7 +71,7 @@ def main():
     measured = [r["jax_blink.psum"]["time_us"] for _, r in rows]
     wrong = sum(r["jax_blink.psum"]["wrong"] for _, r in rows)
     default = {"port_gbps": 10.0, "step_overhead_us": SimModel().step_overhead_us,
-               "reduce_gbps": SimModel().reduce_gbps, "shm_latency_us": 0.5}
+               "reduce_gbps": SimModel().reducer_gbps(Topology.preset(f"shm:{n}")), "shm_latency_us": 0.5}
     default_pred = predict(args.sizes, n, default)
     fit_idx, test_idx = list(range(0, len(args.sizes), 2)), list(range(1, len(args.sizes), 2))
     fit_sizes = [args.sizes[i] for i in fit_idx]

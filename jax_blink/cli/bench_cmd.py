@@ -62,7 +62,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--step-overhead-us", type=float, default=None,
                    help="simulator: fixed cost of every step (default: SimModel's)")
     p.add_argument("--reduce-gbps", type=float, default=None,
-                   help="simulator: reduction throughput per rank (default: SimModel's)")
+                   help="simulator: reduction throughput per rank (default: the topology's, "
+                        "a third of the GPU's memory bandwidth for the presets, else 300)")
     p.add_argument("--devices", action="store_true",
                    help="run jax_blink.psum and lax.psum on the present devices instead of simulating")
     p.add_argument("--cpu-devices", type=int, default=None,

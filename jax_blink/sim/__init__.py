@@ -16,9 +16,9 @@ Pure Python: never imports jax.
 
 from .comparison import compare, sweep_subsets
 from .hosts import compare_hosts
-from .model import SimError, SimModel
+from .model import DEFAULT_REDUCE_GBPS, SimError, SimModel
 from .simulator import SimResult, bus_factor, simulate
 from .tuning import Tuned, tune
 
 __all__ = ["simulate", "SimModel", "SimResult", "SimError", "bus_factor", "tune", "Tuned", "compare",
-           "sweep_subsets", "compare_hosts"]
+           "sweep_subsets", "compare_hosts", "DEFAULT_REDUCE_GBPS"]

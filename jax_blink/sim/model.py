@@ -11,7 +11,11 @@ import dataclasses
 
 from ..planning.cost import LATENCY_US, latency_s
 
-__all__ = ["SimModel", "SimError"]
+__all__ = ["SimModel", "SimError", "DEFAULT_REDUCE_GBPS"]
+
+#: The reducer of a topology that does not say how fast its devices reduce:
+#: a third of a V100's 900 GB/s of HBM.
+DEFAULT_REDUCE_GBPS = 300.0
 
 
 class SimError(ValueError):
@@ -30,10 +34,12 @@ class SimModel:
         the cost model's :data:`~jax_blink.planning.cost.LATENCY_US`.
     step_overhead_us : float
         Fixed cost of every step (kernel launch, flag polling, dispatch).
-    reduce_gbps : float
-        Reduction throughput of one rank in GB/s of chunk data (``inf``: free).
-        The default, 300 GB/s, is a third of a V100's HBM bandwidth (a
-        reduction reads two operands and writes one).
+    reduce_gbps : float or None
+        Reduction throughput of one rank in GB/s of chunk data (``inf``:
+        free). None (the default): the topology's
+        :attr:`~jax_blink.topo.Topology.reduce_gbps` (the presets set it per
+        GPU: a third of its memory bandwidth, since a reduction reads two
+        operands and writes one), else :data:`DEFAULT_REDUCE_GBPS`.
     channels : str
         ``"tree"``: one channel per (sender, receiver, tree); ``"link"``: one
         per (sender, receiver). See :mod:`jax_blink.sim.simulator`.
@@ -46,7 +52,7 @@ class SimModel:
 
     latency_us: dict = dataclasses.field(default_factory=dict)
     step_overhead_us: float = 1.0
-    reduce_gbps: float = 300.0
+    reduce_gbps: float | None = None
     channels: str = "tree"
 
     def __post_init__(self):
@@ -54,11 +60,17 @@ class SimModel:
             raise SimError(f"SimModel.channels must be 'tree' or 'link', got {self.channels!r}")
         if not self.step_overhead_us >= 0:
             raise SimError(f"SimModel.step_overhead_us must be >= 0, got {self.step_overhead_us}")
-        if not self.reduce_gbps > 0:
+        if self.reduce_gbps is not None and not self.reduce_gbps > 0:
             raise SimError(f"SimModel.reduce_gbps must be > 0, got {self.reduce_gbps}")
         for kind, value in self.latency_us.items():
             if not value >= 0:
                 raise SimError(f"SimModel.latency_us[{kind!r}] must be >= 0, got {value}")
+
+    def reducer_gbps(self, topology) -> float:
+        """The reduction throughput used on ``topology`` (see :attr:`reduce_gbps`)."""
+        if self.reduce_gbps is not None:
+            return self.reduce_gbps
+        return topology.reduce_gbps if topology.reduce_gbps is not None else DEFAULT_REDUCE_GBPS
 
     def latency_s(self, kind: str) -> float:
         """Latency of one arc of link kind ``kind``, in seconds."""

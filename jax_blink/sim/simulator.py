@@ -207,13 +207,13 @@ def simulate(schedule: Schedule, topology, size_bytes: int | None = None,
     if not size_bytes > 0:
         raise SimError(f"size_bytes must be > 0, got {size_bytes}")
     graph = topology.link_graph(topology.kinds())
-    return _Simulation(schedule, graph, int(size_bytes), model).run()
+    return _Simulation(schedule, graph, int(size_bytes), model, model.reducer_gbps(topology)).run()
 
 
 class _Simulation:
     """One run of the event loop. Steps are numbered globally (rank-major)."""
 
-    def __init__(self, schedule, graph, size_bytes, model):
+    def __init__(self, schedule, graph, size_bytes, model, reduce_gbps):
         self.schedule, self.graph, self.model = schedule, graph, model
         self.size_bytes = size_bytes
         scale = size_bytes / (schedule.count * schedule.itemsize)
@@ -224,7 +224,7 @@ class _Simulation:
         # capacity (bytes/s) of every arc, then one reducer "arc" per rank
         self.capacity = [float(bw) * _GB for bw in graph.capacity_gbps]
         self.reducer = len(self.capacity)
-        self.capacity += [model.reduce_gbps * _GB] * nranks
+        self.capacity += [reduce_gbps * _GB] * nranks
         # each tree's share of the data: flows share an arc in proportion to it
         tree_elems = [0] * max(schedule.ntrees, 1)
         seen = set()

@@ -192,7 +192,7 @@ def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars) -> dict:
             "topology": plan.topology.fingerprint(), "collective": plan.collective, "root": plan.root,
             "link_kinds": list(plan.link_kinds), "trees": [t.to_dict() for t in plan.trees],
             "size_bytes": int(size_bytes), "dtype": dtype_name(dtype), "max_chunks": int(max_chunks),
-            "stars": bool(stars), "model": repr(model or SimModel())}
+            "stars": bool(stars), "model": repr(model or SimModel()), "reduce_gbps": plan.topology.reduce_gbps}
 
 
 def _cache_path(key: dict):

@@ -108,7 +108,7 @@ def multi_host_spec(host, hosts: int, nic_gbps: float, nics: int = 1, name: str 
             links.append((nic, network, float(nic_gbps), NET))
             links += [(h * k + g, nic, float(nic_gbps), NET) for g in range(k) if g * nics // k == i]
     switches.append("network")
-    return n, links, switches, name or f"{hosts}x{host.name}"
+    return n, links, switches, name or f"{hosts}x{host.name}", host.reduce_gbps
 
 
 def _host_of_nodes(topology) -> dict:

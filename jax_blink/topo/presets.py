@@ -38,6 +38,10 @@ DGX1V_DOUBLE_PAIRS = ((0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6
 
 PCIE_GEN3_X16_GBPS = 16.0
 QPI_GBPS = 38.4
+#: How fast one GPU reduces, in GB/s of incoming data: a third of its memory
+#: bandwidth (a reduction reads two operands and writes one). P100 732 GB/s,
+#: V100 900, A100 40 GB 1555, H100 SXM 3350 (the vendors' data sheets).
+REDUCE_GBPS = {"P100": 732 / 3, "V100": 900 / 3, "A100": 1555 / 3, "H100": 3350 / 3}
 SHM_PORT_GBPS = 10.0
 
 
@@ -53,12 +57,15 @@ class PresetSpec(NamedTuple):
     switches : list of str
         Names of the switch nodes ``n, n+1, ...``.
     name : str
+    reduce_gbps : float or None
+        How fast one GPU reduces (:data:`REDUCE_GBPS`), None where the preset names no GPU.
     """
 
     n: int
     links: list
     switches: list
     name: str
+    reduce_gbps: float | None = None
 
 
 def _pcie_tree_8gpu():
@@ -77,41 +84,41 @@ def _pcie_tree_8gpu():
     return switches, links
 
 
-def _dgx1(name, gbps_per_link, double_pairs):
+def _dgx1(name, gbps_per_link, double_pairs, gpu):
     switches, links = _pcie_tree_8gpu()
     for u, v in DGX1_PAIRS:
         count = 2 if (u, v) in double_pairs else 1
         links.append((u, v, count * gbps_per_link, "nvlink"))
-    return PresetSpec(8, links, switches, name)
+    return PresetSpec(8, links, switches, name, REDUCE_GBPS[gpu])
 
 
 def dgx1_p100() -> PresetSpec:
     """DGX-1 with P100s: NVLink1 (20 GB/s per link) cube-mesh plus PCIe."""
-    return _dgx1("dgx1-p100", 20.0, ())
+    return _dgx1("dgx1-p100", 20.0, (), "P100")
 
 
 def dgx1_v100() -> PresetSpec:
     """DGX-1 with V100s: NVLink2 (25 GB/s per link, 8 doubled pairs) cube-mesh plus PCIe."""
-    return _dgx1("dgx1-v100", 25.0, DGX1V_DOUBLE_PAIRS)
+    return _dgx1("dgx1-v100", 25.0, DGX1V_DOUBLE_PAIRS, "V100")
 
 
-def _nvswitch(name, n, port_gbps):
-    return PresetSpec(n, [(g, n, port_gbps, "nvlink") for g in range(n)], ["nvswitch"], name)
+def _nvswitch(name, n, port_gbps, gpu):
+    return PresetSpec(n, [(g, n, port_gbps, "nvlink") for g in range(n)], ["nvswitch"], name, REDUCE_GBPS[gpu])
 
 
 def dgx2() -> PresetSpec:
     """DGX-2: 16 V100s on an NVSwitch fabric, 150 GB/s per GPU port."""
-    return _nvswitch("dgx2", 16, 150.0)
+    return _nvswitch("dgx2", 16, 150.0, "V100")
 
 
 def dgx_a100() -> PresetSpec:
     """DGX A100: 8 A100s on NVSwitch, 300 GB/s per GPU port."""
-    return _nvswitch("dgx-a100", 8, 300.0)
+    return _nvswitch("dgx-a100", 8, 300.0, "A100")
 
 
 def hgx_h100() -> PresetSpec:
     """HGX H100: 8 H100s on NVSwitch, 450 GB/s per GPU port."""
-    return _nvswitch("hgx-h100", 8, 450.0)
+    return _nvswitch("hgx-h100", 8, 450.0, "H100")
 
 
 def pcie() -> PresetSpec:
@@ -157,7 +164,7 @@ def preset_spec(name: str) -> PresetSpec:
     Examples
     --------
     >>> preset_spec("SHM:2")
-    PresetSpec(n=2, links=[(0, 2, 10.0, 'shm'), (1, 2, 10.0, 'shm')], switches=['host memory'], name='shm:2')
+    PresetSpec(n=2, links=[(0, 2, 10.0, 'shm'), (1, 2, 10.0, 'shm')], switches=['host memory'], name='shm:2', reduce_gbps=None)
 
     Raises
     ------

@@ -142,6 +142,12 @@ class Topology:
         Canonical links: ``u < v``, one per (pair, kind) with parallel links
         summed per direction, sorted; ``reverse_gbps`` is set only where the
         two directions differ.
+    reduce_gbps : float or None
+        How fast one rank reduces, in GB/s of incoming data (a reduction
+        reads two operands and writes one: about a third of the device's
+        memory bandwidth), for the simulator; None where unknown (the
+        simulator's default). The presets set it per GPU. Not part of
+        :meth:`fingerprint`: planning does not use it.
 
     Examples
     --------
@@ -154,7 +160,8 @@ class Topology:
     (Link(u=0, v=1, bandwidth_gbps=16.0, kind='pcie', reverse_gbps=12.0),)
     """
 
-    def __init__(self, n: int, links: Iterable, switches: Sequence[str] = (), name: str = ""):
+    def __init__(self, n: int, links: Iterable, switches: Sequence[str] = (), name: str = "",
+                 reduce_gbps: float | None = None):
         if not _is_integer(n) or not 1 <= n <= MAX_NODES:
             raise TopologyError(f"the number of ranks must be a positive integer of at most {MAX_NODES}, "
                                 f"got {n!r:.40}")
@@ -171,6 +178,13 @@ class Topology:
         if name is not None and not isinstance(name, str):
             raise TopologyError(f"the topology name must be a string, got {name!r:.40}")
         self.name = name or f"custom-{self.n}"
+        if reduce_gbps is not None:
+            if isinstance(reduce_gbps, bool) or not isinstance(reduce_gbps, numbers.Real) \
+                    or not MIN_BANDWIDTH_GBPS <= reduce_gbps <= MAX_BANDWIDTH_GBPS:
+                raise TopologyError(f"reduce_gbps {reduce_gbps!r:.40} is not a number of GB/s between "
+                                    f"{MIN_BANDWIDTH_GBPS:g} and {MAX_BANDWIDTH_GBPS:g} (or None: unknown)")
+            reduce_gbps = float(reduce_gbps)
+        self.reduce_gbps = reduce_gbps
         if isinstance(links, (str, bytes, dict)) or not isinstance(links, collections.abc.Iterable):
             raise TopologyError(f"links must be an iterable of links (Link or (u, v, gbps[, kind])), "
                                 f"got {links!r:.80}")
@@ -204,7 +218,8 @@ class Topology:
 
     # ------------------------------------------------------------ constructors
     @classmethod
-    def from_links(cls, n: int, links: Iterable, switches: Sequence[str] = (), name: str = "") -> "Topology":
+    def from_links(cls, n: int, links: Iterable, switches: Sequence[str] = (), name: str = "",
+                   reduce_gbps: float | None = None) -> "Topology":
         """Build a topology from links.
 
         Parameters
@@ -222,13 +237,15 @@ class Topology:
             per-port bandwidth is the bandwidth of the link to it.
         name : str
             Display name.
+        reduce_gbps : float, optional
+            How fast one rank reduces (see :class:`Topology`).
 
         Raises
         ------
         TopologyError
             Naming the first value that is not allowed (see :class:`Topology`).
         """
-        return cls(n, links, switches, name)
+        return cls(n, links, switches, name, reduce_gbps)
 
     @classmethod
     def preset(cls, name: str) -> "Topology":
@@ -294,7 +311,8 @@ class Topology:
             raise TopologyError(f"malformed topology JSON: 'links' must be a list of [u, v, gbps, kind] "
                                 f"(or [u, v, gbps, kind, reverse_gbps] where the directions differ), "
                                 f"got {data['links']!r:.60}")
-        return cls(data["nranks"], data["links"], data.get("switches", []), data.get("name", ""))
+        return cls(data["nranks"], data["links"], data.get("switches", []), data.get("name", ""),
+                   data.get("reduce_gbps"))
 
     @classmethod
     def from_nvidia_smi(cls, text: str, *, nvlink_gbps: float = 25.0, pcie_gbps=16.0,
@@ -318,20 +336,25 @@ class Topology:
 
     # --------------------------------------------------------------- exports
     def to_dict(self) -> dict:
-        """The JSON object of :meth:`to_json`."""
-        return {"format": "jax_blink.topology", "version": FORMAT_VERSION, "name": self.name,
+        """The JSON object of :meth:`to_json` (``"reduce_gbps"`` only where it is known)."""
+        data = {"format": "jax_blink.topology", "version": FORMAT_VERSION, "name": self.name,
                 "nranks": self.n, "switches": list(self.switches),
                 "links": [[l.u, l.v, l.bandwidth_gbps, l.kind] + ([] if l.reverse_gbps is None else [l.reverse_gbps])
                           for l in self.links]}
+        if self.reduce_gbps is not None:
+            data["reduce_gbps"] = self.reduce_gbps
+        return data
 
     def to_json(self, indent=None) -> str:
         """JSON text that :meth:`from_json` reads back."""
         return json.dumps(self.to_dict(), indent=indent)
 
     def fingerprint(self) -> str:
-        """Stable hex digest of the canonical JSON (ranks, switches, links; not the name)."""
+        """Stable hex digest of the canonical JSON (ranks, switches, links; not the name nor
+        :attr:`reduce_gbps`, which planning does not use)."""
         data = self.to_dict()
         del data["name"]
+        data.pop("reduce_gbps", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     # ------------------------------------------------------------ operations
@@ -383,7 +406,7 @@ class Topology:
         return Topology(len(ranks), [(new_id[l.u], new_id[l.v], l.bandwidth_gbps, l.kind, l.reverse_gbps)
                                      for l in links],
                         [self.switches[s - self.n] for s in sorted(keep_switch)],
-                        name or f"{self.name}[{','.join(map(str, ranks))}]")
+                        name or f"{self.name}[{','.join(map(str, ranks))}]", self.reduce_gbps)
 
     def host_ranks(self) -> tuple:
         """The ranks of each host: the groups joined by links other than ``"net"``.

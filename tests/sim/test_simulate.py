@@ -242,3 +242,31 @@ def test_tune_keeps_its_choice_on_disk_and_ignores_an_entry_that_does_not_fit(tm
     assert tune(p, 2**20, cache=True).candidates > 1 and "ignoring" in caplog.text
     assert tune(p, 2**21, cache=True).candidates > 1  # another size: another entry
     assert len(list(tmp_path.glob("tune-*.json"))) == 2
+
+
+def test_the_reducer_is_the_topology_s_unless_the_model_gives_one():
+    from jax_blink.sim import DEFAULT_REDUCE_GBPS
+    from jax_blink.topo import TopologyError
+
+    v100, h100 = Topology.preset("dgx1-v100"), Topology.preset("hgx-h100")
+    assert v100.reduce_gbps == pytest.approx(300.0) and h100.reduce_gbps == pytest.approx(3350 / 3)
+    assert v100.subset([0, 1]).reduce_gbps == v100.reduce_gbps
+    assert Topology.multi_host("hgx-h100", 2, nic_gbps=50.0).reduce_gbps == h100.reduce_gbps
+    assert Topology.preset("pcie").reduce_gbps is None
+    assert SimModel().reducer_gbps(Topology.preset("pcie")) == DEFAULT_REDUCE_GBPS
+    assert SimModel(reduce_gbps=7.0).reducer_gbps(h100) == 7.0
+    # JSON keeps it; the fingerprint (what plans are cached by) does not change with it
+    back = Topology.from_json(h100.to_json())
+    assert back.reduce_gbps == h100.reduce_gbps and back == h100
+    plain = Topology.from_links(8, [(g, 8, 450.0) for g in range(8)], ["nvswitch"])
+    assert plain.fingerprint() == h100.fingerprint() and plain != h100
+    with pytest.raises(TopologyError, match="reduce_gbps -1 is not a number of GB/s"):
+        Topology.from_links(2, [(0, 1, 10.0)], reduce_gbps=-1)
+    # two ranks reducing into each other over a 100 GB/s link: the reducer bounds the time
+    t = Topology.from_links(2, [(0, 1, 100.0)], reduce_gbps=10.0)
+    s = lower_trees([Tree(root=0, edges=[(0, 1)], weight=1.0)], nranks=2, collective="reduce", root=0,
+                    count=2**20, dtype="float32")
+    quiet = dict(step_overhead_us=0.0, latency_us={"nvlink": 0.0})
+    slow = simulate(s, t, model=SimModel(**quiet)).time_s
+    fast = simulate(s, t, model=SimModel(reduce_gbps=math.inf, **quiet)).time_s
+    assert slow == pytest.approx(4 * 2**20 / 10e9, rel=1e-6) and fast == pytest.approx(4 * 2**20 / 100e9, rel=1e-6)
