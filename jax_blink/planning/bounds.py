@@ -24,8 +24,7 @@ The bounds are computed without the planner's LP, so they certify its rate:
   a root outside ``S`` and by each broadcast tree out of a root inside it, so
   the rate is at most ``min_S c(δ⁺S)``, the smallest max flow between two
   ranks (:func:`split_cut_bound`). The strength above bounds only trees
-  that load both directions of a link alike, so on such links it is no
-  bound at all;
+  that load both directions of a link alike, so it is not used there;
 * any collective, any topology (switches included): weak LP duality turns
   any non-negative arc prices into a bound (:func:`dual_bound`), which is
   how a plan certifies itself where no closed form is tight.
