@@ -116,3 +116,20 @@ def test_a_split_allreduce_lies_between_its_busiest_arc_and_its_pipeline_fill():
     time_s = simulate(s, t, model=FAST_REDUCER).time_s
     assert busiest_arc_s(s, t) == pytest.approx(SIZE / (p.rate_gbps * 1e9), rel=1e-5)
     assert busiest_arc_s(s, t) * 0.98 <= time_s <= slowest_tree_s(p, chunks, SIZE) * 1.02
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_double_binary_tree_lies_between_its_busiest_arc_and_its_pipeline_fill(preset):
+    """NCCL's two complementary binary trees, each reduced up and broadcast down in ``k``
+    chunks: at least the busiest arc, at most its pipeline form ``(2 D + k - 1) / k`` times it
+    (the trees share arcs only where one's leaf edge meets the other's inner edge)."""
+    from jax_blink.planning.tree import tree_depth
+    from jax_blink.sim.baselines import _dtree_edges, double_binary_tree
+
+    t = Topology.preset(preset)
+    s = double_binary_tree(t, SIZE, model=FAST_REDUCER)
+    depth = max(tree_depth(root, edges) for root, edges in _dtree_edges(t.n))
+    k = len(s.chunks) // s.ntrees
+    arc = busiest_arc_s(s, t)
+    time_s = simulate(s, t, model=FAST_REDUCER).time_s
+    assert arc * 0.98 <= time_s <= (2 * depth + k - 1) / k * arc * 1.02
