@@ -212,12 +212,20 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
         return p, schedule, EncodedSchedule(schedule.encode())
     p = plan(topology, request.collective, root=root)
     if request.algo == "blink-tuned":
-        # cache: tuning a full DGX-1 plan takes about a minute; later processes reuse the choice
-        schedule = dataclasses.replace(tune(p, size, dtype, cache=True).schedule, op=request.op).validate()
+        schedule = dataclasses.replace(_tuned(topology, request.collective, root, count, dtype).schedule,
+                                       op=request.op).validate()
     else:
         schedule = p.lower(size, dtype, chunks=request.chunks, launch_s=request.launch_s,
                            op=request.op)
     return p, schedule, EncodedSchedule(schedule.encode())
+
+
+@functools.lru_cache(maxsize=64)
+def _tuned(topology, collective, root, count, dtype):
+    """The plan's lowering tuned by simulation, with its simulated time (``sim.Tuned``): the
+    choice is kept on disk, since tuning a full DGX-1 plan takes about a minute; the op does
+    not change it, nor the time."""
+    return tune(plan(topology, collective, root=root), count * DTYPES[dtype][1], dtype, cache=True)
 
 
 def _from_file(request, count, dtype):
@@ -373,6 +381,9 @@ def _predicted_cached(request, count, dtype, gpu, candidates):
         return tuple(out.items())
     out = {}
     for name in dict.fromkeys(candidates + ("ring", "tree")):
+        if name == "blink-tuned":  # tuning simulated it already
+            out[name] = _tuned(request.topology, request.collective, None, count, dtype).result.time_s
+            continue
         try:
             schedule = schedule_for(dataclasses.replace(request, algo=name), count, dtype)[1]
         except TopologyError:  # a baseline needs routes between ranks the topology does not join
