@@ -26,7 +26,7 @@ import jax
 from jax_blink import _ffi, settings
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
 from jax_blink.planning.cost import cpu_allreduce_seconds
-from jax_blink.schedule import DTYPES, Schedule, lower_trees
+from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
 from jax_blink.sim import simulate, tune
 from jax_blink.sim.baselines import chain as _chain, double_binary_tree, ring_allreduce
 from jax_blink.topo import Topology, TopologyError, load_topology
@@ -334,8 +334,9 @@ def _choose(request, count, dtype, platform, what, fallback):
     else (``auto``) the fastest predicted one. On GPUs the simulator predicts
     the tuned plan and the baselines our executor runs (ring, tree, chain),
     and the lax collective is NCCL's choice (the faster of ring and tree); a
-    baseline that the topology's links cannot carry (two ranks with no link
-    or switch path between them) is listed as n/a and not chosen. On CPU
+    baseline that the topology's links or the size cannot carry (two ranks
+    with no link or switch path between them) is listed as n/a and not
+    chosen. On CPU
     devices the CPU model (``planning.cost.cpu_allreduce_seconds``)
     predicts the plan and lax."""
     forced = settings.algo()
@@ -349,27 +350,31 @@ def _choose(request, count, dtype, platform, what, fallback):
     if forced == "lax":
         return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
     gpu = platform in ("cuda", "gpu")
-    candidates = ("blink-tuned", "ring", "tree", "chain") if gpu else ("blink",)
-    if forced != "auto":
-        candidates = ("blink-tuned" if gpu and forced == "blink" else forced,)
-    predicted = _predicted(request, count, dtype, gpu, candidates)
-    runnable = {k: v for k, v in predicted.items() if v is not None}
     if forced == "auto":
+        candidates = ("blink-tuned", "ring", "tree", "chain") if gpu else ("blink",)
+        predicted = _predicted(request, count, dtype, gpu, candidates)
+        runnable = {k: v for k, v in predicted.items() if v is not None}
         choice = min(runnable, key=runnable.get)  # ties: ours first (dict order), lax last
-    else:
-        choice = candidates[0]
-    times = ", ".join(f"{k} {v * 1e6:.4g} us" if v is not None else f"{k} n/a (no route between some ranks)"
-                      for k, v in predicted.items())
-    basis = "simulated" if gpu else "CPU model"
-    if choice == "lax":
-        return Decision(f"{what}: {fallback} (predicted fastest; {basis}: {times})")
+        times = ", ".join(f"{k} {v * 1e6:.4g} us" if v is not None else f"{k} n/a (this topology or "
+                          "size cannot carry it)" for k, v in predicted.items())
+        why = f"predicted fastest; {'simulated' if gpu else 'CPU model'}: {times}"
+        if choice == "lax":
+            return Decision(f"{what}: {fallback} ({why})")
+    else:  # forced: nothing to predict
+        choice = "blink-tuned" if gpu and forced == "blink" else forced
+        why = f"JAX_BLINK_ALGO={forced}"
     request = dataclasses.replace(request, algo=choice)
-    p, schedule, encoded = schedule_for(request, count, dtype)
+    try:
+        p, schedule, encoded = schedule_for(request, count, dtype)
+    except (TopologyError, ScheduleError) as e:
+        if forced == "auto":
+            raise
+        raise ValueError(f"JAX_BLINK_ALGO={forced}: {_NAMES[choice]} cannot run {what} on "
+                         f"{request.topology.name}: {e}. Use JAX_BLINK_ALGO=auto") from None
     text = (_describe(p, schedule, "the fastest subset by simulation") if p is not None else
             f"{_NAMES[choice]} on {request.topology.name}, {len(schedule.chunks)} chunk(s), "
             f"{schedule.num_steps} steps")
-    why = f"JAX_BLINK_ALGO={forced}" if forced != "auto" else "predicted fastest"
-    return Decision(f"{what}: {text} ({why}; {basis}: {times})", request, encoded)
+    return Decision(f"{what}: {text} ({why})", request, encoded)
 
 
 @functools.lru_cache(maxsize=64)
@@ -386,8 +391,8 @@ def _predicted_cached(request, count, dtype, gpu, candidates):
             continue
         try:
             schedule = schedule_for(dataclasses.replace(request, algo=name), count, dtype)[1]
-        except TopologyError:  # a baseline needs routes between ranks the topology does not join
-            out[name] = None
+        except (TopologyError, ScheduleError):  # a baseline this topology or size cannot carry
+            out[name] = None  # is left out of the comparison
             continue
         out[name] = simulate(schedule, request.topology).time_s
     nccl = [out[k] for k in ("ring", "tree") if out[k] is not None]
@@ -397,5 +402,7 @@ def _predicted_cached(request, count, dtype, gpu, candidates):
 
 def _predicted(request, count, dtype, gpu, candidates):
     """Predicted seconds per candidate (and ``lax``), by the model of the platform;
-    None for a schedule the topology cannot carry."""
+    None for a schedule the topology or size cannot carry. The reduction (sum, max,
+    min) does not change a prediction, so they share one."""
+    request = dataclasses.replace(request, op="sum")
     return dict(_predicted_cached(request, count, dtype, gpu, tuple(candidates)))

@@ -11,12 +11,11 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from .errors import PlanError
 from .packing import pair_split
+from .solver import solve
 from .tree import Tree
 
 __all__ = ["fewest_trees", "lp_support", "exact_weights", "MILP_TIME_LIMIT_S"]
@@ -65,21 +64,16 @@ def fewest_trees(packer, target: float, max_trees: int | None) -> list:
     else:
         rate = gain @ x
     goal = 1.0
-    opts = dict(solver=cp.HIGHS, time_limit=MILP_TIME_LIMIT_S)
     if max_trees is not None:
         best = cp.Problem(cp.Maximize(rate), base)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Solution may be inaccurate")
-            best.solve(**opts)
+        solve(best, time_limit_s=MILP_TIME_LIMIT_S, inaccurate_ok=True)
         if best.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or best.value is None:
             return lp_support(packer, max_trees)
         goal = min(goal, float(best.value) * (1 - 1e-9))
     depth = np.array([c.depth for c in cols], dtype=float)
     epsilon = 1.0 / (m * (depth.max() + 1) + 1)  # depth only breaks ties of the count
     problem = cp.Problem(cp.Minimize(cp.sum(z) + epsilon * depth @ z), base + [rate >= goal])
-    with warnings.catch_warnings():  # a time-limited MILP keeps its best incumbent
-        warnings.filterwarnings("ignore", message="Solution may be inaccurate")
-        problem.solve(**opts)
+    solve(problem, time_limit_s=MILP_TIME_LIMIT_S, inaccurate_ok=True)  # keeps its best incumbent
     chosen = [] if z.value is None else [j for j in range(m) if z.value[j] > 0.5]
     return chosen or lp_support(packer, max_trees)
 

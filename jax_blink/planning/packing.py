@@ -37,6 +37,7 @@ from ..topo import LinkGraph
 from . import bounds
 from .collectives import DIRECTIONS
 from .errors import PlanError
+from .solver import solve
 from .tree import Tree, tree_depth
 
 __all__ = ["Packer", "Column", "orient", "pair_split", "PRICE_TOL"]
@@ -234,7 +235,7 @@ class Packer:
             problem = cp.Problem(cp.Maximize(self.rate_vector(columns) @ w), [capacity, per_root])
         else:
             problem = cp.Problem(cp.Maximize(cp.sum(w)), [capacity])
-        problem.solve(solver=cp.HIGHS)
+        solve(problem)
         if problem.status != cp.OPTIMAL:
             raise PlanError(f"internal error: the tree-packing LP ended {problem.status}")
         root_price = np.asarray(per_root.dual_value) if self.family in ("rsag", "split") else None

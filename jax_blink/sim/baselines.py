@@ -143,8 +143,6 @@ def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, lo
     for order in orders:
         if sorted(order) != list(range(n)):
             raise ScheduleError(f"ring {order} is not an order of the ranks 0..{n - 1}")
-    if count < n:
-        raise ScheduleError(f"a ring allreduce over {n} ranks needs at least {n} elements, got {count}")
     itemsize = DTYPES[dtype][1]
     chunk_table, rank_steps = [], [[] for _ in range(n)]  # rank_steps: (sort key, op, chunk, peer, tree)
     used = [(o, c, w) for o, c, w in zip(orders, _split(count, weights, n), weights) if c]
@@ -162,7 +160,12 @@ def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, lo
                 chunk_table.append((start, piece))
                 start += piece
             _ring_loop(rank_steps, order, base, tree, loop)
-    steps = tuple(_with_deps([s[1:] for s in sorted(r, key=lambda s: s[0])]) for r in rank_steps)
+    # below n elements per loop some of a loop's n pieces are empty: their steps move nothing, so
+    # they are dropped (every other piece still goes round the whole ring) and the chunks renumbered
+    kept = {c: i for i, c in enumerate(c for c, (_, size) in enumerate(chunk_table) if size)}
+    chunk_table = [piece for piece in chunk_table if piece[1]]
+    steps = tuple(_with_deps([(op, kept[c], peer, tree) for _, op, c, peer, tree in sorted(r, key=lambda s: s[0])
+                              if c in kept]) for r in rank_steps)
     return Schedule(n, count, "allreduce", -1, dtype, len(used), tuple(chunk_table), steps)
 
 
