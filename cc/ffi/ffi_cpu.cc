@@ -2,14 +2,17 @@
 //
 // The schedule is decoded and validated once, at the instantiate stage, into
 // FFI state; every execution then only checks its buffers and runs.
+#include <cfenv>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "core/schedule.h"
 #include "cpu/executor_cpu.h"
 #include "ffi/ffi_common.h"
 #include "ffi/handlers.h"
+#include "sync/worker_pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -59,20 +62,29 @@ ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
   return state;
 }
 
-ffi::Error Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
-                   ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group,
-                   ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                   ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
-                   int64_t /*reduce_op*/, int64_t timeout_ms) {
+// Asynchronous: the rank's work (meeting its peers, running its steps) goes
+// to the worker pool (sync/worker_pool.h) and the handler returns a future
+// at once, so XLA's thread never waits for a peer and XLA can run
+// independent work, other collectives included, meanwhile. XLA keeps the
+// buffers alive until the future completes; the worker thread runs with
+// the caller's floating-point environment (XLA flushes denormals).
+ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
+                    ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group,
+                    ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                    ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
+                    int64_t /*reduce_op*/, int64_t timeout_ms) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
   if (state == nullptr || state->workspaces == nullptr) {
-    return ffi::Error::Internal("jax_blink: missing schedule state");
+    promise.SetError(ffi::Error::Internal("jax_blink: missing schedule state"));
+    return future;
   }
   const bool aliased = x.untyped_data() == out->untyped_data();
-  WorkspaceLease ws(state->workspaces.get(),
-                    CpuWorkspaceBytes(state->schedule, aliased) > 0);
+  auto ws = std::make_shared<WorkspaceLease>(
+      state->workspaces.get(), CpuWorkspaceBytes(state->schedule, aliased) > 0);
   ExecArgs a;
-  a.workspace = ws.get();
-  a.workspace_bytes = ws.get() == nullptr ? 0 : state->workspaces->bytes();
+  a.workspace = ws->get();
+  a.workspace_bytes = ws->get() == nullptr ? 0 : state->workspaces->bytes();
   a.schedule = &state->schedule;
   a.rank = rank.typed_data()[0];
   a.group = group.typed_data()[0];
@@ -85,7 +97,22 @@ ffi::Error Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
   a.dtype = DTypeCode(x.element_type());
   a.local_error = BufferTypeError(x.element_type(), out->element_type());
   a.timeout_ms = timeout_ms;
-  return ToFfiError(ExecuteCpu(a).status);
+  std::fenv_t env;
+  const bool have_env = std::fegetenv(&env) == 0;
+  std::string err = WorkerPool::Global().Run([a, ws, promise, env, have_env]() mutable {
+    if (have_env) std::fesetenv(&env);
+    ffi::Error result = ToFfiError(ExecuteCpu(a).status);
+    ws.reset();  // the workspace is free for the next call before XLA goes on
+    if (result.success()) {
+      promise.SetAvailable();  // XLA may go on with this device's program here
+    } else {
+      promise.SetError(std::move(result));
+    }
+  });
+  if (!err.empty()) {
+    promise.SetError(ffi::Error::Internal("jax_blink (op_id=" + std::to_string(op_id) + "): " + err));
+  }
+  return future;
 }
 
 }  // namespace
