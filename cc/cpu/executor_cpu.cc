@@ -1031,17 +1031,29 @@ void WorkspacePool::Release(void* p) {
   free_.push_back(p);
 }
 
+namespace {
+Status CheckRank(const ExecArgs& a) {
+  if (a.rank >= 0 && a.rank < a.schedule->nranks) return Status();
+  return Status::InvalidArgument(
+      "jax_blink: op_id=" + std::to_string(a.op_id) + " group=" + std::to_string(a.group) +
+      ": rank " + std::to_string(a.rank) + " is not in [0, " +
+      std::to_string(a.schedule->nranks) + ")");
+}
+}  // namespace
+
+Status ReserveGeneration(ExecArgs* a) {
+  Status st = CheckRank(*a);
+  if (!st.ok()) return st;
+  return Rendezvous::Global().Reserve(RendezvousKey{a->run_id, a->op_id, a->group}, a->rank,
+                                      a->schedule->nranks, &a->generation);
+}
+
 ExecResult ExecuteCpu(const ExecArgs& a) {
   ExecResult res;
   const auto t0 = Clock::now();
   const Schedule& s = *a.schedule;
-  if (a.rank < 0 || a.rank >= s.nranks) {
-    res.status = Status::InvalidArgument(
-        "jax_blink: op_id=" + std::to_string(a.op_id) + " group=" +
-        std::to_string(a.group) + ": rank " + std::to_string(a.rank) +
-        " is not in [0, " + std::to_string(s.nranks) + ")");
-    return res;
-  }
+  res.status = CheckRank(a);
+  if (!res.status.ok()) return res;
   const int64_t timeout_ms = std::max<int64_t>(a.timeout_ms, 1);
   const auto deadline = t0 + std::chrono::milliseconds(timeout_ms);
 
@@ -1085,7 +1097,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   RendezvousKey key{a.run_id, a.op_id, a.group};
   const ExecTunables& tun = GetExecTunables();
   res.status = rv.Join(key, a.rank, s.nranks, std::move(info), deadline,
-                       timeout_ms, &ticket, tun.spin, tun.yield_ns);
+                       timeout_ms, &ticket, tun.spin, tun.yield_ns, a.generation);
   // Time spent waiting for the other ranks to arrive (debug log).
   const int64_t wait_us =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)

@@ -43,6 +43,9 @@ struct ExecArgs {
   // does not fit the schedule). The rank still joins so that its peers fail
   // fast with the same error instead of timing out.
   Status local_error;
+  // The call's rendezvous generation when ReserveGeneration() took it on the
+  // calling thread; -1: taken when the rank joins.
+  int64_t generation = -1;
 };
 
 struct ExecResult {
@@ -52,6 +55,13 @@ struct ExecResult {
 
 // Runs rank args.rank of args.schedule; blocks until done or failed.
 ExecResult ExecuteCpu(const ExecArgs& args);
+
+// Takes the call's rendezvous generation (args->generation) on the calling
+// thread, for an ExecuteCpu() on another thread: a rank's calls of one call
+// site then pair with its peers' in the order the rank made them, whatever
+// order the threads join in. Errors as ExecuteCpu's (a rank outside the
+// schedule, ranks that disagree on their number).
+Status ReserveGeneration(ExecArgs* args);
 
 // Bytes of workspace a call of `s` needs for its accumulator when it is not
 // the output buffer: count elements of the accumulator type for f16/bf16

@@ -97,6 +97,13 @@ ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
   a.dtype = DTypeCode(x.element_type());
   a.local_error = BufferTypeError(x.element_type(), out->element_type());
   a.timeout_ms = timeout_ms;
+  // The order of this rank's calls of one call site is the order XLA makes
+  // them on this thread, not the order the workers start in.
+  Status reserved = ReserveGeneration(&a);
+  if (!reserved.ok()) {
+    promise.SetError(ToFfiError(reserved));
+    return future;
+  }
   std::fenv_t env;
   const bool have_env = std::fegetenv(&env) == 0;
   std::string err = WorkerPool::Global().Run([a, ws, promise, env, have_env]() mutable {

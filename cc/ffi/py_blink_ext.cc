@@ -13,6 +13,7 @@
 #include "ffi/handlers.h"
 #include "ffi/py_common.h"
 #include "sync/rendezvous.h"
+#include "sync/worker_pool.h"
 
 namespace py = pybind11;
 
@@ -75,6 +76,15 @@ py::dict Configuration() {
   return d;
 }
 
+py::dict WorkerThreads() {
+  const WorkerPoolStats w = WorkerPool::Global().Stats();
+  py::dict d;
+  d["threads"] = w.threads;
+  d["idle"] = w.idle;
+  d["started"] = w.started;
+  return d;
+}
+
 RendezvousStats GlobalRendezvousStats() { return Rendezvous::Global().Stats(); }
 
 const CpuExecutorApi kCpuExecutorApi = {CpuExecutorApiAbi(), &ExecuteCpu,
@@ -119,5 +129,9 @@ PYBIND11_MODULE(_blink_ext, m) {
   m.def("configuration", &Configuration,
         "The settings in effect: {'spin', 'yield_us', 'push', 'nt_bytes', "
         "'hugepage_bytes', 'debug'} (configure's arguments).");
+  m.def("worker_threads", &WorkerThreads,
+        "The threads that run CPU collectives off XLA's threads (the handler returns a "
+        "future and hands its rank to one): {'threads': alive, 'idle': waiting for work, "
+        "'started': ever created}. Idle threads exit after 30 s.");
   m.attr("_cpu_executor") = py::capsule(&kCpuExecutorApi, kCpuExecutorApiCapsule);
 }

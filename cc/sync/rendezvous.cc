@@ -192,6 +192,7 @@ struct Rendezvous::Entry {
   std::vector<int64_t> gen;  // next generation of each rank
   std::vector<std::pair<int64_t, std::unique_ptr<Slot>>> active;
   std::vector<std::pair<int64_t, std::string>> tombstones;
+  int64_t reserved = 0;  // generations Reserve()d and not yet joined
 };
 
 struct Rendezvous::Impl {
@@ -255,7 +256,7 @@ void Rendezvous::MaybeEraseLocked(const RendezvousKey& key) {
         e.tombstones.end());
     if (e.tombstones.empty()) --impl_->tombstone_entries;
   }
-  if (e.active.empty() && e.tombstones.empty() && lo == hi) {
+  if (e.active.empty() && e.tombstones.empty() && e.reserved == 0 && lo == hi) {
     impl_->entries.erase(it);
   }
 }
@@ -263,7 +264,7 @@ void Rendezvous::MaybeEraseLocked(const RendezvousKey& key) {
 void Rendezvous::EvictTombstonesLocked() {
   // Ranks that never arrive leave their entries behind; bound their number.
   for (auto it = impl_->entries.begin(); it != impl_->entries.end();) {
-    if (it->second.active.empty() && !it->second.tombstones.empty()) {
+    if (it->second.active.empty() && it->second.reserved == 0 && !it->second.tombstones.empty()) {
       --impl_->tombstone_entries;
       it = impl_->entries.erase(it);
     } else {
@@ -272,14 +273,8 @@ void Rendezvous::EvictTombstonesLocked() {
   }
 }
 
-Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
-                        RankInfo info, Clock::time_point deadline,
-                        int64_t timeout_ms, Ticket* ticket, int spin,
-                        int64_t yield_ns) {
-  *ticket = Ticket();
-  ticket->key = key;
-  ticket->rank = rank;
-  std::unique_lock<std::mutex> lk(mu_);
+Status Rendezvous::EntryLocked(const RendezvousKey& key, int64_t rank, int64_t nranks,
+                               Entry** entry) {
   auto [it, inserted] = impl_->entries.try_emplace(key);
   Entry& e = it->second;
   if (inserted) {
@@ -295,7 +290,39 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
     MaybeEraseLocked(key);
     return Status::InvalidArgument(os.str());
   }
-  const int64_t gen = e.gen[rank]++;
+  *entry = &e;
+  return Status();
+}
+
+Status Rendezvous::Reserve(const RendezvousKey& key, int64_t rank, int64_t nranks,
+                           int64_t* generation) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Entry* e = nullptr;
+  Status st = EntryLocked(key, rank, nranks, &e);
+  if (!st.ok()) return st;
+  *generation = e->gen[rank]++;
+  ++e->reserved;
+  return Status();
+}
+
+Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
+                        RankInfo info, Clock::time_point deadline,
+                        int64_t timeout_ms, Ticket* ticket, int spin,
+                        int64_t yield_ns, int64_t generation) {
+  *ticket = Ticket();
+  ticket->key = key;
+  ticket->rank = rank;
+  std::unique_lock<std::mutex> lk(mu_);
+  Entry* entry = nullptr;
+  Status checked = EntryLocked(key, rank, nranks, &entry);
+  if (!checked.ok()) return checked;
+  Entry& e = *entry;
+  int64_t gen = generation;
+  if (gen < 0) {
+    gen = e.gen[rank]++;
+  } else {
+    --e.reserved;
+  }
   ticket->generation = gen;
   for (const auto& t : e.tombstones) {
     if (t.first == gen) {

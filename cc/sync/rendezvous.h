@@ -190,9 +190,19 @@ class Rendezvous {
   // did not arrive in time.
   // While waiting it spins `spin` iterations, then yields the CPU for up to
   // yield_ns, then sleeps on a futex.
+  // `generation` >= 0: the generation Reserve() gave this call (else the
+  // next one is taken here).
   Status Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
               RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
-              Ticket* ticket, int spin = 64, int64_t yield_ns = 0);
+              Ticket* ticket, int spin = 64, int64_t yield_ns = 0,
+              int64_t generation = -1);
+
+  // Takes `rank`'s next generation of `key` now, for a Join() made later on
+  // another thread: calls a rank hands to other threads keep the order in
+  // which it made them. InvalidArgument as Join(); the entry is kept until
+  // the reserved generation has joined.
+  Status Reserve(const RendezvousKey& key, int64_t rank, int64_t nranks,
+                 int64_t* generation);
 
   // Leaves the slot; the last rank out recycles it.
   void Leave(Ticket* ticket);
@@ -204,6 +214,9 @@ class Rendezvous {
   struct KeyHash {
     size_t operator()(const RendezvousKey& k) const;
   };
+  // The key's entry, created for `nranks` ranks; InvalidArgument when the
+  // ranks disagree on their number or `rank` is not one of them.
+  Status EntryLocked(const RendezvousKey& key, int64_t rank, int64_t nranks, Entry** entry);
   std::unique_ptr<Slot> AcquireSlotLocked(int64_t nranks, int64_t total_steps);
   void ReleaseSlotLocked(std::unique_ptr<Slot> slot);
   void MaybeEraseLocked(const RendezvousKey& key);
