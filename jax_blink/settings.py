@@ -3,7 +3,9 @@
 Keyword arguments win over environment variables; each function here takes
 the keyword's value (``None``: not given) and falls back to the variable,
 then to the default. Variables are read at each call, so a program (or a
-test) may change them between traces. The README's "Settings" table lists
+test) may change them between traces; an empty value is the same as an
+unset one. Every bad value is an error that names the variable (or the
+keyword), the value and what is allowed. The README's "Settings" table lists
 the same names and defaults. Pure Python: never imports jax, so the planner
 can use it too.
 """
@@ -17,8 +19,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "MAX_CHUNKS", "ExecutorSettings", "min_bytes", "timeout_ms",
-           "chunks", "topology_source", "cuda_enabled", "debug", "cache_dir", "executor"]
+__all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S",
+           "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
+           "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
+           "cuda_enabled", "debug", "cache_dir", "executor"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
 #: On 8 CPU devices jax_blink is faster at every size measured, down to one
@@ -37,31 +41,18 @@ MAX_CHUNKS = 1024
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
+#: Bounds of the whole-number settings (the executors' are what their C++
+#: side can hold: an int for spin, microseconds that fit nanoseconds in
+#: 64 bits; the byte sizes are capped at 2^62, past any buffer).
+MAX_BYTES = 1 << 62
+MAX_SPIN = (1 << 31) - 1
+MAX_YIELD_US = 60_000_000  # a minute
+
 
 def _env(name: str) -> Optional[str]:
+    """The variable's text, or None when unset or empty (an empty value is unset)."""
     value = os.environ.get(name)
     return None if value is None or value.strip() == "" else value.strip()
-
-
-def _number(name: str, text: str, what: str, kind=float):
-    try:
-        value = kind(float(text)) if kind is int else kind(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not {what}") from None
-    if value < 0:
-        raise ValueError(f"{name}={text!r} must not be negative")
-    return value
-
-
-def _flag(name: str, default: bool) -> bool:
-    text = _env(name)
-    if text is None:
-        return default
-    if text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise ValueError(f"{name}={text!r}: use 1 or 0")
 
 
 def _is_integer(value) -> bool:
@@ -72,54 +63,94 @@ def _is_real(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, numbers.Real)
 
 
-def min_bytes(value=None) -> int:
-    """``min_bytes=``, else ``JAX_BLINK_MIN_BYTES``, else :data:`DEFAULT_MIN_BYTES`."""
+def _parse_whole(variable: str, text: str, unit: str, lo: int, hi: int) -> int:
+    """``text`` of ``variable`` as a whole number in ``[lo, hi]`` (``1e6`` is a whole
+    number; ``2.7``, ``inf`` and ``nan`` are not); a ValueError naming the variable,
+    the value and what is allowed otherwise."""
+    allowed = f"use a whole number of {unit} from {lo} to {hi}"
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f"{variable}={text!r} is not a number; {allowed}") from None
+        if not math.isfinite(number) or number != math.floor(number):
+            raise ValueError(f"{variable}={text!r} is not a whole number; {allowed}") from None
+        value = int(number)
+    if not lo <= value <= hi:
+        raise ValueError(f"{variable}={text!r} is out of range; {allowed}")
+    return value
+
+
+def _whole(value, *, keyword: Optional[str], variable: str, unit: str, lo: int, hi: int, default):
+    """The keyword's ``value`` if given, else ``variable``'s, else ``default``: a whole
+    number of ``unit`` in ``[lo, hi]``, or an error naming the keyword or variable."""
     if value is not None:
         if not _is_integer(value):
-            raise TypeError(f"min_bytes must be a whole number of bytes, got {value!r}")
-        if value < 0:
-            raise ValueError(f"min_bytes must not be negative, got {value}")
+            raise TypeError(f"{keyword} must be a whole number of {unit}, got {value!r:.60}")
+        if not lo <= value <= hi:
+            raise ValueError(f"{keyword} must be between {lo} and {hi} {unit}, got {value}")
         return int(value)
-    text = _env("JAX_BLINK_MIN_BYTES")
+    text = _env(variable)
+    return default if text is None else _parse_whole(variable, text, unit, lo, hi)
+
+
+def _flag(name: str, default: bool) -> bool:
+    text = _env(name)
     if text is None:
-        return DEFAULT_MIN_BYTES
-    return _number("JAX_BLINK_MIN_BYTES", text, "a number of bytes", int)
+        return default
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}={text!r}: use 1 or 0 (true/false, yes/no, on/off)")
+
+
+def min_bytes(value=None) -> int:
+    """``min_bytes=``, else ``JAX_BLINK_MIN_BYTES``, else :data:`DEFAULT_MIN_BYTES`."""
+    return _whole(value, keyword="min_bytes", variable="JAX_BLINK_MIN_BYTES", unit="bytes", lo=0,
+                  hi=MAX_BYTES, default=DEFAULT_MIN_BYTES)
 
 
 def timeout_ms(value=None) -> int:
     """``timeout_s=`` (seconds), else ``JAX_BLINK_TIMEOUT_S``, else
     :data:`DEFAULT_TIMEOUT_S`, as whole milliseconds (rounded up)."""
-    where = "timeout_s"
-    if value is None:
-        text = _env("JAX_BLINK_TIMEOUT_S")
-        if text is not None:
-            where = "JAX_BLINK_TIMEOUT_S"
-        value = DEFAULT_TIMEOUT_S if text is None else \
-            _number("JAX_BLINK_TIMEOUT_S", text, "a number of seconds")
-    if not _is_real(value):
-        raise TypeError(f"{where} must be a number of seconds, got {value!r}")
-    if not 0 < value <= MAX_TIMEOUT_S:  # also refuses nan and inf
-        raise ValueError(f"{where} must be > 0 and at most {MAX_TIMEOUT_S:g} seconds, got {value}")
-    return int(math.ceil(value * 1000))
+    if value is not None:
+        if not _is_real(value):
+            raise TypeError(f"timeout_s must be a number of seconds, got {value!r:.60}")
+        if not 0 < value <= MAX_TIMEOUT_S:  # also refuses nan and inf
+            raise ValueError(f"timeout_s must be > 0 and at most {MAX_TIMEOUT_S:g} seconds, got {value}")
+        return int(math.ceil(value * 1000))
+    text = _env("JAX_BLINK_TIMEOUT_S")
+    if text is None:
+        return int(math.ceil(DEFAULT_TIMEOUT_S * 1000))
+    allowed = f"use a number of seconds > 0 and at most {MAX_TIMEOUT_S:g}"
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"JAX_BLINK_TIMEOUT_S={text!r} is not a number; {allowed}") from None
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise ValueError(f"JAX_BLINK_TIMEOUT_S={text!r} is out of range; {allowed}")
+    return int(math.ceil(seconds * 1000))
 
 
 def chunks(value=None) -> Optional[int]:
     """``chunks=``, else ``JAX_BLINK_CHUNKS``, else None (the planner's model)."""
-    where = "chunks"
-    if value is None:
-        text = _env("JAX_BLINK_CHUNKS")
-        if text is None:
-            return None
-        where = "JAX_BLINK_CHUNKS"
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"JAX_BLINK_CHUNKS={text!r} is not a whole number of chunks") from None
-    if not _is_integer(value):
-        raise TypeError(f"{where} must be a whole number of chunks per tree, got {value!r}")
-    if not 1 <= value <= MAX_CHUNKS:
-        raise ValueError(f"{where} must be between 1 and {MAX_CHUNKS} per tree, got {value}")
-    return int(value)
+    return _whole(value, keyword="chunks", variable="JAX_BLINK_CHUNKS", unit="chunks per tree",
+                  lo=1, hi=MAX_CHUNKS, default=None)
+
+
+#: The largest bucket accepted (1 TiB: larger is the same as one bucket).
+MAX_BUCKET_BYTES = 1 << 40
+
+
+def bucket_bytes(value=None) -> Optional[int]:
+    """``bucket_bytes=``, else ``JAX_BLINK_BUCKET_BYTES``, else None (the cost model's
+    size): per-device bytes of the buckets a pytree's leaves are summed in (a size at
+    least the whole pytree gives one bucket)."""
+    return _whole(value, keyword="bucket_bytes", variable="JAX_BLINK_BUCKET_BYTES", unit="bytes",
+                  lo=1, hi=MAX_BUCKET_BYTES, default=None)
 
 
 def topology_source() -> Optional[str]:
@@ -198,10 +229,10 @@ def executor() -> ExecutorSettings:
     """The executors' settings from the environment (defaults where unset)."""
     d = ExecutorSettings()
     values = {}
-    for field, name, what in (("spin", "JAX_BLINK_SPIN", "a number of iterations"),
-                              ("yield_us", "JAX_BLINK_YIELD_US", "a number of microseconds"),
-                              ("nt_bytes", "JAX_BLINK_NT_BYTES", "a number of bytes"),
-                              ("hugepage_bytes", "JAX_BLINK_HUGEPAGE_BYTES", "a number of bytes")):
-        text = _env(name)
-        values[field] = getattr(d, field) if text is None else _number(name, text, what, int)
+    for field, name, unit, hi in (("spin", "JAX_BLINK_SPIN", "iterations", MAX_SPIN),
+                                  ("yield_us", "JAX_BLINK_YIELD_US", "microseconds", MAX_YIELD_US),
+                                  ("nt_bytes", "JAX_BLINK_NT_BYTES", "bytes", MAX_BYTES),
+                                  ("hugepage_bytes", "JAX_BLINK_HUGEPAGE_BYTES", "bytes", MAX_BYTES)):
+        values[field] = _whole(None, keyword=None, variable=name, unit=unit, lo=0, hi=hi,
+                               default=getattr(d, field))
     return ExecutorSettings(push=_flag("JAX_BLINK_PUSH", d.push), debug=debug(), **values)

@@ -62,10 +62,11 @@ std::string DecodeSchedule(const int64_t* words, size_t n, Schedule* out) {
   *out = Schedule();
   std::string err = DecodeStructure(words, n, out);
   if (err.empty()) err = MatchSendsToRecvs(out);
-  GuardWrites guard_writes;
-  if (err.empty()) err = CheckDeterminism(out, &guard_writes);
+  GuardWrites guard_writes, inplace_guard_writes;
+  if (err.empty()) err = CheckDeterminism(out, &guard_writes, &inplace_guard_writes);
   if (err.empty()) err = SymbolicRun(*out, guard_writes);
   if (!err.empty()) return err;
+  out->inplace_ok = InPlaceSafe(*out, inplace_guard_writes);
   out->fingerprint = FingerprintWords(words, n);
   return std::string();
 }

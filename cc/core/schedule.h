@@ -132,6 +132,12 @@ struct Schedule {
   int64_t total_steps = 0;
   // Hash of the encoded words; ranks compare it at the rendezvous.
   uint64_t fingerprint = 0;
+  // The steps still cannot deadlock when every write of a chunk also waits
+  // until the receivers of the earlier SENDs of the chunk's *input* value
+  // read it: a rank may then use one buffer as input and accumulator (an
+  // output that aliases the input needs no separate accumulator; CPU
+  // executor). Set by DecodeSchedule.
+  bool inplace_ok = false;
 
   // Where rank r's input starts in the accumulator's index space (its shard
   // for an allgather, else 0), and its output (its shard for a

@@ -519,14 +519,18 @@ std::string MatchSendsToRecvs(Schedule* out) {
   return std::string();
 }
 
-std::string CheckDeterminism(Schedule* out, GuardWrites* guards) {
+std::string CheckDeterminism(Schedule* out, GuardWrites* guards,
+                             GuardWrites* inplace_guards) {
   Schedule& s = *out;
   GuardWrites& guard_write = *guards;
+  GuardWrites& inplace_guard_write = *inplace_guards;
   guard_write.assign(s.nranks, {});
+  inplace_guard_write.assign(s.nranks, {});
   for (int64_t r = 0; r < s.nranks; ++r) {
     RankSteps& rs = s.ranks[r];
     const int32_t ns = static_cast<int32_t>(rs.steps.size());
     guard_write[r].assign(ns, -1);
+    inplace_guard_write[r].assign(ns, -1);
     rs.chunk_written.assign(s.nchunks, 0);
     // Bucket the steps by chunk, keeping list order inside a bucket.
     std::vector<int32_t> start(s.nchunks + 1, 0);
@@ -576,6 +580,7 @@ std::string CheckDeterminism(Schedule* out, GuardWrites* guards) {
         for (int32_t p : pending) {
           rs.guards.push_back(p);
           if (!rs.steps[p].src_input) guard_write[r][p] = x;
+          inplace_guard_write[r][p] = x;
         }
         st.guards_end = static_cast<int32_t>(rs.guards.size());
         if (prev_write != -1) {
@@ -604,6 +609,11 @@ std::string CheckDeterminism(Schedule* out, GuardWrites* guards) {
     }
   }
   return std::string();
+}
+
+bool InPlaceSafe(const Schedule& s, const GuardWrites& inplace_guard_write) {
+  std::vector<int64_t> topo;
+  return ExecutionOrder(s, inplace_guard_write, &topo).empty();
 }
 
 std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_write) {

@@ -39,7 +39,10 @@ std::string MatchSendsToRecvs(Schedule* s);
 // (input or accumulator), the first and last writes of each chunk, the
 // guards (sends read before an overwrite), the fusable RECV_REDUCE chains,
 // sinks and trivially done SENDs; fills *guard_writes.
-std::string CheckDeterminism(Schedule* s, GuardWrites* guard_writes);
+// *inplace_guard_writes: the same for every SEND, from the input too (the
+// waits a rank whose input is its accumulator adds).
+std::string CheckDeterminism(Schedule* s, GuardWrites* guard_writes,
+                             GuardWrites* inplace_guard_writes);
 
 // 4. Symbolic run: the steps can all complete (no cycle through the
 // dependencies, the SEND->RECV matching and the guard waits), and executing
@@ -47,6 +50,11 @@ std::string CheckDeterminism(Schedule* s, GuardWrites* guard_writes);
 // and leaves each rank with what the collective promises. Its state is
 // bounded by kMaxProofWords (checked by DecodeStructure).
 std::string SymbolicRun(const Schedule& s, const GuardWrites& guard_writes);
+
+// 5. In place: whether the steps can all complete with the waits of
+// `inplace_guard_writes` as well (Schedule::inplace_ok). Not an error when
+// not: such a schedule runs with a separate accumulator.
+bool InPlaceSafe(const Schedule& s, const GuardWrites& inplace_guard_writes);
 
 }  // namespace jax_blink
 

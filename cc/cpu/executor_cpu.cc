@@ -571,6 +571,7 @@ class RankRunner {
         nt_bytes_(GetExecTunables().nt_bytes),
         push_(GetExecTunables().push),
         same_types_(!HasScratchAcc(s_.dtype)),
+        inplace_(CpuInPlace(s_, a.in == a.out)),
         yield_ns_(GetExecTunables().yield_ns) {}
 
   Status Run() {
@@ -637,14 +638,20 @@ class RankRunner {
     slot_.bell(peer).Ring();
   }
   // A RECV acknowledges its SEND. A SEND of the input only needs the ack for
-  // its rank's final wait, so the sender is woken only once it waits there.
+  // its rank's final wait (and, in place, before the rank overwrites the
+  // chunk), so the sender is woken only once it waits there.
   void PublishRecv(int32_t i) {
     const Step& st = rs_.steps[i];
     SetDone(i);
     Bell& b = slot_.bell(st.peer);
-    if (!st.src_input || b.final_wait.load(std::memory_order_seq_cst) != 0) {
+    if (!st.src_input || PeerInPlace(st.peer) ||
+        b.final_wait.load(std::memory_order_seq_cst) != 0) {
       b.Ring();
     }
+  }
+  bool PeerInPlace(int64_t peer) const {
+    const RankInfo& pi = slot_.info[peer];
+    return CpuInPlace(s_, pi.in == pi.out);
   }
 
   // Claims RECV_COPY `idx` of rank `rank` for execution (by its owner or by
@@ -668,7 +675,7 @@ class RankRunner {
     }
     for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
       const Step& g = rv.steps[rv.guards[k]];
-      if (!g.src_input && !PeerDone(g.peer, g.match)) return false;
+      if ((!g.src_input || PeerInPlace(v)) && !PeerDone(g.peer, g.match)) return false;
     }
     return true;
   }
@@ -799,7 +806,7 @@ class RankRunner {
     }
     for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
       const Step& sg = rs_.steps[rs_.guards[k]];
-      if (!sg.src_input && !PeerDone(sg.peer, sg.match)) {
+      if ((!sg.src_input || inplace_) && !PeerDone(sg.peer, sg.match)) {
         blocked_ = i;
         blocked_guard_ = rs_.guards[k];
         return false;
@@ -975,6 +982,9 @@ class RankRunner {
   const int64_t nt_bytes_;
   const bool push_;
   const bool same_types_;
+  // The input is the accumulator (CpuInPlace): a write of a chunk also waits
+  // until the receivers of its input value read it.
+  const bool inplace_;
   const int64_t yield_ns_;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;

@@ -63,14 +63,23 @@ ExecResult ExecuteCpu(const ExecArgs& args);
 // schedule, ranks that disagree on their number).
 Status ReserveGeneration(ExecArgs* args);
 
+// Whether a call whose output aliases its input (`aliased`) runs in place:
+// the one buffer is input, accumulator and output. Needs an accumulator of
+// the buffer's type and size and a schedule that cannot deadlock when writes
+// also wait for the readers of the input's values (Schedule::inplace_ok).
+inline bool CpuInPlace(const Schedule& s, bool aliased) {
+  return aliased && s.inplace_ok && !HasScratchAcc(s.dtype) && s.out_count == s.count;
+}
+
 // Bytes of workspace a call of `s` needs for its accumulator when it is not
 // the output buffer: count elements of the accumulator type for f16/bf16
-// (float32), when the input aliases the output (peers still read the
-// input), and for reduce_scatter (the output is one shard: it holds that
-// shard of the accumulator, the workspace the chunks of other shards the
-// rank reduces on their way); else 0.
+// (float32), when the input aliases the output and the call cannot run in
+// place (peers still read the input), and for reduce_scatter (the output is
+// one shard: it holds that shard of the accumulator, the workspace the
+// chunks of other shards the rank reduces on their way); else 0.
 inline int64_t CpuWorkspaceBytes(const Schedule& s, bool aliased) {
-  const bool separate = HasScratchAcc(s.dtype) || aliased || s.out_count != s.count;
+  const bool separate = HasScratchAcc(s.dtype) || (aliased && !CpuInPlace(s, aliased)) ||
+                        s.out_count != s.count;
   return separate ? s.count * static_cast<int64_t>(AccSize(s.dtype)) : 0;
 }
 

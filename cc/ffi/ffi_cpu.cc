@@ -2,6 +2,7 @@
 //
 // The schedule is decoded and validated once, at the instantiate stage, into
 // FFI state; every execution then only checks its buffers and runs.
+#include <algorithm>
 #include <cfenv>
 #include <cstdint>
 #include <memory>
@@ -55,9 +56,10 @@ ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
   ffi::Error err = DecodeAttributes(op_id, schedule, collective, reduce_op, timeout_ms,
                                     &state->schedule);
   if (err.failure()) return ffi::Unexpected(std::move(err));
-  // The largest workspace a call may need (an aliased one); none is
-  // allocated until a call needs it.
-  const int64_t bytes = CpuWorkspaceBytes(state->schedule, /*aliased=*/true);
+  // The largest workspace a call may need; none is allocated until a call
+  // needs it.
+  const int64_t bytes = std::max(CpuWorkspaceBytes(state->schedule, /*aliased=*/true),
+                                 CpuWorkspaceBytes(state->schedule, /*aliased=*/false));
   state->workspaces = std::make_unique<WorkspacePool>(bytes);
   return state;
 }

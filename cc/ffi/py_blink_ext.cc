@@ -35,6 +35,7 @@ py::dict ValidateSchedule(const py::object& obj) {
   d["ntrees"] = s.ntrees;
   d["total_steps"] = s.total_steps;
   d["fingerprint"] = s.fingerprint;
+  d["inplace_ok"] = s.inplace_ok;
   return d;
 }
 
@@ -109,7 +110,9 @@ PYBIND11_MODULE(_blink_ext, m) {
       "jax.ffi.register_ffi_type (platform cpu).");
   m.def("validate_schedule", &ValidateSchedule, py::arg("schedule"),
         "Decodes and validates an encoded schedule (1-D int64). Returns a dict "
-        "of its header fields; raises ValueError with the reason otherwise.");
+        "of its header fields and 'inplace_ok' (whether the CPU executor can run it with "
+        "the output aliasing the input, without a separate accumulator); raises "
+        "ValueError with the reason otherwise.");
   m.def("schedule_limits", &ScheduleLimits,
         "The limits the schedule validator enforces (docs/schedule_format.md, "
         "\"Limits\"): {'ranks', 'count', 'chunks', 'trees', 'steps per rank', "

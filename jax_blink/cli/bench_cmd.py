@@ -21,6 +21,15 @@ ring over all GPUs and its hierarchical tree (:func:`jax_blink.sim.compare_hosts
 ``--devices`` instead runs ``jax_blink.psum`` and ``jax.lax.psum`` on the
 devices present (CPU virtual devices with ``--cpu-devices N``, or GPUs),
 with the same columns plus ``#wrong``: elements that differ from numpy's sum.
+
+``--steps`` times training steps on the devices present: data-parallel MLPs
+(``--models DEPTHxWIDTH,...``) whose gradients are summed after ``jax.grad``
+by nothing, ``lax.psum``, ``jax_blink.psum`` in one bucket and ``jax_blink.psum``
+with its default buckets, with the step time against no communication and
+against lax.psum, and ``#wrong``: elements of the summed gradients outside the
+summation-order bound.
+
+    python -m jax_blink bench --steps --cpu-devices 8 --models 8x1024,4x512
 """
 
 from __future__ import annotations
@@ -71,6 +80,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20, help="--devices: timed iterations per size (default 20)")
     p.add_argument("--min-bytes", type=int, default=None,
                    help="--devices: jax_blink.psum's min_bytes (default: the library's)")
+    p.add_argument("--steps", action="store_true",
+                   help="time data-parallel training steps (MLPs) with no communication, lax.psum and "
+                        "jax_blink.psum on the present devices")
+    p.add_argument("--models", type=_models, default=[(8, 1024), (4, 2048), (16, 512)],
+                   help="--steps: MLPs as DEPTHxWIDTH, comma-separated (default 8x1024,4x2048,16x512)")
+    p.add_argument("--batch", type=int, default=64, help="--steps: examples per device (default 64)")
+    p.add_argument("--rounds", type=int, default=9,
+                   help="--steps: interleaved rounds of 3 steps per variant; the median is kept (default 9)")
     p.set_defaults(func=main)
     return p
 
@@ -79,7 +96,9 @@ def main(args) -> int:
     try:
         output_path(args.png, "--png")
         output_path(args.json, "--json")
-        if args.devices:
+        if args.devices and args.steps:
+            raise ValueError("--devices and --steps are two measurements; give one")
+        if args.devices or args.steps:
             return _devices_main(args)
         return _simulated_main(args)
     except (ValueError, OSError) as e:  # TopologyError, PlanError, ScheduleError, SimError are ValueErrors
@@ -249,6 +268,8 @@ def _devices_main(args):
     os.environ.setdefault("PJRT_NPROC", "64")
     if args.iters < 1:
         raise ValueError(f"--iters must be >= 1, got {args.iters}")
+    if args.steps:
+        return _steps_main(args)
     from jax_blink.ops.measure import run_devices  # imports jax
 
     rows_by_size, devices = run_devices(args.sizes or parse_sizes("4K:16M:4"), args.dtype, args.iters,
@@ -266,3 +287,37 @@ def _devices_main(args):
         _write_json(args.json, {"devices": devices, "dtype": args.dtype, "iters": args.iters,
                                 "rows": [{"size_bytes": s, **r} for s, r in rows_by_size]})
     return 0 if all(r["wrong"] == 0 for _, rows in rows_by_size for r in rows.values()) else 1
+
+
+def _models(text):
+    """``DEPTHxWIDTH,...`` as ``[(depth, width), ...]``."""
+    models = []
+    for part in text.split(","):
+        depth, _, width = part.strip().lower().partition("x")
+        try:
+            model = (int(depth), int(width))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not DEPTHxWIDTH, e.g. 8x1024") from None
+        if min(model) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: depth and width must be >= 1")
+        models.append(model)
+    return models
+
+
+def _steps_main(args):
+    if args.batch < 1 or args.rounds < 1:
+        raise ValueError(f"--batch and --rounds must be >= 1, got {args.batch} and {args.rounds}")
+    from jax_blink.ops.measure import run_steps  # imports jax
+
+    rows, devices = run_steps(args.models, args.batch, args.rounds)
+    print(f"# data-parallel MLP training steps on {devices}, float32, batch {args.batch} per device, "
+          f"median of {args.rounds} interleaved rounds")
+    print(f"# {'model':>8} {'gradients summed by':>22} {'step_ms':>9} {'vs none':>8} {'vs lax':>7} "
+          f"{'calls':>6} {'#wrong':>7}")
+    for r in rows:
+        print(f"  {r['model']:>8} {r['variant']:>22} {r['step_ms']:9.1f} {r['vs_none']:8.2f} "
+              f"{r['vs_lax']:7.2f} {r['collectives']:6d} {r['wrong']:7d}")
+    if args.json:
+        _write_json(args.json, {"devices": devices, "batch": args.batch, "rounds": args.rounds,
+                                "rows": rows})
+    return 0 if all(r["wrong"] == 0 for r in rows) else 1

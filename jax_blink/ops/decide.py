@@ -24,6 +24,7 @@ import numpy as np
 import jax
 
 from jax_blink import _ffi, settings
+from jax_blink._jsonio import parse_json, read_text_file
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
 from jax_blink.planning.cost import cpu_allreduce_seconds
 from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
@@ -159,10 +160,15 @@ def topology_for(value, nranks: int) -> Topology:
     """The topology of ``nranks`` reduced devices: ``value`` (a Topology or a
     preset name), else ``JAX_BLINK_TOPOLOGY``, else on GPUs the detected
     allocation, else ``shm:N``."""
+    where = "topology="
     if value is None:
         source = settings.topology_source()
         if source:
-            value = load_topology(source)  # a preset name or a JSON file
+            where = f"JAX_BLINK_TOPOLOGY={source!r}"
+            try:
+                value = load_topology(source)  # a preset name or a JSON file
+            except TopologyError as e:
+                raise TopologyError(f"{where}: {e}") from None
         elif jax.default_backend() == "gpu":
             value, why = _detected_allocation(nranks)
             if value is None:
@@ -173,10 +179,13 @@ def topology_for(value, nranks: int) -> Topology:
             value = Topology.preset(f"shm:{nranks}")
     elif isinstance(value, str):
         value = Topology.preset(value)
+    elif not isinstance(value, Topology):
+        raise TypeError(f"topology must be a Topology or a preset name, got {value!r:.60}")
     if value.n != nranks:
-        raise ValueError(
-            f"topology {value.name!r} has {value.n} ranks but the reduced axes have {nranks} "
-            f"devices; pass a topology of {nranks} ranks (e.g. topology.subset([...]))")
+        fix = (f"pass a topology of {nranks} ranks (e.g. topology.subset([...]))" if where == "topology="
+               else f"set it to a topology of {nranks} ranks, or unset it")
+        raise ValueError(f"{where}: topology {value.name!r} has {value.n} ranks but the reduced axes "
+                         f"have {nranks} devices; {fix}")
     return value
 
 
@@ -233,8 +242,9 @@ def _from_file(request, count, dtype):
     here) or a schedule (used as it is), refused unless it fits the call."""
     path, topology = request.plan_file, request.topology
     try:
-        with open(path) as f:
-            document = json.load(f)
+        # bounded: a FIFO or device at the path is refused, not read for ever
+        document = parse_json(read_text_file(path, error=ValueError, what="plan or schedule"),
+                              error=ValueError, what="plan or schedule")
         kind = document.get("format") if isinstance(document, dict) else None
         if kind == "jax_blink.plan":
             p = Plan.from_json(json.dumps(document))

@@ -3,6 +3,11 @@
 :func:`run_devices` times both over every present device (CPU virtual
 devices or GPUs) per message size and counts wrong elements, with
 nccl-tests' columns (``python -m jax_blink bench --devices``).
+
+:func:`run_steps` times what users run: data-parallel training steps of MLPs
+whose gradients are summed after ``jax.grad``, with no communication,
+``lax.psum``, ``jax_blink.psum`` in one bucket and ``jax_blink.psum`` with its
+default buckets (``python -m jax_blink bench --steps``).
 """
 
 from __future__ import annotations
@@ -14,12 +19,20 @@ import numpy as np
 
 import jax
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jax_blink import settings
+from jax_blink.numerics import wrong_elements
 from jax_blink.ops.psum import psum
 from jax_blink.sim import bus_factor
 
-__all__ = ["run_devices"]
+__all__ = ["run_devices", "run_steps", "STEP_VARIANTS", "mlp_step"]
+
+#: How the gradients of a measured step are summed: not at all (the step's
+#: compute alone), by lax.psum, by jax_blink.psum in one bucket (every leaf in
+#: one collective), by jax_blink.psum with its default buckets.
+STEP_VARIANTS = ("none", "lax.psum", "jax_blink one bucket", "jax_blink")
 
 
 def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
@@ -79,3 +92,126 @@ def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
         out.append((size, rows))
     progress.close()
     return out, f"{n} x {devices[0].platform} ({devices[0].device_kind})"
+
+
+def _summer(variant, axis):
+    if variant == "none":
+        return lambda g: g
+    if variant == "lax.psum":
+        return lambda g: lax.psum(g, axis)
+    if variant == "jax_blink one bucket":
+        return lambda g: psum(g, axis, bucket_bytes=settings.MAX_BUCKET_BYTES)
+    if variant == "jax_blink":
+        return lambda g: psum(g, axis)
+    raise ValueError(f"unknown step variant {variant!r}; expected one of {STEP_VARIANTS}")
+
+
+def _mlp(mesh, depth, width):
+    """``(params, loss)`` of an MLP of ``depth`` ``width x width`` tanh layers
+    with biases, its parameters replicated on ``mesh``."""
+    rng = np.random.default_rng(0)
+    params = [(jnp.asarray(rng.normal(0, 1 / np.sqrt(width), (width, width)), jnp.float32),
+               jnp.zeros((width,), jnp.float32)) for _ in range(depth)]
+
+    def loss(ps, x):
+        for w, b in ps:
+            x = jnp.tanh(x @ w + b)
+        return jnp.mean(x * x)
+
+    return jax.device_put(params, NamedSharding(mesh, P())), loss
+
+
+def mlp_step(mesh, depth: int, width: int, variant: str, lr: float = 1e-3):
+    """``(step, params)``: a jitted data-parallel SGD step of an MLP of ``depth``
+    ``width x width`` tanh layers with biases over ``mesh``'s one axis, whose
+    gradients (computed by ``jax.grad`` on each device's batch) are summed as
+    ``variant`` says; ``params`` are replicated on the mesh. ``step(params, x)``
+    takes ``x`` of shape ``(devices * batch, width)`` sharded over the axis."""
+    axis = mesh.axis_names[0]
+    summed = _summer(variant, axis)
+    params, loss = _mlp(mesh, depth, width)
+
+    def step(ps, x):
+        grads = summed(jax.grad(loss)(ps, x))
+        return jax.tree.map(lambda p, g: p - lr * g, ps, grads)
+
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(),
+                                 check_vma=False)), params
+
+
+def _wrong_gradient_sums(mesh, depth, width, variant, x):
+    """Elements of the summed gradients, on every device, outside the bound of
+    :func:`jax_blink.numerics.sum_bound` around the exact sum of the devices'
+    gradients."""
+    axis = mesh.axis_names[0]
+    summed = _summer(variant, axis)
+    params, loss = _mlp(mesh, depth, width)
+
+    def both(ps, x):
+        grads = jax.grad(loss)(ps, x)
+        return jax.tree.map(lambda t: t[None], (summed(grads), grads))
+
+    f = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(axis),
+                              check_vma=False))
+    sums, parts = f(params, x)
+    return sum(wrong_elements(np.asarray(s), np.asarray(g))
+               for s, g in zip(jax.tree.leaves(sums), jax.tree.leaves(parts)))
+
+
+def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS):
+    """Median step time of each variant of :data:`STEP_VARIANTS` on MLPs.
+
+    Parameters
+    ----------
+    models : list of (depth, width)
+    batch : int
+        Examples per device.
+    rounds, reps : int
+        The variants run interleaved, ``reps`` steps each, ``rounds`` times
+        (so all see the same machine load); the median over rounds is kept.
+
+    Returns
+    -------
+    (rows, devices)
+        One row per model and variant: ``model``, ``variant``, ``step_ms``,
+        ``vs_none`` and ``vs_lax`` (step time ratios), ``collectives`` (jax_blink
+        custom calls in the compiled step) and ``wrong``: elements of the summed
+        gradients, on every device, outside the summation-order bound around
+        the exact sum (:mod:`jax_blink.numerics`; 0 for ``none``, which sums
+        nothing).
+    """
+    from tqdm import tqdm
+
+    devices = jax.devices()
+    n = len(devices)
+    if n < 2:
+        raise ValueError(f"--steps needs at least 2 devices, found {n}; try --cpu-devices 8")
+    mesh = Mesh(np.array(devices), ("data",))
+    rows = []
+    progress = tqdm(total=len(models) * rounds, desc="steps", file=sys.stderr, leave=False)
+    for depth, width in models:
+        x = jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(n * batch, width)),
+                                       jnp.float32), NamedSharding(mesh, P("data")))
+        steps = {}
+        for v in variants:
+            steps[v], params = mlp_step(mesh, depth, width, v)
+            jax.block_until_ready(steps[v](params, x))  # compiles
+        times = {v: [] for v in variants}
+        for _ in range(rounds):
+            for v in variants:
+                start = time.perf_counter()
+                for _ in range(reps):
+                    jax.block_until_ready(steps[v](params, x))
+                times[v].append((time.perf_counter() - start) / reps)
+            progress.update()
+        med = {v: float(np.median(t)) * 1e3 for v, t in times.items()}
+        for v in variants:
+            hlo = steps[v].lower(params, x).as_text()
+            rows.append({"model": f"{depth}x{width}", "depth": depth, "width": width, "batch": batch,
+                         "variant": v, "step_ms": med[v],
+                         "vs_none": med[v] / med["none"] if "none" in med else None,
+                         "vs_lax": med[v] / med["lax.psum"] if "lax.psum" in med else None,
+                         "collectives": hlo.count("jax_blink_collective"),
+                         "wrong": 0 if v == "none" else _wrong_gradient_sums(mesh, depth, width, v, x)})
+    progress.close()
+    return rows, f"{n} x {devices[0].platform} ({devices[0].device_kind})"

@@ -186,6 +186,13 @@ def _batch(args, dims, *, request, site, schedule, **params):
 # id several times; XLA runs them in program order on every device, which the
 # per-rank generation counter relies on (tests/ops/test_psum.py checks it).
 _ffi_rule = jax.ffi.ffi_lowering(_ffi.TARGET)
+# On CPU an allreduce's or broadcast's output takes its input's buffer: the executor runs in
+# place (no fresh output to fault in, no separate accumulator; cc/cpu/executor_cpu.h,
+# CpuInPlace), and XLA cannot hand the input's memory to a later op, which would then wait for
+# the asynchronous collective to finish reading it. XLA copies the input first where something
+# else still reads it.
+_ffi_rule_in_place = jax.ffi.ffi_lowering(_ffi.TARGET, operand_output_aliases={0: 0})
+_IN_PLACE = ("allreduce", "broadcast")
 _op_ids = weakref.WeakKeyDictionary()  # lowered module -> its op id counter
 
 
@@ -199,7 +206,8 @@ def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, *
     # apart by the executor's per-rank generation counter
     # collective and reduce_op: header words 4 and 7 of the (format version 2) schedule; the
     # handler checks them against the schedule it decodes
-    return _ffi_rule(ctx, x, rank, group, schedule=schedule.words,
+    rule = _ffi_rule_in_place if platform == "cpu" and request.collective in _IN_PLACE else _ffi_rule
+    return rule(ctx, x, rank, group, schedule=schedule.words,
                      op_id=np.int64(next(_op_ids[module])), timeout_ms=np.int64(timeout_ms),
                      **_lowering_checks(request))
 

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_blink.ops import decide as _decide, hierarchical
+from jax_blink import settings
+from jax_blink.ops import buckets as _buckets, decide as _decide, hierarchical
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import carried_as, run
 
@@ -20,7 +21,8 @@ _LAX_REDUCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 _NAME = {"sum": "psum", "max": "pmax", "min": "pmin"}
 
 
-def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, timeout_s, chunks):
+def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, timeout_s, chunks,
+               bucket_bytes=None):
     name = _NAME[op]
     axes = axes_tuple(axis_name)
     leaves, treedef = jax.tree.flatten(x)
@@ -40,22 +42,44 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
         return treedef.unflatten([(a.astype(np.int32) if a.dtype == np.bool_ else a) * size
                                   for a in arrays])
 
+    keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+    buckets = [list(range(len(leaves)))]
+    if op == "sum" and len(leaves) > 1:
+        size, why = _buckets.bucket_size(bucket_bytes, jax.default_backend())
+        nbytes = [int(np.size(leaf)) * np.dtype(jnp.result_type(leaf)).itemsize for leaf in leaves]
+        buckets = _buckets.split(nbytes, size)
+        _decide.record(f"{name} over {axes}: {len(leaves)} leaves ({sum(nbytes)} B per device) in "
+                       f"{len(buckets)} bucket(s), last leaf first ("
+                       + (f"bucket_bytes {size} from {why})" if size is not None else f"{why})"))
+    elif bucket_bytes is not None:
+        settings.bucket_bytes(bucket_bytes)  # checked even where it changes nothing
+    out = [None] * len(leaves)
+    for idx in buckets:
+        for i, r in zip(idx, _reduce([leaves[i] for i in idx], axes, op, axis_index_groups,
+                                     keywords)):
+            out[i] = r
+    return treedef.unflatten(out)
+
+
+def _reduce(leaves, axes, op, axis_index_groups, keywords):
+    """One collective (per dtype group) over ``leaves``: their reduced values."""
+    name = _NAME[op]
+
     def fallback(blocks, mode):
         return _LAX_REDUCE[op](blocks, axes, axis_index_groups=axis_index_groups)
 
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
-    keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
     span = hierarchical.path(name, axes, axis_index_groups, leaves, f"lax.p{op}", op=op)
     if isinstance(span, str):
-        return _LAX_REDUCE[op](x, axes, axis_index_groups=axis_index_groups)
+        return _LAX_REDUCE[op](leaves, axes, axis_index_groups=axis_index_groups)
     if span is not None:
         out = hierarchical.allreduce(blocks, axes, span, name=name, op=op, **keywords)
     else:
         out = run(blocks, axes, name=name, collective="allreduce", op=op,
                   axis_index_groups=axis_index_groups, fallback=fallback,
                   unreduced_ok=op == "sum", **keywords)
-    return treedef.unflatten([o.reshape(s) for o, s in zip(out, shapes)])
+    return [o.reshape(s) for o, s in zip(out, shapes)]
 
 
 _KEYWORDS_DOC = """
@@ -82,7 +106,7 @@ _KEYWORDS_DOC = """
 
 
 def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
-         timeout_s=None, chunks=None):
+         timeout_s=None, chunks=None, bucket_bytes=None):
     """Sum ``x`` over the devices of ``axis_name``; a drop-in for ``lax.psum``.
 
     Runs a topology-planned, pipelined tree allreduce through a C++ XLA
@@ -97,7 +121,9 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
     Parameters
     ----------
     x : pytree of arrays
-        Leaves of one dtype are packed into one collective. Supported dtypes:
+        Its leaves are summed in buckets, last leaf first (see
+        ``bucket_bytes``); the leaves of one dtype in a bucket are packed into
+        one collective. Supported dtypes:
         float32, float64, float16, bfloat16, int32, int64, uint32, complex64
         and complex128 (as pairs of floats), the 8- and 16-bit integers
         (carried as int32), and bool (summed as int32, as ``lax.psum`` does).
@@ -105,14 +131,25 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         into invariant values, as ``lax.psum`` does.
     axis_name : hashable or tuple of hashables
         The mesh axis (or axes) to reduce over.
-    """ + _KEYWORDS_DOC + """
+    """ + _KEYWORDS_DOC + """    bucket_bytes : int or None
+        Per-device bytes of the buckets a pytree's leaves are summed in, one
+        collective per bucket, so that the first buckets travel while the
+        rest are computed (the gradients of a backward pass). Taken last leaf
+        first, a bucket closes once it holds at least this many bytes; a size
+        at least the whole pytree gives one bucket. Default:
+        ``$JAX_BLINK_BUCKET_BYTES``, else the executor's cost model (on CPU
+        devices the size whose fixed per-call cost is at most half of a
+        call; on GPUs one bucket, since the CUDA executor runs in the compute
+        stream's order). ``explain()`` says how a pytree was bucketed.
+
     Returns
     -------
     pytree
         Like ``lax.psum``: same structure, invariant over ``axis_name``.
     """
     return _allreduce(x, axis_name, "sum", axis_index_groups=axis_index_groups,
-                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks,
+                      bucket_bytes=bucket_bytes)
 
 
 def pmean(x, axis_name, *, axis_index_groups=None, **kwargs):

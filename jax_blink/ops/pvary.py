@@ -7,7 +7,8 @@ value in per-device (varying) arithmetic casts it to varying implicitly
 own psum: the gradients of replicated parameters are reduced by XLA, not by
 jax_blink. ``jax_blink.pvary(params, "data")`` makes the cast explicit with a
 transpose that is ``jax_blink.psum``: ``jax.grad`` then reduces the
-gradients along Blink's trees, all leaves of a dtype in one collective.
+gradients along Blink's trees, in buckets (``psum``'s ``bucket_bytes``) that
+start while the backward pass still computes the others.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ blink_pvary_p = Primitive("blink_pvary")
 blink_pvary_p.multiple_results = True
 
 
-def pvary(x, axis_name, *, topology=None, min_bytes=None, timeout_s=None, chunks=None):
+def pvary(x, axis_name, *, topology=None, min_bytes=None, timeout_s=None, chunks=None,
+          bucket_bytes=None):
     """Cast ``x`` (a pytree of values replicated over ``axis_name``) to
     varying, like ``lax.pcast(x, axis_name, to="varying")``; its transpose is
     :func:`jax_blink.psum` with the given keywords (those of :func:`psum`).
@@ -61,7 +63,7 @@ def pvary(x, axis_name, *, topology=None, min_bytes=None, timeout_s=None, chunks
                 f"({jax.typeof(leaf).str_short(True)}); pvary casts replicated values")
     typed = bool(jax.config.check_vma)  # shard_map's check_vma of the current trace
     psum_kwargs = (("topology", topology), ("min_bytes", min_bytes), ("timeout_s", timeout_s),
-                   ("chunks", chunks))
+                   ("chunks", chunks), ("bucket_bytes", bucket_bytes))
     out = blink_pvary_p.bind(*leaves, axes=axes, typed=typed, psum_kwargs=psum_kwargs)
     return treedef.unflatten(out)
 

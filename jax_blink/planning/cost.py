@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 __all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_CROSS_PROCESS_BYTES", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
-           "pipeline_chunks"]
+           "pipeline_chunks", "BUCKET_FIXED_SHARE", "bucket_bytes"]
 
 #: One-way latency of one link (one arc of a route) by link kind, in
 #: microseconds. ``nvlink``, ``pcie`` and ``net`` are nominal wire latencies.
@@ -145,3 +145,32 @@ def pipeline_chunks(depth: int, size_bytes: float, bandwidth_gbps: float, alpha_
 
     candidates = {min(max(k, 1), max_chunks) for k in (math.floor(best), math.ceil(best))}
     return min(sorted(candidates), key=cost)
+
+
+#: Gradient buckets (psum of a pytree, pvary's transpose): the largest share
+#: of a bucket's allreduce time that its fixed per-call cost may take.
+BUCKET_FIXED_SHARE = 0.5
+
+
+def bucket_bytes(allreduce_seconds, lo: int = 1 << 12, hi: int = 1 << 30) -> int:
+    """The bucket size (bytes per device) for an executor whose allreduce of ``S``
+    bytes takes ``allreduce_seconds(S)``: the smallest power of two from ``lo``
+    whose time is at least the fixed per-call cost (the time of one element,
+    taken at 4 bytes) over :data:`BUCKET_FIXED_SHARE`; ``hi`` where none is.
+
+    Smaller buckets start sooner during the backward pass (less of the
+    communication waits for the last gradient) but pay the fixed cost more
+    often; this keeps that cost at most half of every call.
+
+    Examples
+    --------
+    >>> bucket_bytes(lambda s: 100e-6 + s / 1e9)  # 100 us fixed, 1 GB/s: 100 KB is a break-even
+    131072
+    >>> bucket_bytes(lambda s: 250e-6 + s / 10e9)
+    4194304
+    """
+    fixed = allreduce_seconds(4)
+    size = lo
+    while size < hi and allreduce_seconds(size) < fixed / BUCKET_FIXED_SHARE:
+        size *= 2
+    return size

@@ -102,7 +102,7 @@ def test_plan_file_is_used_and_refused_where_it_does_not_fit(monkeypatch, tmp_pa
         "broadcast.json": (plan(Topology.preset("shm:8"), "broadcast", root=0).to_json(),
                            "holds a broadcast over 8 ranks"),
         "junk.json": ("[1, 2]", "not a jax_blink plan or schedule"),
-        "missing.json": (None, "No such file"),
+        "missing.json": (None, "no such file"),
     }
     for name, (text, message) in cases.items():
         path = tmp_path / name

@@ -163,11 +163,13 @@ def test_docstring_examples_run():
     import importlib
     import pkgutil
 
-    # every module of the planning packages, found on disk, plus the size parser and settings
+    # every module of the planning packages, found on disk, plus the size parser, settings, the
+    # numerics checker and the bucketing
     packages = [importlib.import_module(f"jax_blink.{p}") for p in ("topo", "planning", "schedule", "sim")]
     names = [f"{p.__name__}.{info.name}" for p in packages for info in pkgutil.iter_modules(p.__path__)]
     assert len(names) >= 25
-    for name in names + ["jax_blink.cli.sizes", "jax_blink.settings"]:
+    for name in names + ["jax_blink.cli.sizes", "jax_blink.settings", "jax_blink.numerics",
+                         "jax_blink.ops.buckets"]:
         module = importlib.import_module(name)
         result = doctest.testmod(module)
         assert result.failed == 0, f"{module.__name__}: {result.failed} doctest(s) failed"
