@@ -35,9 +35,11 @@ Design notes
   own. The lax run keeps JAX's implicit cast (``jax.lax.pcast`` would give
   the same program), so the two differ only in who sums the gradients.
 * ``jax_blink.psum`` hands values under ``min_bytes`` to ``lax.psum``
-  (default 0: only empty values): here both the gradients (all float32
-  leaves, packed into one buffer) and the two-number metrics psum take the
-  planned collective. The run prints ``jax_blink.explain()``.
+  (default 0: only empty values): here both the gradients and the
+  two-number metrics psum take the planned collective. The gradients are
+  summed in buckets, last layers first (``bucket_bytes``, sized by the cost
+  model), one collective each, so the first buckets travel while the
+  backward pass computes the rest. The run prints ``jax_blink.explain()``.
 * With ``--compare`` both models train in lockstep on the same batches, the
   blink and lax.psum steps alternating (and alternating who goes first), so
   that both step times are taken under the same machine load.
@@ -204,8 +206,11 @@ def batches(x, y, batch_size: int, epoch: int, seed: int):
 # --------------------------------------------------------------------------
 
 
-def make_train_step(graphdef, tx, collectives, mesh, n_dev: int):
-    """jit(shard_map(step)): grads summed by the cast's transpose, optax update."""
+def make_train_step(graphdef, tx, collectives, mesh, n_dev: int, check_vma: bool = True):
+    """jit(shard_map(step)): grads summed by the cast's transpose, optax update.
+
+    (``check_vma=False`` with identity collectives times the step without any
+    communication: benchmarks/bench_steps.py.)"""
     psum, cast = collectives
 
     def step(params, opt_state, x, y):
@@ -233,6 +238,7 @@ def make_train_step(graphdef, tx, collectives, mesh, n_dev: int):
         step, mesh=mesh,
         in_specs=(P(), P(), P(AXIS), P(AXIS)),
         out_specs=(P(), P(), P()),
+        check_vma=check_vma,
     )
     return jax.jit(sharded, donate_argnums=(0, 1))
 

@@ -312,11 +312,11 @@ def _steps_main(args):
     rows, devices = run_steps(args.models, args.batch, args.rounds)
     print(f"# data-parallel MLP training steps on {devices}, float32, batch {args.batch} per device, "
           f"median of {args.rounds} interleaved rounds")
-    print(f"# {'model':>8} {'gradients summed by':>22} {'step_ms':>9} {'vs none':>8} {'vs lax':>7} "
-          f"{'calls':>6} {'#wrong':>7}")
+    print(f"# {'model':>8} {'gradients summed by':>22} {'step_ms':>9} {'cpu_ms':>8} {'vs none':>8} "
+          f"{'vs lax':>7} {'calls':>6} {'#wrong':>7}")
     for r in rows:
-        print(f"  {r['model']:>8} {r['variant']:>22} {r['step_ms']:9.1f} {r['vs_none']:8.2f} "
-              f"{r['vs_lax']:7.2f} {r['collectives']:6d} {r['wrong']:7d}")
+        print(f"  {r['model']:>8} {r['variant']:>22} {r['step_ms']:9.1f} {r['cpu_ms']:8.1f} "
+              f"{r['vs_none']:8.2f} {r['vs_lax']:7.2f} {r['collectives']:6d} {r['wrong']:7d}")
     if args.json:
         _write_json(args.json, {"devices": devices, "batch": args.batch, "rounds": args.rounds,
                                 "rows": rows})

@@ -12,6 +12,7 @@ default buckets (``python -m jax_blink bench --steps``).
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 
@@ -139,6 +140,12 @@ def mlp_step(mesh, depth: int, width: int, variant: str, lr: float = 1e-3):
                                  check_vma=False)), params
 
 
+def _cpu_seconds():
+    """CPU time of this process so far (all threads: XLA's, jax_blink's, Python's)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _wrong_gradient_sums(mesh, depth, width, variant, x):
     """Elements of the summed gradients, on every device, outside the bound of
     :func:`jax_blink.numerics.sum_bound` around the exact sum of the devices'
@@ -174,7 +181,8 @@ def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS):
     -------
     (rows, devices)
         One row per model and variant: ``model``, ``variant``, ``step_ms``,
-        ``vs_none`` and ``vs_lax`` (step time ratios), ``collectives`` (jax_blink
+        ``cpu_ms`` (the process's CPU time per step, all threads), ``vs_none`` and
+        ``vs_lax`` (step time ratios), ``collectives`` (jax_blink
         custom calls in the compiled step) and ``wrong``: elements of the summed
         gradients, on every device, outside the summation-order bound around
         the exact sum (:mod:`jax_blink.numerics`; 0 for ``none``, which sums
@@ -197,18 +205,21 @@ def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS):
             steps[v], params = mlp_step(mesh, depth, width, v)
             jax.block_until_ready(steps[v](params, x))  # compiles
         times = {v: [] for v in variants}
+        cpu = {v: [] for v in variants}
         for _ in range(rounds):
             for v in variants:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), _cpu_seconds()
                 for _ in range(reps):
                     jax.block_until_ready(steps[v](params, x))
                 times[v].append((time.perf_counter() - start) / reps)
+                cpu[v].append((_cpu_seconds() - start_cpu) / reps)
             progress.update()
         med = {v: float(np.median(t)) * 1e3 for v, t in times.items()}
         for v in variants:
             hlo = steps[v].lower(params, x).as_text()
             rows.append({"model": f"{depth}x{width}", "depth": depth, "width": width, "batch": batch,
                          "variant": v, "step_ms": med[v],
+                         "cpu_ms": float(np.median(cpu[v])) * 1e3,
                          "vs_none": med[v] / med["none"] if "none" in med else None,
                          "vs_lax": med[v] / med["lax.psum"] if "lax.psum" in med else None,
                          "collectives": hlo.count("jax_blink_collective"),
