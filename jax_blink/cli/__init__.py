@@ -12,11 +12,18 @@ import argparse
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line on stderr (exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
     """Runs ``python -m jax_blink`` with ``argv`` (default: the process's)."""
     from jax_blink.cli import bench_cmd, plan_cmd
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m jax_blink",
         description="Topology-aware collectives for JAX: plan, inspect and benchmark.",
     )

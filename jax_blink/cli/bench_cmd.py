@@ -94,8 +94,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(args) -> int:
     try:
-        output_path(args.png, "--png")
-        output_path(args.json, "--json")
+        output_path(args.png, "--png", ".png")
+        output_path(args.json, "--json", ".json")
+        _check(args)
         if args.devices and args.steps:
             raise ValueError("--devices and --steps are two measurements; give one")
         if args.devices or args.steps:
@@ -104,6 +105,28 @@ def main(args) -> int:
     except (ValueError, OSError) as e:  # TopologyError, PlanError, ScheduleError, SimError are ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _check(args):
+    """The options' values, checked before any work."""
+    from jax_blink.schedule import ScheduleError, dtype_name
+
+    if args.sizes is not None and not args.sizes:
+        raise ValueError("--sizes names no size; e.g. 4K:16M or 1M,256M")
+    complex_ok = args.devices and args.dtype in ("complex64", "complex128")  # psum runs them as pairs
+    try:
+        complex_ok or dtype_name(args.dtype)
+    except (ScheduleError, TypeError):
+        raise ValueError(f"--dtype {args.dtype!r}: use float32, float64, float16, bfloat16, int32, "
+                         "int64 or uint32" + (" (with --devices also complex64, complex128)"
+                                              if args.devices else "")) from None
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.step_overhead_us is not None and not 0 <= args.step_overhead_us < math.inf:
+        raise ValueError(f"--step-overhead-us must be a finite number of microseconds >= 0, got "
+                         f"{args.step_overhead_us}")
+    if args.reduce_gbps is not None and not 0 < args.reduce_gbps < math.inf:
+        raise ValueError(f"--reduce-gbps must be a finite number of GB/s > 0, got {args.reduce_gbps}")
 
 
 # -------------------------------------------------------------- simulate
@@ -161,8 +184,9 @@ def _simulated_main(args):
         return _hosts_main(args, topology, model)
     if args.all_subsets:
         sizes = args.sizes or [2**20, 2**28]
-        if args.min_gpus < 2:
-            raise ValueError(f"--min-gpus must be >= 2, got {args.min_gpus}")
+        if not 2 <= args.min_gpus <= topology.n:
+            raise ValueError(f"--min-gpus must be between 2 and {topology.name}'s {topology.n} ranks, "
+                             f"got {args.min_gpus}")
         count = allocations(topology.n, args.min_gpus)
         print(f"# {count} allocations x {len(sizes)} sizes: about "
               f"{math.ceil(5 * count * len(sizes) / max(args.jobs, 1) / 60)} min with {args.jobs} "

@@ -19,14 +19,26 @@ def plain(doc: str) -> str:
     return doc.replace("``", "")
 
 
-def output_path(path, option: str):
-    """``path`` if its folder exists (checked before any long work), else a
-    ValueError naming ``option``."""
+def output_path(path, option: str, suffix: str):
+    """``path`` if a file ending in ``suffix`` can be written there (checked
+    before any long work, by creating it), else a ValueError naming ``option``."""
     if path is None:
         return None
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path}: is a folder; give a file name ending in {suffix}")
+    if not path.lower().endswith(suffix):
+        raise ValueError(f"{option} {path}: give a file name ending in {suffix}")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"{option} {path}: the folder {folder} does not exist")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{option} {path}: cannot write there ({e.strerror})") from None
+    if not existed:
+        os.remove(path)
     return path
 
 
@@ -80,6 +92,10 @@ def topology_from_args(args):
     gpus = _ranks(args.gpus) if args.gpus else None
     if gpus is not None:
         topology = topology.subset(gpus)
+    parts = topology.components()
+    if len(parts) > 1 and len(topology.host_ranks()) == 1:
+        raise ValueError(f"--topology {args.topology}: {topology.name} is disconnected: no link joins its "
+                         f"{len(parts)} groups of ranks {' and '.join(str(list(p)) for p in parts)}")
     if args.hosts is not None:
         if args.hosts < 1:
             raise ValueError(f"--hosts must be >= 1, got {args.hosts}")

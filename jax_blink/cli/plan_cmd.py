@@ -47,7 +47,11 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     """Execute the ``plan`` subcommand; returns the exit status."""
     try:
-        output_path(args.png, "--png")
+        output_path(args.png, "--png", ".png")
+        if args.max_trees is not None and args.max_trees < 1:
+            raise ValueError(f"--max-trees must be at least 1, got {args.max_trees}")
+        if not 0 <= args.tolerance < 1:  # also refuses nan
+            raise ValueError(f"--tolerance must be at least 0 and below 1, got {args.tolerance}")
         topology, gpus = topology_from_args(args)
         if len(topology.host_ranks()) > 1 and args.collective == "allreduce":
             return _run_hosts(args, topology)

@@ -16,7 +16,12 @@ __all__ = ["axes_tuple", "axis_size", "typed", "rank_and_group", "canonical_grou
 
 
 def axes_tuple(axis_name) -> tuple:
-    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    """``axis_name`` as a tuple of names; a name given twice is lax's ValueError."""
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"repeated axis in `source` argument: {axes} (jax_blink, as lax, "
+                         "reduces over each axis once)")
+    return axes
 
 
 def axis_size(axes: tuple, name: str) -> int:
@@ -66,17 +71,23 @@ def canonical_groups(axis_index_groups, n: int, name: str, equal_sizes: bool = T
     if axis_index_groups is None:
         return None
     try:
-        groups = tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+        groups = tuple(tuple(g) for g in axis_index_groups)
     except TypeError:
         raise TypeError(f"jax_blink.{name}: axis_index_groups must be a list of lists of axis "
-                        f"indices, got {axis_index_groups!r}") from None
+                        f"indices, got {axis_index_groups!r:.80}") from None
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for g in groups for i in g):
+        # lax: "axis_index_groups must cover all indices exactly once" (0.5 or "0" are no index)
+        raise ValueError(f"jax_blink.{name}: axis_index_groups must cover all indices exactly once; "
+                         f"they must be lists of integer axis indices, got {axis_index_groups!r:.80}")
+    groups = tuple(tuple(int(i) for i in g) for g in groups)
     if not groups or (equal_sizes and len({len(g) for g in groups}) != 1):
         raise ValueError(f"jax_blink.{name}: axis_index_groups must all have the same size, got "
                          f"{[len(g) for g in groups]}")
     flat = sorted(i for g in groups for i in g)
     if flat != list(range(n)):
-        raise ValueError(f"jax_blink.{name}: axis_index_groups {[list(g) for g in groups]} must "
-                         f"hold every index 0..{n - 1} of the axis exactly once")
+        raise ValueError(f"jax_blink.{name}: axis_index_groups must cover all indices exactly once: "
+                         f"{[list(g) for g in groups]} must hold every index 0..{n - 1} of the axis "
+                         "once")
     return groups
 
 

@@ -115,7 +115,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
                       "serves psum, pmean, pmax, pmin, psum_scatter and all_gather")
     if reason is not None:
         _decide.record(f"{name} over {axes}: {_decide.lax_equivalent(collective, op)} ({reason})")
-        results = fallback(parts, "untyped")
+        results = _lax(fallback, parts, "untyped", groups, name, collective, op, reason)
         return _restore(results, restores)
 
     modes = []
@@ -136,13 +136,27 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
     for (dtype, _, _, mode), idx in by_key.items():
         count = sum(int(np.prod(parts[i].shape)) for i in idx) * (nranks if shards_out > 1 else 1)
         topologies = _group_topologies(topology, nranks_axis, groups)
-        decisions = [_decide.decide(count, np.dtype(dtype).name, size, collective=collective,
-                                    op=op, root=root, topology=t, min_bytes=min_bytes,
-                                    chunks=chunks) for t, size in zip(topologies, sizes)]
+        def decide(threshold):
+            return [_decide.decide(count, np.dtype(dtype).name, size, collective=collective, op=op,
+                                   root=root, topology=t, min_bytes=threshold, chunks=chunks)
+                    for t, size in zip(topologies, sizes)]
+
+        decisions = decide(min_bytes)
+        note = ""
+        if groups is not None and jax.config.check_vma and not all(d.uses_blink for d in decisions):
+            # lax takes no axis_index_groups under check_vma=True: where only min_bytes sent
+            # the call to lax, run the planned collective instead
+            retry = decide(0)
+            if all(d.uses_blink for d in retry):
+                decisions = retry
+                note = (" (min_bytes ignored: lax takes no axis_index_groups under "
+                        "shard_map(check_vma=True))")
         for text in dict.fromkeys(d.text for d in decisions):
-            _decide.record(f"{name} over {axes}{_groups_text(groups)}: {text}")
+            _decide.record(f"{name} over {axes}{_groups_text(groups)}: {text}{note}")
         if not all(d.uses_blink for d in decisions):
-            for i, r in zip(idx, fallback([parts[i] for i in idx], mode)):
+            why = next(d.text for d in decisions if not d.uses_blink)
+            for i, r in zip(idx, _lax(fallback, [parts[i] for i in idx], mode, groups, name,
+                                      collective, op, why)):
                 out[i] = r
             continue
         if rank is None:
@@ -157,6 +171,20 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
             out[i] = result[:, offset:offset + w]
             offset += w
     return _restore(out, restores)
+
+
+def _lax(fallback, parts, mode, groups, name, collective, op, why):
+    """``fallback(parts, mode)``: the lax equivalent; jax's empty NotImplementedError for
+    axis_index_groups under check_vma=True becomes one that says what to do."""
+    try:
+        return fallback(parts, mode)
+    except NotImplementedError as e:
+        if groups is None or str(e):
+            raise
+        raise NotImplementedError(
+            f"jax_blink.{name} with axis_index_groups runs {_decide.lax_equivalent(collective, op)} "
+            f"here ({why}), and jax's lax collectives take no axis_index_groups inside "
+            "shard_map(check_vma=True); use shard_map(..., check_vma=False) or jax.pmap") from None
 
 
 def _restore(results, restores):

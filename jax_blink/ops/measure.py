@@ -40,8 +40,9 @@ def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
     """Time ``jax_blink.psum`` and ``lax.psum`` over all present devices.
 
     Each size is the per-device message in bytes. Inputs are small integers
-    (exact in every dtype), so a correct sum equals numpy's exactly; ``wrong``
-    counts elements that differ, over all devices.
+    (exact in every dtype; complex values with integer imaginary parts too), so
+    a correct sum is exact; ``wrong`` counts elements, on every device, that
+    differ from it (real and imaginary parts both checked).
 
     Returns
     -------
@@ -71,15 +72,20 @@ def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
         if size % itemsize:
             raise ValueError(f"size {size} is not a multiple of the {dtype} item size {itemsize}")
         count = size // itemsize
-        host = np.random.default_rng(size).integers(-8, 8, (n, count)).astype(np_dtype)
-        expected = host.astype(np.float64).sum(axis=0)
+        rng = np.random.default_rng(size)
+        host = rng.integers(-8, 8, (n, count)).astype(np_dtype)
+        if np.dtype(np_dtype).kind == "c":  # imaginary parts of their own
+            host = host + 1j * rng.integers(-8, 8, (n, count)).astype(np_dtype)
         x = jax.device_put(host.reshape(n * count), jax.sharding.NamedSharding(mesh, P("i")))
         rows = {}
         for name, f in compiled.items():
             result = f(x)
             result.block_until_ready()
-            got = np.asarray(result, dtype=np.float64).reshape(n, count)
-            wrong = int((got != expected[None, :]).sum())
+            # small integers: every order of summation gives the exact sum, which a correct
+            # result equals, in its real and imaginary parts
+            wide = np.complex128 if np.dtype(np_dtype).kind == "c" else np.float64
+            got = np.asarray(result).astype(wide).reshape(n, count)
+            wrong = int(np.sum(got != host.astype(wide).sum(axis=0)[None, :]))
             times = []
             for _ in range(iters):
                 start = time.perf_counter()

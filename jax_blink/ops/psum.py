@@ -213,6 +213,14 @@ def explain(x=None, axis_size=None, *, op="psum", root=0, topology=None, min_byt
         return "\n".join(_decide.recent()) or "no jax_blink collective has been traced yet"
     if axis_size is None:
         raise TypeError("explain(x, axis_size): give the number of devices reduced over")
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        raise TypeError(f"explain(x, axis_size): x must be one device's input, an array or a "
+                        f"jax.ShapeDtypeStruct, got {x!r:.60}")
+    if isinstance(axis_size, bool) or not isinstance(axis_size, (int, np.integer)):
+        raise TypeError(f"explain(x, axis_size): axis_size must be a whole number of devices, got "
+                        f"{axis_size!r:.60}")
+    if axis_size < 1:
+        raise ValueError(f"explain(x, axis_size): axis_size must be at least 1 device, got {axis_size}")
     if op not in _COLLECTIVE_OF:
         raise ValueError(f"explain: op must be one of {', '.join(_COLLECTIVE_OF)}, got {op!r}")
     collective, reduce_op = _COLLECTIVE_OF[op]

@@ -187,10 +187,11 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance, links):
     import networkx  # noqa: F401
 
     start = time.perf_counter()
-    unreachable = topology.unreachable()
-    if unreachable:
-        raise PlanError(f"{topology.name} is disconnected: rank(s) {unreachable} cannot be reached from "
-                        f"rank 0 over any link; add the missing links or plan on a connected subset")
+    if topology.unreachable():
+        parts = topology.components()
+        raise PlanError(f"{topology.name} is disconnected: no link joins its {len(parts)} groups of "
+                        f"ranks {' and '.join(str(list(p)) for p in parts)}; add the missing links or "
+                        "plan on a connected subset")
     kinds = topology.planning_kinds(links)
     graph = topology.link_graph(kinds)
     # rsag needs a tree rooted at every rank; split gains only where a link's directions differ

@@ -115,8 +115,12 @@ def _host_of_nodes(topology) -> dict:
     """Node -> host index, for every rank and every switch tied to a host by non-``"net"`` links.
 
     Hosts are numbered by their lowest rank; switches reached only over
-    ``"net"`` links (NICs, network switches) are absent.
+    ``"net"`` links (NICs, network switches) are absent. A topology without
+    ``"net"`` links is one host, connected or not (a disconnected one is the
+    planner's error to report).
     """
+    if not any(l.kind == NET for l in topology.links):
+        return {x: 0 for x in range(topology.num_nodes)}
     parent = list(range(topology.num_nodes))
 
     def find(x):

@@ -481,6 +481,24 @@ class Topology:
                     stack.append(w)
         return [r for r in range(self.n) if r not in seen]
 
+    def components(self, kinds: Sequence[str] | None = None) -> tuple:
+        """The groups of ranks joined by links of ``kinds`` (all if None), each in
+        ascending order, ordered by their lowest rank; one group when connected.
+
+        Examples
+        --------
+        >>> Topology.from_links(4, [(0, 1, 10.0), (2, 3, 10.0)]).components()
+        ((0, 1), (2, 3))
+        """
+        groups, left = [], set(range(self.n))
+        while left:
+            source = min(left)
+            found = [source] + [r for r in left if r != source
+                                and r not in self.unreachable(kinds, source)]
+            groups.append(tuple(sorted(found)))
+            left -= set(found)
+        return tuple(groups)
+
     def link_graph(self, kinds: Sequence[str] | None = None) -> "LinkGraph":
         """The directed capacity graph over links of ``kinds`` (default: every kind)."""
         return LinkGraph(self, self.kinds() if kinds is None else tuple(kinds))

@@ -203,9 +203,10 @@ def test_plan_json_round_trip_and_tampering_is_caught():
 
 
 # ------------------------------------------------------------------ bad input
-def test_disconnected_topology_names_unreachable_ranks():
+def test_disconnected_topology_names_its_components():
     t = Topology.from_links(5, [(0, 1, 10), (1, 2, 10), (3, 4, 10)])
-    with pytest.raises(PlanError, match=r"rank\(s\) \[3, 4\] cannot be reached from rank 0"):
+    with pytest.raises(PlanError, match=r"is disconnected: no link joins its 2 groups of ranks "
+                                        r"\[0, 1, 2\] and \[3, 4\]"):
         plan(t)
 
 
