@@ -170,9 +170,11 @@ def pmax(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
          timeout_s=None, chunks=None):
     """Maximum of ``x`` over ``axis_name``; a drop-in for ``lax.pmax``.
 
-    Runs the same planned trees as :func:`psum` with a max reduction (NaN
-    propagates, as in lax). Takes the same keyword arguments as :func:`psum`;
-    like ``lax.pmax`` it is not differentiable.
+    Runs the same planned trees as :func:`psum` with a max reduction, with
+    XLA's CPU rules: a NaN never wins (a device's NaN is passed over) and a
+    column that is NaN on every device gives -inf. Takes the same keyword
+    arguments as :func:`psum` (but ``bucket_bytes``: the leaves travel
+    together); like ``lax.pmax`` it is not differentiable.
     """
     return _allreduce(x, axis_name, "max", axis_index_groups=axis_index_groups,
                       topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
@@ -182,7 +184,7 @@ def pmin(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
          timeout_s=None, chunks=None):
     """Minimum of ``x`` over ``axis_name``; a drop-in for ``lax.pmin``.
 
-    As :func:`pmax`, with a min reduction.
+    As :func:`pmax`, with a min reduction (an all-NaN column gives +inf).
     """
     return _allreduce(x, axis_name, "min", axis_index_groups=axis_index_groups,
                       topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
