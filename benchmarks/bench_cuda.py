@@ -126,7 +126,10 @@ def main(argv=None):
         t = st["seconds"]
         algbw = size / t
         busbw = algbw * 2 * (n - 1) / n
-        ratio = (n * busbw) / copy_rate
+        # a D2D copy moves copy_rate / 2 bytes per second (copy_rate counts the read and the
+        # write); the bound is such a copy of the 2(n-1)/n * S bytes each of the n ranks
+        # receives: ratio = bound / t = 2 * n * busbw / copy_rate = 2(n-1) t_copy / t
+        ratio = 2 * (n * busbw) / copy_rate
         row = dict(chunks=info["nchunks"] // max(info["ntrees"], 1), trees=info["ntrees"],
                    seconds=t, algbw_gbps=algbw / 1e9, busbw_gbps=busbw / 1e9,
                    aggregate_busbw_gbps=n * busbw / 1e9, ratio_to_copy_bound=ratio,

@@ -41,6 +41,7 @@ def child(sizes, reps, ops):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jax_blink
+    from jax_blink import numerics
     from jax_blink.ops.hierarchical import prefers_lax
 
     nproc, local = jax.process_count(), jax.local_device_count()
@@ -76,10 +77,13 @@ def child(sizes, reps, ops):
                     for k, f in fns.items()}
             if op in ("all_gather", "broadcast"):
                 wrong = sum(int((a != b).sum()) for a, b in zip(outs["blink"], outs["lax"]))
-            else:
-                bound = 4 * nproc * local * np.finfo(np.float32).eps * np.abs(x).sum()
-                wrong = sum(int((np.abs(a - b) > bound).sum())
-                            for a, b in zip(outs["blink"], outs["lax"]))
+            else:  # per element, within both summation orders' bounds around lax's sum: the
+                # magnitude is lax's same reduction of |x| (jax_blink.numerics)
+                absx = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("host", "local")),
+                                                    lambda i: np.abs(x[i]))
+                mag = [np.asarray(s.data) for s in fns["lax"](absx).addressable_shards]
+                wrong = sum(numerics.wrong_vs_reference(a, b, m, nproc * local)
+                            for a, b, m in zip(outs["blink"], outs["lax"], mag))
             n = max(3, min(reps, int(2e8 // (size * 4 * local))))
             times = {"blink": [], "lax": []}
             for i in range(n):

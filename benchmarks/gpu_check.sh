@@ -25,8 +25,16 @@ fi
 python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_support())" \
   2>&1
 
-JAX_PLATFORMS=cuda,cpu timeout 420 python3 -m pytest -q --maxfail=15 --timeout 120 -p no:cacheprovider \
+status=0
+# (tests/conftest.py makes jax start its CUDA backend beside the 8 CPU devices)
+timeout 420 python3 -m pytest -q --maxfail=15 -p no:cacheprovider \
   tests/executor/test_cuda.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" != 0 ]; then
+  echo "gpu_check: the CUDA tests failed or did not finish (pytest exit $rc)" | tee -a "$out/test_cuda.log"
+  status=1
+fi
+git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
 
 bench() {  # name, then bench_cuda.py arguments
   local name="$1"; shift
@@ -38,3 +46,11 @@ bench bench_cuda_bf16 --dtype bfloat16
 bench bench_cuda_f32_staged --staged
 bench bench_cuda_1mb --mbytes 1 --chunks 1 2 4
 bench bench_cuda_hgx --preset hgx-h100
+
+for f in bench_cuda_f32 bench_cuda_f32_planner bench_cuda_bf16 bench_cuda_f32_staged bench_cuda_1mb bench_cuda_hgx; do
+  if [ ! -s "$out/$f.json" ]; then
+    echo "gpu_check: $f wrote no results" >&2
+    status=1
+  fi
+done
+exit $status

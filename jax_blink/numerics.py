@@ -1,6 +1,6 @@
 """What a correct sum may return: the per-element bound of a reduction in another order.
 
-One checker for the tests, the benchmarks and ``bench --devices``/``--steps``:
+One checker for the tests, the benchmarks and ``bench --steps``:
 a sum of ``n`` values computed in any order by floating-point additions
 (each rounded to the accumulator type) lies within ``(n - 1) * eps_acc *
 sum_r |x_r|`` of the exact sum, per element (the standard bound for
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["sum_bound", "wrong_elements", "accumulator"]
+__all__ = ["sum_bound", "wrong_elements", "wrong_vs_reference", "accumulator"]
 
 
 def _float_dtype(dtype) -> np.dtype:
@@ -117,3 +117,46 @@ def wrong_elements(result, parts, dtype=None, accumulate=None) -> int:
         off = np.abs(got - exact) > bound
     nonfinite_wrong = ~finite & ~((got == exact) | (np.isnan(got) & np.isnan(exact)))
     return int(np.sum(np.where(finite, off, nonfinite_wrong)))
+
+
+def wrong_vs_reference(result, reference, magnitude, n: int, dtype=None, accumulate=None,
+                       reference_accumulate=None) -> int:
+    """Elements where ``result`` and ``reference`` -- two sums of the same ``n`` values
+    per element, in different orders (jax_blink's and lax's) -- differ by more than
+    both sums' bounds allow.
+
+    Where the summands themselves are not at hand (a collective's output on one
+    device), ``magnitude`` is the sum of their absolute values per element: the
+    same reduction applied to ``|x|`` (for ``psum_scatter``, ``lax.psum_scatter`` of
+    ``|x|``; for complex values of ``|x|``, which bounds both parts). The bound is
+    ``(n - 1) * (eps_acc + eps_ref_acc) * magnitude + eps_out * (|result| + |reference|)``;
+    integers must be equal.
+
+    Examples
+    --------
+    >>> x = np.array([[1.0, 1e-3], [2.0, -1e-3], [3.0, 5.0]], np.float32)
+    >>> ref, mag = x.sum(0), np.abs(x).sum(0)
+    >>> wrong_vs_reference(x[::-1].sum(0), ref, mag, 3), wrong_vs_reference(x[1:].sum(0), ref, mag, 3)
+    (0, 2)
+    """
+    result, reference = np.asarray(result), np.asarray(reference)
+    dtype = _float_dtype(result.dtype if dtype is None else dtype)
+    if result.shape != reference.shape:
+        return int(max(result.size, reference.size))
+    if dtype.kind in "iub":
+        return int(np.sum(result != reference))
+    if dtype.kind == "c":
+        real = np.dtype(dtype.char.lower())
+        return sum(wrong_vs_reference(f(result), f(reference), magnitude, n, real, accumulate,
+                                      reference_accumulate) for f in (np.real, np.imag))
+    acc = accumulator(dtype) if accumulate is None else accumulate
+    ref_acc = accumulator(dtype, "lax") if reference_accumulate is None else reference_accumulate
+    got, want = result.astype(np.float64), reference.astype(np.float64)
+    mag = np.abs(np.asarray(magnitude, np.float64))
+    bound = (max(n - 1, 0) * (_eps(acc) + _eps(ref_acc)) * mag
+             + _eps(dtype) * (np.abs(got) + np.abs(want)))
+    finite = np.isfinite(got) & np.isfinite(want)
+    with np.errstate(invalid="ignore"):
+        off = np.abs(got - want) > bound
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    return int(np.sum(np.where(finite, off, ~same)))

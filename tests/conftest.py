@@ -5,10 +5,22 @@ PJRT_NPROC lifts XLA's cap on queued executions per device (see the README's
 deadlock lax.psum and jax_blink.psum alike.
 """
 
+import importlib.util
 import os
+
+
+def _nvidia_gpu_for_jax() -> bool:
+    """A CUDA plugin for jax is installed and an NVIDIA device node exists."""
+    plugin = any(importlib.util.find_spec(name) is not None
+                 for name in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+    return plugin and os.path.exists("/dev/nvidia0")
+
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("PJRT_NPROC", "64")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The CPU tests run on 8 virtual CPU devices (the default backend, first in the list); on a
+# machine with an NVIDIA GPU jax starts its CUDA backend too, so that the XLA:GPU tests
+# (tests/executor/test_cuda.py, jax.devices("gpu")) run under plain pytest.
+os.environ.setdefault("JAX_PLATFORMS", "cpu,cuda" if _nvidia_gpu_for_jax() else "cpu")

@@ -13,6 +13,7 @@ float32, so the result is the exact sum rounded once (bit-exact check);
 float32/float64 within the recursive-summation bound.
 """
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -133,7 +134,9 @@ def jax_gpus(cuda):
     try:
         gpus = jax.devices("gpu")
     except RuntimeError as e:
-        pytest.skip(f"no NVIDIA GPU visible to jax: install jax with CUDA support ({e})")
+        pytest.skip(f"jax_blink's CUDA module sees a GPU but jax does not: JAX_PLATFORMS="
+                    f"{os.environ.get('JAX_PLATFORMS')!r} must include cuda (tests/conftest.py "
+                    f"adds it where jax has a CUDA plugin), or install jax with CUDA support ({e})")
     return gpus
 
 
