@@ -45,16 +45,19 @@ MAX_CHUNKS_PER_TREE = 32
 #: simulator's search (keeps schedules and simulations small; at 1 GB over 8
 #: ranks it still means sub-MB chunks, the order of NCCL's own slices).
 MAX_CHUNKS = 64
-#: The CPU model: allreduce time (microseconds) of jax_blink's CPU executor
-#: and of lax.psum over 8 CPU devices, by float32 elements per device,
-#: measured by ``benchmarks/bench_psum_cpu.py`` on a 2-core AMD EPYC
-#: (``benchmarks/results/psum_cpu_amd-epyc-2core.json``). The simulator does
-#: not model host threads sharing cores, so on CPU devices the choice between
-#: the two comes from these measurements.
+#: The CPU model: what one allreduce adds to a program's time (microseconds
+#: per call) on jax_blink's CPU executor and with lax.psum over 8 CPU devices,
+#: by float32 elements per device: each program timed one call at a time with
+#: a sync after each, interleaved, minus the same program without the
+#: collective (``benchmarks/bench_psum_cpu.py`` on a 2-core AMD EPYC, commit
+#: 43e23e6, ``benchmarks/results/psum_cpu_amd-epyc-2core.json``; a test
+#: replays it). The simulator does not model host threads sharing cores, so on
+#: CPU devices the choice between the two, and the bucket size, come from
+#: these measurements.
 CPU_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000),
-    "blink": (236.8, 275.7, 227.7, 328.3, 564.0, 3367.5, 58743.0),
-    "lax": (342.5, 336.5, 294.7, 400.3, 568.1, 3464.5, 124351.1),
+    "blink": (84.4, 155.8, 139.8, 150.7, 222.1, 1755.4, 23796.1),
+    "lax": (119.1, 151.0, 158.7, 160.9, 310.6, 2009.7, 85774.6),
 }
 
 
@@ -72,16 +75,19 @@ CPU_CROSS_PROCESS_BYTES = {"reduce_scatter": (4e6, math.inf), "allgather": (0.0,
 def cpu_allreduce_seconds(which: str, size_bytes: float) -> float:
     """The CPU model's time of an allreduce of ``size_bytes`` per device by
     ``which`` (``"blink"`` or ``"lax"``): the measurements of
-    :data:`CPU_ALLREDUCE_US` interpolated in log-log, extrapolated linearly in
-    size beyond them.
+    :data:`CPU_ALLREDUCE_US` made non-decreasing in size (a running maximum:
+    at the smallest sizes the measurements differ by noise only), interpolated
+    in log-log, extrapolated linearly in size beyond them.
 
     Examples
     --------
     >>> round(cpu_allreduce_seconds("blink", 4e6) * 1e6, 1)
-    3367.5
+    1755.4
+    >>> round(cpu_allreduce_seconds("blink", 4e3) * 1e6, 1)  # the 400-byte 155.8 carried on
+    155.8
     """
     sizes = np.log(np.asarray(CPU_ALLREDUCE_US["elements"], float) * 4)
-    times = np.log(np.asarray(CPU_ALLREDUCE_US[which], float))
+    times = np.log(np.maximum.accumulate(np.asarray(CPU_ALLREDUCE_US[which], float)))
     x = np.log(max(float(size_bytes), 1.0))
     if x > sizes[-1]:
         return float(np.exp(times[-1]) * np.exp(x - sizes[-1])) * 1e-6

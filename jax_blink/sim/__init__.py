@@ -2,7 +2,7 @@
 
 Modules: :mod:`~jax_blink.sim.model` (:class:`SimModel`, :class:`SimError`),
 :mod:`~jax_blink.sim.simulator` (:func:`simulate`, the event loop),
-:mod:`~jax_blink.sim.tuning` (:func:`tune`, latency-aware lowering),
+:mod:`~jax_blink.sim.tuning` (:func:`tune`, latency-aware lowering, and :func:`tune_baseline`),
 :mod:`~jax_blink.sim.baselines` (NCCL-style ring, double binary tree,
 reduce-scatter + all-gather, chain), :mod:`~jax_blink.sim.comparison`
 (:func:`compare`, :func:`sweep_subsets`), :mod:`~jax_blink.sim.closed_form`
@@ -18,7 +18,7 @@ from .comparison import compare, sweep_subsets
 from .hosts import compare_hosts
 from .model import DEFAULT_REDUCE_GBPS, SimError, SimModel
 from .simulator import SimResult, bus_factor, simulate
-from .tuning import Tuned, tune
+from .tuning import Tuned, tune, tune_baseline
 
-__all__ = ["simulate", "SimModel", "SimResult", "SimError", "bus_factor", "tune", "Tuned", "compare",
+__all__ = ["simulate", "SimModel", "SimResult", "SimError", "bus_factor", "tune", "tune_baseline", "Tuned", "compare",
            "sweep_subsets", "compare_hosts", "DEFAULT_REDUCE_GBPS"]

@@ -41,8 +41,10 @@ NCCL's P2P/SHM transports do.
 
 Every baseline splits its data into pipeline chunks chosen by the cost
 model's :func:`~jax_blink.planning.cost.pipeline_chunks`, the same
-latency/bandwidth trade-off Blink's lowering makes, so the comparison does not
-hinge on a badly tuned baseline.
+latency/bandwidth trade-off Blink's lowering makes, times ``chunk_scale``;
+:func:`jax_blink.sim.tune_baseline` searches that scale by simulation, as
+:func:`jax_blink.sim.tune` searches Blink's, so that comparisons
+(:func:`jax_blink.sim.compare`) score both sides after the same search.
 
 Pure Python: never imports jax.
 """
@@ -51,7 +53,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..planning.cost import pipeline_chunks
+from ..planning.cost import MAX_CHUNKS, pipeline_chunks
 from ..planning.rings import best_rings
 from ..planning.tree import tree_depth
 from ..schedule import DTYPES, Schedule, ScheduleError, Step, dtype_name, lower_trees
@@ -101,7 +103,7 @@ def _route_alpha_s(graph, model, pairs):
 
 
 def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, loops=None,
-                   model: SimModel | None = None) -> Schedule:
+                   model: SimModel | None = None, chunk_scale: float = 1.0) -> Schedule:
     """NCCL-style ring allreduce (see the module docstring).
 
     Parameters
@@ -118,6 +120,9 @@ def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, lo
         ``n`` chunks); by default :func:`pipeline_chunks` for the ring.
     model : SimModel, optional
         Costs used to choose ``loops``.
+    chunk_scale : float
+        Multiplies the model's loop count (:func:`jax_blink.sim.tune_baseline`
+        searches it).
 
     Returns
     -------
@@ -151,7 +156,7 @@ def ring_allreduce(topology, size_bytes: int, dtype="float32", *, rings=None, lo
         k = loops
         if k is None:
             alpha = _route_alpha_s(graph, model, hops + [(v, u) for u, v in hops])
-            k = pipeline_chunks(2, share * itemsize / n, weight_gbps, alpha)
+            k = _scaled(pipeline_chunks(2, share * itemsize / n, weight_gbps, alpha), chunk_scale)
         loop_counts = [c for c in _split(share, [1.0] * max(1, min(k, share // n)), n) if c]
         for loop, loop_count in enumerate(loop_counts):
             base = len(chunk_table)
@@ -265,8 +270,13 @@ def _best_order(topology):
     return tuple(range(topology.n))
 
 
-def _lower(trees, topology, count, dtype, model, collective, root, bandwidth_share):
-    """Lower trees with per-tree pipeline chunks from :func:`pipeline_chunks`."""
+def _scaled(k, scale):
+    """The chunk count ``k`` times ``scale``, at least 1 and at most MAX_CHUNKS."""
+    return min(max(round(k * scale), 1), MAX_CHUNKS)
+
+
+def _lower(trees, topology, count, dtype, model, collective, root, bandwidth_share, chunk_scale=1.0):
+    """Lower trees with per-tree pipeline chunks from :func:`pipeline_chunks` (times ``chunk_scale``)."""
     graph = _graph(topology)
     itemsize = DTYPES[dtype][1]
     wsum = sum(t.weight for t in trees)
@@ -276,13 +286,14 @@ def _lower(trees, topology, count, dtype, model, collective, root, bandwidth_sha
         alpha = _route_alpha_s(graph, model, hops + [(c, p) for p, c in hops])
         width = min(graph.route_bandwidth_gbps(p, c) for p, c in hops) * bandwidth_share
         depth = tree_depth(t.root, t.edges) * (2 if collective == "allreduce" else 1)
-        chunks.append(pipeline_chunks(depth, count * itemsize * t.weight / wsum, width, alpha))
+        chunks.append(_scaled(pipeline_chunks(depth, count * itemsize * t.weight / wsum, width, alpha),
+                              chunk_scale))
     return lower_trees(trees, nranks=topology.n, collective=collective, root=root, count=count,
                        dtype=dtype, chunks=chunks)
 
 
 def double_binary_tree(topology, size_bytes: int, dtype="float32", *, order=None,
-                       model: SimModel | None = None) -> Schedule:
+                       model: SimModel | None = None, chunk_scale: float = 1.0) -> Schedule:
     """NCCL-style double binary tree allreduce (see the module docstring).
 
     Parameters
@@ -309,10 +320,11 @@ def double_binary_tree(topology, size_bytes: int, dtype="float32", *, order=None
     trees = [SimpleNamespace(root=order[root], edges=[(order[p], order[c]) for p, c in edges], weight=1.0)
              for root, edges in _dtree_edges(topology.n)]
     return _lower(trees, topology, count, dtype, SimModel() if model is None else model,
-                  "allreduce", -1, 0.5)
+                  "allreduce", -1, 0.5, chunk_scale)
 
 
-def rs_ag(topology, size_bytes: int, dtype="float32", *, model: SimModel | None = None) -> Schedule:
+def rs_ag(topology, size_bytes: int, dtype="float32", *, model: SimModel | None = None,
+          chunk_scale: float = 1.0) -> Schedule:
     """Direct reduce-scatter + all-gather allreduce (see the module docstring).
 
     Examples
@@ -327,11 +339,12 @@ def rs_ag(topology, size_bytes: int, dtype="float32", *, model: SimModel | None 
     trees = [SimpleNamespace(root=j, edges=[(j, i) for i in range(n) if i != j], weight=1.0)
              for j in range(n)]
     return _lower(trees, topology, count, dtype, SimModel() if model is None else model,
-                  "allreduce", -1, 1.0 / (n - 1))
+                  "allreduce", -1, 1.0 / (n - 1), chunk_scale)
 
 
 def chain(topology, size_bytes: int, dtype="float32", *, collective: str = "allreduce",
-          root: int = 0, order=None, model: SimModel | None = None) -> Schedule:
+          root: int = 0, order=None, model: SimModel | None = None,
+          chunk_scale: float = 1.0) -> Schedule:
     """Linear pipeline along a chain of all ranks (see the module docstring).
 
     Parameters
@@ -374,12 +387,13 @@ def chain(topology, size_bytes: int, dtype="float32", *, collective: str = "allr
         raise ScheduleError(f"a {collective} chain must start at its root {root}, got {order}")
     tree = SimpleNamespace(root=order[0], edges=list(zip(order, order[1:])), weight=1.0)
     return _lower([tree], topology, count, dtype, SimModel() if model is None else model,
-                  collective, order[0] if collective != "allreduce" else -1, 1.0)
+                  collective, order[0] if collective != "allreduce" else -1, 1.0, chunk_scale)
 
 
 def baseline(name: str, topology, size_bytes: int, dtype="float32", *,
-             model: SimModel | None = None) -> Schedule:
-    """The allreduce baseline called ``name`` (one of :data:`BASELINES`).
+             model: SimModel | None = None, chunk_scale: float = 1.0) -> Schedule:
+    """The allreduce baseline called ``name`` (one of :data:`BASELINES`), its
+    pipeline chunks the cost model's times ``chunk_scale``.
 
     Raises
     ------
@@ -390,7 +404,7 @@ def baseline(name: str, topology, size_bytes: int, dtype="float32", *,
                 "rs-ag": rs_ag, "chain": chain}
     if name not in builders:
         raise ScheduleError(f"unknown baseline {name!r}; expected one of {BASELINES}")
-    return builders[name](topology, size_bytes, dtype, model=model)
+    return builders[name](topology, size_bytes, dtype, model=model, chunk_scale=chunk_scale)
 
 
 def all_baselines(topology, size_bytes: int, dtype="float32", *,

@@ -17,7 +17,7 @@ import math
 from ..planning import plan
 from .baselines import all_baselines
 from .simulator import simulate
-from .tuning import tune
+from .tuning import tune, tune_baseline
 
 __all__ = ["compare", "sweep_subsets"]
 
@@ -32,13 +32,22 @@ def compare(topology, size_bytes: int, dtype="float32", model=None) -> dict:
         each row holds ``time_us``, ``algbw_gbps``, ``busbw_gbps``; Blink's also
         ``speedup`` (fastest baseline's time / Blink's), ``vs_ring`` (NCCL-style
         ring's time / Blink's), ``trees`` and ``chunks`` of the lowering used.
+        Every algorithm is scored at its fastest chunking found by the same
+        search (:func:`~jax_blink.sim.tune`, :func:`~jax_blink.sim.tune_baseline`);
+        a baseline's row also gives ``time_us_model_chunks``, its time with the
+        cost model's chunks alone.
     """
     tuned = tune(plan(topology, "allreduce"), size_bytes, dtype, model=model)
-    results = {"blink": tuned.result}
+    results, formula = {"blink": tuned.result}, {}
     for name, schedule in all_baselines(topology, size_bytes, dtype, model=model).items():
-        results[name] = simulate(schedule, topology, model=model)
+        formula[name] = simulate(schedule, topology, model=model)
+        # the same search as Blink's: the baseline scored is its fastest chunking
+        results[name] = min(tune_baseline(name, topology, size_bytes, dtype, model).result,
+                            formula[name], key=lambda r: r.time_s)
     rows = {name: {"time_us": r.time_us, "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps}
             for name, r in results.items()}
+    for name, r in formula.items():  # and with the cost model's chunks alone, side by side
+        rows[name]["time_us_model_chunks"] = r.time_us
     best = min(r["time_us"] for name, r in rows.items() if name != "blink")
     rows["blink"].update(speedup=best / rows["blink"]["time_us"],
                          vs_ring=rows["nccl-ring"]["time_us"] / rows["blink"]["time_us"],

@@ -28,7 +28,7 @@ from ..schedule import Schedule
 from .model import SimError, SimModel
 from .simulator import SimResult, simulate
 
-__all__ = ["tune", "Tuned", "SUBSET_FRACTIONS"]
+__all__ = ["tune", "tune_baseline", "Tuned", "SUBSET_FRACTIONS"]
 
 _GB = 1e9
 logger = logging.getLogger(__name__)
@@ -162,25 +162,58 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
             return Tuned(schedule, simulate(schedule, plan.topology, model=model), len(subset),
                          chunks, 0)
 
-        here = {1.0: run(1.0)}
-        for step in (2.0, 0.5):
-            scale = 1.0
-            while True:
-                nxt = scale * step
-                if nxt not in here:
-                    here[nxt] = run(nxt)
-                if (here[nxt].result.time_s >= here[scale].result.time_s
-                        or here[nxt].chunks == here[scale].chunks):
-                    break
-                scale = nxt
-        tried += len(here)
-        fastest = min(here.values(), key=lambda t: t.result.time_s)
+        fastest, count = _fastest_scale(run)
+        tried += count
         if best is None or fastest.result.time_s < best.result.time_s:
             best, best_index = fastest, index
     if key is not None:
         disk_store(_cache_path(key), json.dumps({"format": _ENTRY_FORMAT, "key": key, "candidate": best_index,
                                                  "chunks": list(best.chunks)}))
     return dataclasses.replace(best, candidates=tried)
+
+
+def _fastest_scale(run):
+    """``(fastest, simulations)``: ``run(scale)`` (a :class:`Tuned` whose chunks are the
+    model's times ``scale``) at 1, then doubling, then halving the scale while that makes
+    the simulation faster."""
+    here = {1.0: run(1.0)}
+    for step in (2.0, 0.5):
+        scale = 1.0
+        while True:
+            nxt = scale * step
+            if nxt not in here:
+                here[nxt] = run(nxt)
+            if (here[nxt].result.time_s >= here[scale].result.time_s
+                    or here[nxt].chunks == here[scale].chunks):
+                break
+            scale = nxt
+    return min(here.values(), key=lambda t: t.result.time_s), len(here)
+
+
+def tune_baseline(name: str, topology, size_bytes: int, dtype="float32",
+                  model: SimModel | None = None) -> Tuned:
+    """The fastest chunking of the allreduce baseline ``name`` (one of
+    :data:`jax_blink.sim.baselines.BASELINES`), by the search :func:`tune` gives
+    each Blink candidate: the cost model's chunks scaled by powers of two while
+    the simulation gets faster. ``num_trees`` is the schedule's tree count (its
+    rings, for the ring), ``chunks`` a one-tuple of its total chunk count.
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> t = tune_baseline("nccl-ring", Topology.preset("dgx1-v100").subset([0, 1, 2, 3]), 2**20)
+    >>> t.candidates >= 2 and t.result.time_s > 0
+    True
+    """
+    from .baselines import baseline
+
+    def run(scale):
+        schedule = baseline(name, topology, size_bytes, dtype, model=model, chunk_scale=scale)
+        return Tuned(schedule, simulate(schedule, topology, model=model), schedule.ntrees,
+                     (len(schedule.chunks),), 0)
+
+    fastest, count = _fastest_scale(run)
+    return dataclasses.replace(fastest, candidates=count)
 
 
 _ENTRY_FORMAT = "jax_blink.tune_cache"

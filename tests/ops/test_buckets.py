@@ -20,6 +20,12 @@ from jax_blink.planning import cost
 N = 8
 
 
+@pytest.fixture(autouse=True)
+def every_bucket_runs_the_plan(monkeypatch):
+    """The CPU model may hand a small bucket to lax.psum; count buckets, not that choice."""
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")
+
+
 def mesh():
     return jax.sharding.Mesh(np.asarray(jax.devices()[:N]), ("d",))
 

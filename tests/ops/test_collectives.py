@@ -6,6 +6,8 @@ and the jaxpr holds no dead operations.
 Float results are compared with the summation-order bound of test_psum.py.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -135,8 +137,11 @@ def test_broadcast_gives_every_device_the_roots_value(root):
     for k in x:
         assert np.asarray(out[k]).dtype == x[k].dtype
         np.testing.assert_array_equal(out[k], np.broadcast_to(x[k][root], x[k].shape))
-    assert f"broadcast over ('x',): float32 x 100 (400 B per device): tree plan" in jax_blink.explain() \
-        or "broadcast over ('x',): float32 x 100" in jax_blink.explain()
+    # the planned broadcast ran (not a lax fallback): the plan is named
+    assert re.search(r"broadcast over \('x',\): float32 x 100 \(400 B per device\): tree plan on shm:8",
+                     jax_blink.explain())
+    assert "lax" not in next(line for line in jax_blink.explain().splitlines()
+                             if line.startswith("broadcast over ('x',): float32"))
 
 
 @pytest.mark.parametrize("check_vma", [True, False])
