@@ -2,8 +2,9 @@
 
 Measures ``jax_blink.psum`` (forced on with ``min_bytes=0``) with
 :func:`jax_blink.ops.measure.run_devices`, simulates the schedule psum runs
-(``plan(shm:8).lower(size)``) and reports the relative error of the predicted
-time:
+(its decision's own, ``ops.decide.schedule_for``: the same trees and chunks,
+whatever bandwidth the model assumes) and reports the relative error of the
+predicted time:
 
 * with the default (GPU-like) :class:`~jax_blink.sim.SimModel` on the
   ``shm:8`` preset, with a GPU-like nominal shared-memory latency of 0.5 us
@@ -24,6 +25,7 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("PJRT_NPROC", "64")
+os.environ.setdefault("JAX_BLINK_ALGO", "blink")  # the plan at every size (auto may pick lax)
 
 import argparse  # noqa: E402
 import itertools  # noqa: E402
@@ -34,7 +36,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from jax_blink.cli.sizes import format_size, parse_sizes  # noqa: E402
 from jax_blink.ops.measure import run_devices  # noqa: E402
-from jax_blink.planning import plan  # noqa: E402
 from jax_blink.sim import SimModel, simulate  # noqa: E402
 from jax_blink.topo import Topology  # noqa: E402
 
@@ -48,12 +49,20 @@ def shm_topology(n, port_gbps):
     return Topology.from_links(n, [(d, n, port_gbps, "shm") for d in range(n)], ["host memory"], f"shm:{n}")
 
 
+def psum_schedule(size, n):
+    """The schedule jax_blink.psum runs for ``size`` bytes per device on n CPU devices (the
+    decision's own: the same plan, chunks and trees)."""
+    from jax_blink.ops.decide import PlanRequest, schedule_for
+
+    return schedule_for(PlanRequest(Topology.preset(f"shm:{n}")), size // 4, "float32")[1]
+
+
 def predict(sizes, n, params):
+    """Simulated times of psum's schedules on a shm topology of the given port bandwidth."""
     topo = shm_topology(n, params["port_gbps"])
     model = SimModel(latency_us={"shm": params["shm_latency_us"]}, step_overhead_us=params["step_overhead_us"],
                      reduce_gbps=params["reduce_gbps"])
-    p = plan(topo)
-    return [simulate(p.lower(size, "float32"), topo, model=model).time_us for size in sizes]
+    return [simulate(psum_schedule(size, n), topo, model=model).time_us for size in sizes]
 
 
 def rel_errors(predicted, measured):
