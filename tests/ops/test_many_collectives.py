@@ -29,6 +29,7 @@ TIMEOUT_S = 20  # a collective that hangs fails the test in seconds, not minutes
 @pytest.fixture(autouse=True)
 def short_timeout(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_TIMEOUT_S", str(TIMEOUT_S))
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")  # every collective ours (auto may give small ones to lax)
 
 
 def mesh():
