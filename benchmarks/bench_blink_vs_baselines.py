@@ -172,7 +172,7 @@ def main():
     for preset in PRESETS if not args.crossover_only else ():
         summary, rows = sweep_subsets(Topology.preset(preset), list(SWEEP_SIZES), model=model, jobs=args.jobs,
                                       progress=lambda it, total: tqdm(it, total=total, desc=preset, file=sys.stderr,
-                                                                      leave=False))
+                                                                      leave=False, disable=None))
         results[preset] = {"summary": {str(k): v for k, v in summary.items()}, "allocations": rows}
         print(preset, json.dumps(summary, indent=1), flush=True)
     crossovers = {}

@@ -335,8 +335,9 @@ def train(args, names, data, mesh, n_dev: int) -> dict:
     example = put(*next(batches(x_train, y_train, args.batch_size, 0, args.seed)))
     trainers = [Trainer(name, args, total, mesh, n_dev, example) for name in names]
     main = trainers[0]
-    bar = tqdm(total=total, disable=jax.process_index() != 0, desc=" vs ".join(LABELS[n] for n in names),
-               dynamic_ncols=True, file=sys.stdout)
+    # disable=None: no bar where stdout is not a terminal (a log, CI)
+    bar = tqdm(total=total, disable=True if jax.process_index() != 0 else None,
+               desc=" vs ".join(LABELS[n] for n in names), dynamic_ncols=True, file=sys.stdout)
 
     def show():
         info = {"loss": f"{main.loss[-1]:.4f}", "acc": f"{main.acc[-1]:.3f}",

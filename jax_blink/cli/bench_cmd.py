@@ -253,7 +253,8 @@ def _progress(what):
     """A progress bar on stderr for ``what``: ``wrap(iterable, total=n)``."""
     from tqdm import tqdm
 
-    return lambda iterable, total: tqdm(iterable, total=total, desc=what, file=sys.stderr, leave=False)
+    return lambda iterable, total: tqdm(iterable, total=total, desc=what, file=sys.stderr, leave=False,
+                                           disable=None)  # none in logs
 
 
 def _model_dict(model):

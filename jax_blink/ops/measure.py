@@ -67,7 +67,8 @@ def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
                 for name, f in fns.items()}
     itemsize = np.dtype(np_dtype).itemsize
     out = []
-    progress = tqdm(total=len(sizes) * len(fns), desc="measuring", file=sys.stderr, leave=False)
+    progress = tqdm(total=len(sizes) * len(fns), desc="measuring", file=sys.stderr, leave=False,
+                    disable=None)  # no bar in logs (stderr not a terminal)
     for size in sizes:
         if size % itemsize:
             raise ValueError(f"size {size} is not a multiple of the {dtype} item size {itemsize}")
@@ -202,7 +203,8 @@ def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS):
         raise ValueError(f"--steps needs at least 2 devices, found {n}; try --cpu-devices 8")
     mesh = Mesh(np.array(devices), ("data",))
     rows = []
-    progress = tqdm(total=len(models) * rounds, desc="steps", file=sys.stderr, leave=False)
+    progress = tqdm(total=len(models) * rounds, desc="steps", file=sys.stderr, leave=False,
+                    disable=None)
     for depth, width in models:
         x = jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(n * batch, width)),
                                        jnp.float32), NamedSharding(mesh, P("data")))
