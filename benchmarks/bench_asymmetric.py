@@ -86,15 +86,15 @@ def dgx1v_asymmetric_pcie(gpus):
 
 
 def nccl_time(t):
-    """NCCL's choice simulated: the faster of ring and double binary tree, or None."""
-    from jax_blink.sim import simulate
-    from jax_blink.sim.baselines import double_binary_tree, ring_allreduce
+    """NCCL's choice simulated: the faster of ring and double binary tree, each at its fastest
+    chunking (``sim.tune_baseline``: the search Blink's plans get from ``sim.tune``), or None."""
+    from jax_blink.sim import tune_baseline
     from jax_blink.topo import TopologyError
 
     times = []
-    for build in (ring_allreduce, double_binary_tree):
+    for name in ("nccl-ring", "nccl-dbtree"):
         try:
-            times.append(simulate(build(t, SIZE), t).time_s)
+            times.append(tune_baseline(name, t, SIZE).result.time_s)
         except TopologyError:
             pass
     return min(times) if times else None
