@@ -1,10 +1,11 @@
 """Every jax_blink collective against its lax equivalent on 8 virtual CPU devices.
 
 For each collective and per-device size (float32 elements), times jax_blink's
-op and the lax op in the same process, interleaved, after compilation, and
-reports the ratio blink/lax, nccl-tests' bus bandwidth of the jax_blink run
-and the number of wrong elements (inputs are small integers, so every
-correct result is exact):
+op and the lax op in the same process after compilation, one call at a time
+with a sync after each, the two alternating (the median per-call latency,
+not a burst's throughput), and reports the ratio blink/lax, nccl-tests' bus
+bandwidth of the jax_blink run and the number of wrong elements (inputs are
+small integers, so every correct result is exact):
 
     python benchmarks/bench_collectives_cpu.py [--sizes 1e2,1e3,...] [--ops psum_scatter,...]
         [--out FILE.json] [--md FILE.md]
@@ -23,6 +24,8 @@ os.environ.setdefault("PJRT_NPROC", "64")
 
 import argparse
 import json
+import subprocess
+import time
 
 import numpy as np
 
@@ -33,9 +36,22 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
 from _machine import machine
-from bench_psum_cpu import time_fn
 
 ROOT = 0
+
+
+def per_call(fns, x, rounds):
+    """Median seconds of one call of each of ``fns`` (name -> jitted fn), a sync after each
+    call, the functions alternating (and which goes first), ``rounds`` calls each."""
+    times = {name: [] for name in fns}
+    for f in fns.values():
+        jax.block_until_ready(f(x))
+    for i in range(rounds):
+        for name in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
+            start = time.perf_counter()
+            jax.block_until_ready(fns[name](x))
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def ops(n):
@@ -66,7 +82,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1e2,1e3,1e4,1e5,1e6,1e7")
     ap.add_argument("--ops", default="psum_scatter,all_gather,pmax,pmin,broadcast")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median)")
+    ap.add_argument("--rounds", type=int, default=41, help="calls of each op per size (median)")
     ap.add_argument("--out", default=None, help="write results JSON here")
     ap.add_argument("--md", default=None, help="write the README tables (markdown) here")
     args = ap.parse_args()
@@ -91,12 +107,9 @@ def main():
             f_blink, f_lax = shard(blink_fn), shard(lax_fn)
             got = np.asarray(f_blink(xs))
             wrong = int(np.sum(got != expected_fn(x))) + int(np.sum(np.asarray(f_lax(xs)) != got))
-            reps = max(3, min(1000, int(3e7 // size)))
-            t_lax, t_blink = [], []
-            for _ in range(args.rounds):
-                t_lax.append(time_fn(f_lax, xs, reps))
-                t_blink.append(time_fn(f_blink, xs, reps))
-            tl, tb = float(np.median(t_lax)), float(np.median(t_blink))
+            med = per_call({"lax": f_lax, "blink": f_blink}, xs,
+                           args.rounds if size < 10**7 else max(5, args.rounds // 4))
+            tl, tb = med["lax"], med["blink"]
             nbytes = size * 4 * (n if name == "all_gather" else 1)  # nccl-tests: the whole vector
             busbw = nbytes / tb / 1e9 * bus
             rows.append({"count": size, "lax_us": tl * 1e6, "blink_us": tb * 1e6,
@@ -107,16 +120,19 @@ def main():
             print(f"{size:>10} {tl*1e6:>10.1f} {tb*1e6:>10.1f} {tb/tl:>6.2f} {busbw:>7.2f} "
                   f"{wrong:>6}")
         results[name] = rows
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"machine": info, "results": results}, f, indent=1)
+            json.dump({"machine": info, "commit": commit, "method": "per call, a sync after each, "
+                       "jax_blink and lax alternating; median", "results": results}, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
             f.write(f"Machine: {info['cpu']}, {info['cores']} cores, jax {info['jax']}, "
-                    f"{info['devices']}.\n")
+                    f"{info['devices']}; commit {commit}; `python benchmarks/bench_collectives_cpu.py`.\n")
             for name, rows in results.items():
-                f.write(f"\n**{name}** (float32; jax_blink / lax time, median of "
-                        f"{args.rounds} rounds)\n\n| elements per device | lax (us) | "
+                f.write(f"\n**{name}** (float32; per call, median of {args.rounds} calls each, "
+                        f"alternating)\n\n| elements per device | lax (us) | "
                         f"jax_blink (us) | blink / lax | wrong |\n|---|---|---|---|---|\n")
                 for r in rows:
                     f.write(f"| {r['count']:.0e} | {r['lax_us']:.1f} | {r['blink_us']:.1f} | "

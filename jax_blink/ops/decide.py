@@ -26,9 +26,9 @@ import jax
 from jax_blink import _ffi, settings
 from jax_blink._jsonio import parse_json, read_text_file
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
-from jax_blink.planning.cost import cpu_allreduce_seconds
+from jax_blink.planning.cost import CUDA_STREAM, cpu_allreduce_seconds
 from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
-from jax_blink.sim import simulate, tune
+from jax_blink.sim import nccl as nccl_model, simulate, tune
 from jax_blink.sim.baselines import chain as _chain, double_binary_tree, ring_allreduce
 from jax_blink.topo import Topology, TopologyError, load_topology
 
@@ -231,10 +231,12 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
 
 @functools.lru_cache(maxsize=64)
 def _tuned(topology, collective, root, count, dtype):
-    """The plan's lowering tuned by simulation, with its simulated time (``sim.Tuned``): the
+    """The plan's lowering tuned by simulation for the CUDA executor, with its predicted time
+    (``sim.Tuned.seconds``: the simulated transfer and the executor's costs): the
     choice is kept on disk, since tuning a full DGX-1 plan takes about a minute; the op does
     not change it, nor the time."""
-    return tune(plan(topology, collective, root=root), count * DTYPES[dtype][1], dtype, cache=True)
+    return tune(plan(topology, collective, root=root), count * DTYPES[dtype][1], dtype, cache=True,
+                executor=CUDA_STREAM)
 
 
 def _from_file(request, count, dtype):
@@ -342,11 +344,14 @@ _NAMES = {"blink": "blink plan", "blink-tuned": "blink plan (tuned by simulation
 def _choose(request, count, dtype, platform, what, fallback):
     """The allreduce's algorithm: ``JAX_BLINK_PLAN``, else ``JAX_BLINK_ALGO``,
     else (``auto``) the fastest predicted one. On GPUs the simulator predicts
-    the tuned plan and the baselines our executor runs (ring, tree, chain),
-    and the lax collective is NCCL's choice (the faster of ring and tree); a
-    baseline that the topology's links or the size cannot carry (two ranks
-    with no link or switch path between them) is listed as n/a and not
-    chosen. On CPU
+    the transfers of the tuned plan and of the baselines our executor runs
+    (ring, tree, chain), to which the CUDA executor's costs are added
+    (``planning.cost.CUDA_STREAM``: per call, and per step of the busiest
+    rank); the lax collective is NCCL as its own tuner predicts it
+    (``sim.nccl``: ring, tree or NVLS with LL, LL128 or Simple), or where the
+    topology names no GPU, NCCL's ring and tree simulated. A baseline that
+    the topology's links or the size cannot carry (two ranks with no link or
+    switch path between them) is listed as n/a and not chosen. On CPU
     devices the CPU model (``planning.cost.cpu_allreduce_seconds``)
     predicts the plan and lax."""
     forced = settings.algo()
@@ -362,12 +367,12 @@ def _choose(request, count, dtype, platform, what, fallback):
     gpu = platform in ("cuda", "gpu")
     if forced == "auto":
         candidates = ("blink-tuned", "ring", "tree", "chain") if gpu else ("blink",)
-        predicted = _predicted(request, count, dtype, gpu, candidates)
+        predicted, how = _predicted(request, count, dtype, gpu, candidates)
         runnable = {k: v for k, v in predicted.items() if v is not None}
         choice = min(runnable, key=runnable.get)  # ties: ours first (dict order), lax last
         times = ", ".join(f"{k} {v * 1e6:.4g} us" if v is not None else f"{k} n/a (this topology or "
                           "size cannot carry it)" for k, v in predicted.items())
-        why = f"predicted fastest; {'simulated' if gpu else 'CPU model'}: {times}"
+        why = f"predicted fastest; {how}: {times}"
         if choice == "lax":
             return Decision(f"{what}: {fallback} ({why})")
     else:  # forced: nothing to predict
@@ -389,30 +394,40 @@ def _choose(request, count, dtype, platform, what, fallback):
 
 @functools.lru_cache(maxsize=64)
 def _predicted_cached(request, count, dtype, gpu, candidates):
+    """``((name, seconds or None), ...)`` and how ``lax`` was predicted."""
     size = count * DTYPES[dtype][1]
     if not gpu:
         out = {"blink": cpu_allreduce_seconds("blink", size)} if "blink" in candidates else {}
         out["lax"] = cpu_allreduce_seconds("lax", size)
-        return tuple(out.items())
-    out = {}
+        return tuple(out.items()), "CPU model"
+    out, transfer = {}, {}
     for name in dict.fromkeys(candidates + ("ring", "tree")):
-        if name == "blink-tuned":  # tuning simulated it already
-            out[name] = _tuned(request.topology, request.collective, None, count, dtype).result.time_s
+        if name == "blink-tuned":  # tuning simulated it already, for the CUDA executor
+            out[name] = _tuned(request.topology, request.collective, None, count, dtype).seconds
             continue
         try:
             schedule = schedule_for(dataclasses.replace(request, algo=name), count, dtype)[1]
         except (TopologyError, ScheduleError):  # a baseline this topology or size cannot carry
             out[name] = None  # is left out of the comparison
             continue
-        out[name] = simulate(schedule, request.topology).time_s
-    nccl = [out[k] for k in ("ring", "tree") if out[k] is not None]
-    out["lax"] = min(nccl) if nccl else None  # NCCL picks the faster of its two
-    return tuple((k, v) for k, v in out.items() if k in candidates or k == "lax")
+        transfer[name] = simulate(schedule, request.topology).time_s
+        out[name] = CUDA_STREAM.seconds(transfer[name], schedule)  # run by jax_blink's executor
+    model = nccl_model.predict(request.topology, size)
+    if model is not None:
+        out["lax"] = model.seconds
+        how = f"simulated with the CUDA executor's costs; lax = {model.describe()}"
+    else:  # NCCL's own ring and tree, simulated; its own executor's costs unknown here
+        nccl = [transfer[k] for k in ("ring", "tree") if out[k] is not None]
+        out["lax"] = min(nccl) if nccl else None  # NCCL picks the faster of its two
+        how = ("simulated with the CUDA executor's costs; lax = NCCL's ring and tree simulated (no "
+               f"NCCL model for {request.topology.name}: it names no GPU)")
+    return tuple((k, v) for k, v in out.items() if k in candidates or k == "lax"), how
 
 
 def _predicted(request, count, dtype, gpu, candidates):
-    """Predicted seconds per candidate (and ``lax``), by the model of the platform;
+    """``(predicted seconds per candidate and lax, how)``, by the model of the platform;
     None for a schedule the topology or size cannot carry. The reduction (sum, max,
     min) does not change a prediction, so they share one."""
     request = dataclasses.replace(request, op="sum")
-    return dict(_predicted_cached(request, count, dtype, gpu, tuple(candidates)))
+    times, how = _predicted_cached(request, count, dtype, gpu, tuple(candidates))
+    return dict(times), how

@@ -17,12 +17,14 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 __all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_CROSS_PROCESS_BYTES", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
-           "pipeline_chunks", "BUCKET_FIXED_SHARE", "bucket_bytes"]
+           "pipeline_chunks", "BUCKET_FIXED_SHARE", "bucket_bytes", "ExecutorCost", "CUDA_STREAM",
+           "CUDA_CALL_SECONDS"]
 
 #: One-way latency of one link (one arc of a route) by link kind, in
 #: microseconds. ``nvlink``, ``pcie`` and ``net`` are nominal wire latencies.
@@ -38,6 +40,45 @@ LATENCY_US = {"nvlink": 0.7, "pcie": 1.0, "net": 5.0, "shm": 2000.0}
 #: event record or wait) at ~3.3 us each, measured with 8 ranks enqueueing
 #: concurrently on one H100 (``benchmarks/bench_cuda.py --mbytes 1``).
 CUDA_LAUNCH_SECONDS = 7e-6
+#: The CUDA stream executor's fixed cost of one call beyond its steps' host
+#: enqueueing: on one H100, 8 ranks, 1 MB float32 per rank at one chunk per
+#: tree took 0.27, 0.36 and 0.61 ms in three runs
+#: (``benchmarks/results/cuda_h100.json``, commit 804a2f3; the transfer itself
+#: is a few microseconds there), median 0.36 ms, less its 28 steps per rank at
+#: CUDA_LAUNCH_SECONDS (tests/test_cost_model.py replays the runs).
+CUDA_CALL_SECONDS = 0.36e-3 - 28 * CUDA_LAUNCH_SECONDS
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorCost:
+    """What an executor adds to a schedule's transfers: a fixed cost per call, and
+    a host cost per step that one rank pays step after step (the CUDA stream
+    executor enqueues each step with CUDA API calls, serially per rank).
+
+    A call takes ``max(transfer, steps of the busiest rank * step_s) + call_s``:
+    the host enqueues while the device moves data, and whichever is longer sets
+    the time.
+
+    Examples
+    --------
+    >>> ExecutorCost("x", call_s=1e-4, step_s=1e-5).call_seconds(5e-4, 20)
+    0.0006
+    """
+
+    name: str
+    call_s: float
+    step_s: float
+
+    def call_seconds(self, transfer_s: float, max_rank_steps: int) -> float:
+        return max(transfer_s, max_rank_steps * self.step_s) + self.call_s
+
+    def seconds(self, transfer_s: float, schedule) -> float:
+        """:meth:`call_seconds` of ``schedule`` (a :class:`jax_blink.schedule.Schedule`)."""
+        return self.call_seconds(transfer_s, max((len(r) for r in schedule.steps), default=0))
+
+
+#: The CUDA stream executor (``cc/stream`` over ``cc/cuda``).
+CUDA_STREAM = ExecutorCost("cuda-stream", call_s=CUDA_CALL_SECONDS, step_s=CUDA_LAUNCH_SECONDS)
 #: Upper clamp on the pipeline chunks the lowering chooses per tree for the
 #: executors.
 MAX_CHUNKS_PER_TREE = 32

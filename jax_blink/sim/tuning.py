@@ -55,6 +55,10 @@ class Tuned:
         Pipeline chunks per tree used.
     candidates : int
         How many lowerings were simulated.
+    seconds : float or None
+        The predicted time of a call on the executor :func:`tune` was given
+        (its :class:`~jax_blink.planning.cost.ExecutorCost` over the simulated
+        transfer), else the simulated time.
     """
 
     schedule: Schedule
@@ -62,10 +66,12 @@ class Tuned:
     num_trees: int
     chunks: tuple
     candidates: int
+    seconds: float | None = None
 
 
 def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
-         max_chunks: int = MAX_CHUNKS, stars: bool = True, cache: bool = False) -> Tuned:
+         max_chunks: int = MAX_CHUNKS, stars: bool = True, cache: bool = False,
+         executor=None) -> Tuned:
     """The fastest lowering of ``plan`` at ``size_bytes``, by simulation.
 
     Candidates:
@@ -110,6 +116,12 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         Whether the star packing is a candidate.
     cache : bool
         Look the choice up on disk and store it there.
+    executor : ExecutorCost, optional
+        The executor that will run the schedule
+        (:data:`jax_blink.planning.cost.CUDA_STREAM`): candidates are compared
+        by its predicted time, the simulated transfer plus its per-call and
+        per-step costs, so that chunk counts and subsets are chosen for it.
+        None: by the simulated time alone.
 
     Returns
     -------
@@ -140,31 +152,35 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
                 for j in range(n))))
         except TopologyError:
             pass  # some two ranks share no link or switch: no star reaches them
-    key = _cache_key(plan, size_bytes, dtype, model, max_chunks, stars) if cache else None
+    key = _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor) if cache else None
+
+    def scored(schedule, trees, chunks, tried):
+        result = simulate(schedule, plan.topology, model=model)
+        seconds = result.time_s if executor is None else executor.seconds(result.time_s, schedule)
+        return Tuned(schedule, result, trees, chunks, tried, seconds)
+
     if key is not None:
         hit = _cached_choice(key, candidates, max_chunks)
         if hit is not None:
             index, chunks = hit
             schedule = candidates[index].lower(size_bytes, dtype, chunks=list(chunks))
-            return Tuned(schedule, simulate(schedule, plan.topology, model=model),
-                         len(candidates[index].trees), chunks, 1)
+            return scored(schedule, len(candidates[index].trees), chunks, 1)
     best, best_index, tried = None, 0, 0
+    fixed_s = 0.0 if executor is None else executor.call_s
     for index, sub in enumerate(candidates):
         subset = sub.trees
         bandwidth_s = size_bytes / (sum(t.weight for t in subset) * _GB)
-        if best is not None and index < num_subsets and bandwidth_s >= best.result.time_s:
+        if best is not None and index < num_subsets and bandwidth_s + fixed_s >= best.seconds:
             continue  # a subset of the plan's trees too narrow to win
         base = sub.chunks_for(size_bytes)
 
         def run(scale):
             chunks = tuple(min(max(round(k * scale), 1), max_chunks) for k in base)
-            schedule = sub.lower(size_bytes, dtype, chunks=list(chunks))
-            return Tuned(schedule, simulate(schedule, plan.topology, model=model), len(subset),
-                         chunks, 0)
+            return scored(sub.lower(size_bytes, dtype, chunks=list(chunks)), len(subset), chunks, 0)
 
         fastest, count = _fastest_scale(run)
         tried += count
-        if best is None or fastest.result.time_s < best.result.time_s:
+        if best is None or fastest.seconds < best.seconds:
             best, best_index = fastest, index
     if key is not None:
         disk_store(_cache_path(key), json.dumps({"format": _ENTRY_FORMAT, "key": key, "candidate": best_index,
@@ -175,7 +191,7 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
 def _fastest_scale(run):
     """``(fastest, simulations)``: ``run(scale)`` (a :class:`Tuned` whose chunks are the
     model's times ``scale``) at 1, then doubling, then halving the scale while that makes
-    the simulation faster."""
+    the predicted time (``Tuned.seconds``) shorter."""
     here = {1.0: run(1.0)}
     for step in (2.0, 0.5):
         scale = 1.0
@@ -183,11 +199,10 @@ def _fastest_scale(run):
             nxt = scale * step
             if nxt not in here:
                 here[nxt] = run(nxt)
-            if (here[nxt].result.time_s >= here[scale].result.time_s
-                    or here[nxt].chunks == here[scale].chunks):
+            if here[nxt].seconds >= here[scale].seconds or here[nxt].chunks == here[scale].chunks:
                 break
             scale = nxt
-    return min(here.values(), key=lambda t: t.result.time_s), len(here)
+    return min(here.values(), key=lambda t: t.seconds), len(here)
 
 
 def tune_baseline(name: str, topology, size_bytes: int, dtype="float32",
@@ -209,8 +224,8 @@ def tune_baseline(name: str, topology, size_bytes: int, dtype="float32",
 
     def run(scale):
         schedule = baseline(name, topology, size_bytes, dtype, model=model, chunk_scale=scale)
-        return Tuned(schedule, simulate(schedule, topology, model=model), schedule.ntrees,
-                     (len(schedule.chunks),), 0)
+        result = simulate(schedule, topology, model=model)
+        return Tuned(schedule, result, schedule.ntrees, (len(schedule.chunks),), 0, result.time_s)
 
     fastest, count = _fastest_scale(run)
     return dataclasses.replace(fastest, candidates=count)
@@ -219,9 +234,10 @@ def tune_baseline(name: str, topology, size_bytes: int, dtype="float32",
 _ENTRY_FORMAT = "jax_blink.tune_cache"
 
 
-def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars) -> dict:
+def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor) -> dict:
     """Everything a cached tuning answers, as a JSON object."""
     return {"cache_version": CACHE_VERSION, "subset_fractions": list(SUBSET_FRACTIONS),
+            "executor": None if executor is None else dataclasses.asdict(executor),
             "topology": plan.topology.fingerprint(), "collective": plan.collective, "root": plan.root,
             "link_kinds": list(plan.link_kinds), "trees": [t.to_dict() for t in plan.trees],
             "size_bytes": int(size_bytes), "dtype": dtype_name(dtype), "max_chunks": int(max_chunks),

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from .errors import TopologyError
 from .limits import MAX_NODES
 
-__all__ = ["PresetSpec", "preset_spec", "preset_names", "dgx1_p100", "dgx1_v100", "dgx2", "dgx_a100",
+__all__ = ["PresetSpec", "preset_spec", "preset_names", "gpu_of", "dgx1_p100", "dgx1_v100", "dgx2", "dgx_a100",
            "hgx_h100", "pcie", "shm"]
 
 #: The 16 NVLink pairs of a DGX-1 (hybrid cube-mesh).
@@ -43,6 +43,23 @@ QPI_GBPS = 38.4
 #: V100 900, A100 40 GB 1555, H100 SXM 3350 (the vendors' data sheets).
 REDUCE_GBPS = {"P100": 732 / 3, "V100": 900 / 3, "A100": 1555 / 3, "H100": 3350 / 3}
 SHM_PORT_GBPS = 10.0
+
+
+def gpu_of(topology):
+    """The GPU a topology's ranks are (``"P100"``, ``"V100"``, ``"A100"``, ``"H100"``),
+    known from the reducer rate a preset sets (:data:`REDUCE_GBPS`, kept by subsets,
+    several hosts and JSON), or None (``shm:N``, custom topologies).
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> gpu_of(Topology.preset("dgx1-v100").subset([0, 3])), gpu_of(Topology.preset("shm:4"))
+    ('V100', None)
+    """
+    rate = getattr(topology, "reduce_gbps", None)
+    if rate is None:
+        return None
+    return next((gpu for gpu, r in REDUCE_GBPS.items() if abs(r - rate) <= 1e-9 * r), None)
 
 
 class PresetSpec(NamedTuple):

@@ -65,21 +65,51 @@ def test_auto_on_cpu_takes_the_faster_by_the_cpu_model():
         assert ("lax.psum" in text.split("(")[0]) == (best == "lax"), text
 
 
-def test_auto_on_a_gpu_topology_takes_the_fastest_simulated_schedule():
-    """Every alternative's predicted time is listed; the choice is the
-    smallest, never slower than NCCL's own choice (the faster of ring and
-    tree), and the chosen schedule is the one simulated."""
+def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
+    """Every alternative's predicted time is listed; lax is NCCL as its tuner predicts it
+    (sim.nccl); the choice is the smallest, so never one the model says is slower than
+    NCCL; and the chosen schedule's prediction is its simulated transfer plus the CUDA
+    executor's costs."""
+    from jax_blink.planning.cost import CUDA_STREAM
+    from jax_blink.sim import nccl, simulate
+
     topology = Topology.preset("dgx1-v100").subset([0, 1, 2, 5, 6])
-    for count in (256, 1 << 18):
+    for count in (256, 1 << 18, 1 << 26):
         d = _decide.decide(count, "float32", 5, topology=topology, platform="gpu")
         predicted = predictions(d.text)
         assert set(predicted) == {"blink-tuned", "ring", "tree", "chain", "lax"}, d.text
-        assert predicted["lax"] == min(predicted["ring"], predicted["tree"])
+        model = nccl.predict(topology, count * 4)
+        assert predicted["lax"] == pytest.approx(model.seconds * 1e6, rel=1e-3)
+        assert f"lax = NCCL {model.algorithm}/{model.protocol}" in d.text
         best = min(predicted, key=predicted.get)
+        if best == "lax":
+            assert not d.uses_blink, d.text
+            continue
         assert d.request.algo == best and predicted[best] <= predicted["lax"]
-        from jax_blink.sim import simulate
         schedule = _decide.schedule_for(d.request, count, "float32")[1]
-        assert simulate(schedule, topology).time_s * 1e6 == pytest.approx(predicted[best], rel=1e-3)
+        transfer = simulate(schedule, topology).time_s
+        assert CUDA_STREAM.seconds(transfer, schedule) * 1e6 == pytest.approx(predicted[best], rel=1e-3)
+    # small: NCCL's LL beats the CUDA executor's per-call cost; 256 MB without an NVLink ring:
+    # the plan over every link beats NCCL's PCIe ring
+    assert not _decide.decide(256, "float32", 5, topology=topology, platform="gpu").uses_blink
+    assert _decide.decide(1 << 26, "float32", 5, topology=topology, platform="gpu").uses_blink
+
+
+def test_on_an_nvswitch_h100_nccl_wins_at_1_mb():
+    """The issue's case: hgx-h100 at 1 MB once picked a 512-chunk plan predicted at 15 us;
+    NCCL (NVLS here) is faster than anything the CUDA executor can do per call, and the
+    tuned plan under the executor's costs has few chunks."""
+    d = _decide.decide(1 << 18, "float32", N, topology="hgx-h100", platform="gpu")
+    assert not d.uses_blink and "lax = NCCL nvls/Simple" in d.text, d.text
+    tuned = _decide._tuned(Topology.preset("hgx-h100"), "allreduce", None, 1 << 18, "float32")
+    assert len(tuned.schedule.chunks) <= 64, len(tuned.schedule.chunks)
+
+
+def test_without_a_gpu_generation_nccl_is_simulated_and_explain_says_so():
+    d = _decide.decide(1 << 18, "float32", N, topology="pcie", platform="gpu")
+    predicted = predictions(d.text)
+    assert "no NCCL model for pcie: it names no GPU" in d.text
+    assert predicted["lax"] <= min(predicted["ring"], predicted["tree"])  # without our executor's costs
 
 
 def test_plan_file_is_used_and_refused_where_it_does_not_fit(monkeypatch, tmp_path):
@@ -121,7 +151,7 @@ def test_plan_file_is_used_and_refused_where_it_does_not_fit(monkeypatch, tmp_pa
 def test_a_split_plan_for_links_faster_one_way_runs_through_psum_as_lax(monkeypatch):
     """Links 10 GB/s one way and 2 GB/s back: the planner reduces up some trees and broadcasts
     down others (family "split"); the schedule, with a tree index per phase, gives lax's results
-    on the CPU executor, and on a GPU topology the decision predicts it fastest at 1 MB."""
+    on the CPU executor, and on a GPU topology the decision predicts it fastest at 64 MB."""
     links = [(i, (i + 1) % N, 10.0, "nvlink", 2.0) for i in range(N)] + [(0, 4, 5.0, "nvlink", 5.0)]
     topology = Topology.from_links(N, links, name="one-way-ring")
     p = plan(topology)
@@ -133,6 +163,6 @@ def test_a_split_plan_for_links_faster_one_way_runs_through_psum_as_lax(monkeypa
         np.testing.assert_array_equal(ours, rows(lambda v: getattr(lax, name)(v, "x"), x))
         assert "split plan on one-way-ring" in jax_blink.explain().splitlines()[-1]
     monkeypatch.setenv("JAX_BLINK_ALGO", "auto")
-    d = _decide.decide(1 << 18, "float32", N, topology=topology, platform="gpu")
+    d = _decide.decide(1 << 24, "float32", N, topology=topology, platform="gpu")  # 64 MB
     predicted = predictions(d.text)
     assert d.request.algo == "blink-tuned" and predicted["blink-tuned"] < predicted["lax"], d.text

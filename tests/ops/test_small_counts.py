@@ -27,7 +27,8 @@ def test_every_count_from_one_has_a_decision(monkeypatch, preset, platform, algo
     for count in range(1, 65):
         for op in ("sum", "max") if count in (1, 7, 64) else ("sum",):  # the op changes no structure
             d = _decide.decide(count, "float32", n, topology=preset, platform=platform, op=op)
-            assert d.uses_blink == (algo != "lax"), d.text
+            if algo != "auto":  # forced: that schedule; auto: the model's choice, either
+                assert d.uses_blink == (algo != "lax"), d.text
             if d.uses_blink:  # the schedule the custom call gets is valid for this count
                 schedule = _decide.schedule_for(d.request, count, "float32")[1]
                 assert (schedule.count, schedule.nranks) == (count, n)
@@ -57,4 +58,5 @@ def test_a_scalar_pmean_traces_on_a_gpu_topology(monkeypatch):
     x = np.arange(8, dtype=np.float32).reshape(8, 1)
     out = rows(lambda v: jax_blink.pmean(v, "x", topology="dgx1-v100"), x)
     np.testing.assert_array_equal(out, np.full((8, 1), 3.5, np.float32))
-    assert _decide.decide(1, "float32", 8, topology="dgx1-v100", platform="gpu").uses_blink
+    d = _decide.decide(1, "float32", 8, topology="dgx1-v100", platform="gpu")
+    assert "lax.psum (predicted fastest" in d.text  # NCCL's LL: faster than any per-call executor
