@@ -118,22 +118,32 @@ def markdown(results, crossovers, info, model, seconds):
         "`w/ fallback` after falling back to NCCL (`lax.psum`: the faster of ring and double binary tree) "
         "where the simulator predicts it faster.",
         "",
+        "Every baseline is scored at its fastest chunking (`sim.tune_baseline`, the search Blink's "
+        "plans get). The last two columns take the view psum's decision takes on GPUs: Blink tuned "
+        "for and run by the CUDA executor (its transfer plus `planning.cost.CUDA_STREAM`: a per-call "
+        "cost calibrated on one H100 and a per-step host cost) against NCCL as its own tuner predicts "
+        "it (`sim.nccl`, NCCL's `src/graph/tuning.cc`); `#NCCL faster` counts the allocations where "
+        "that model is faster, which psum hands to `lax.psum`.",
+        "",
         "| preset | size | allocations | vs ring geomean | vs ring max (allocation) | vs best baseline geomean | "
-        "worst vs best | #slower | #slower w/ fallback |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "worst vs best | #slower | #slower w/ fallback | vs NCCL model geomean | #NCCL faster |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for preset in PRESETS:
         for size, s in results[preset]["summary"].items():
+            model_geo = s.get("geomean_vs_nccl_model")
             lines.append(
                 f"| {preset} | {format_size(int(size))} | {s['allocations']} | {s['geomean_vs_ring']:.2f}x | "
                 f"{s['max_vs_ring']:.2f}x ({','.join(map(str, s['max_vs_ring_allocation']))}) | "
-                f"{s['geomean_vs_best']:.2f}x | {s['min_vs_best']:.3f} | {s['slower']} | {s['slower_with_fallback']} |")
+                f"{s['geomean_vs_best']:.2f}x | {s['min_vs_best']:.3f} | {s['slower']} | {s['slower_with_fallback']} | "
+                f"{'-' if model_geo is None else f'{model_geo:.2f}x'} | {s.get('slower_than_nccl_model', '-')} |")
     lines += ["", "Crossover (whole machine, sizes 1K..256M by 4x): the smallest size from which Blink is "
               "predicted at least as fast as NCCL (`lax.psum`: the faster of ring and double binary tree) at "
               "every larger size; `never` when NCCL is faster at 256 MB. The sizes where NCCL wins are listed: "
               "where rings are already bandwidth-optimal (whole DGX-1, PCIe box) they are the large ones.", "",
-              "| preset | crossover | sizes where NCCL is predicted faster | Blink/NCCL time at 1 KB | at 1 MB | at 256 MB |",
-              "|---|---|---|---|---|---|"]
+              "| preset | crossover | sizes where NCCL is predicted faster | Blink/NCCL time at 1 KB | at 1 MB | at 256 MB | "
+              "CUDA executor / NCCL model at 1 KB | at 1 MB | at 256 MB |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for preset, c in crossovers.items():
         by_size = {r["size_bytes"]: r["algorithms"] for r in c["rows"]}
 
@@ -141,10 +151,17 @@ def markdown(results, crossovers, info, model, seconds):
             a = by_size[size]
             return a["blink"]["time_us"] / min(a["nccl-ring"]["time_us"], a["nccl-dbtree"]["time_us"])
 
+        def model_ratio(size):
+            a = by_size[size]
+            if "nccl-model" not in a:
+                return "-"
+            return f"{a['blink']['time_us_cuda_executor'] / a['nccl-model']['time_us']:.2f}"
+
         cross = c["crossover_bytes"]
         faster = ", ".join(format_size(x) for x in c["nccl_faster_sizes"]) or "none"
         lines.append(f"| {preset} | {format_size(cross) if math.isfinite(cross) else 'never'} | {faster} | {ratio(2**10):.2f} | "
-                     f"{ratio(2**20):.2f} | {ratio(2**28):.2f} |")
+                     f"{ratio(2**20):.2f} | {ratio(2**28):.2f} | {model_ratio(2**10)} | {model_ratio(2**20)} | "
+                     f"{model_ratio(2**28)} |")
     return "\n".join(lines) + "\n"
 
 

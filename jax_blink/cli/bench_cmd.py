@@ -4,7 +4,9 @@ Simulated (the default; never imports jax): for each message size, the
 allreduce is planned (:func:`jax_blink.planning`), lowered latency-aware
 (:func:`jax_blink.sim.tune`), and simulated next to every baseline of
 :mod:`jax_blink.sim.baselines` on the same topology (:func:`jax_blink.sim.compare`,
-:func:`jax_blink.sim.sweep_subsets`). Rows carry nccl-tests'
+:func:`jax_blink.sim.sweep_subsets`), each at its fastest chunking; where the
+topology names its GPU, also NCCL as its own tuner predicts it
+(``nccl-model``) and Blink on the CUDA executor against it. Rows carry nccl-tests'
 columns -- size, time_us, algbw, busbw (GB/s, busbw = algbw * 2(n-1)/n) --
 and the Blink row the speedup over the fastest baseline.
 
@@ -145,6 +147,11 @@ def _print_table(rows_by_size, n, out=sys.stdout):
     for size, rows in rows_by_size:
         for name, row in rows.items():
             extra = f"  {row['speedup']:.2f}x vs best baseline" if name == "blink" else ""
+            if name == "blink" and "vs_nccl_model" in row:
+                extra += (f"; on the CUDA executor {row['time_us_cuda_executor']:.1f} us, "
+                          f"{row['vs_nccl_model']:.2f}x vs NCCL's own model")
+            if name == "nccl-model":
+                extra = f"  NCCL's tuner model: {row['algorithm']}/{row['protocol']}"
             print(f"  {format_size(size):>8} {name:>12} {row['time_us']:11.1f} {row['algbw_gbps']:8.2f} "
                   f"{row['busbw_gbps']:8.2f}{extra}", file=out)
 
