@@ -1,16 +1,17 @@
-"""How long psum's trace-time decision takes on a GPU topology, with an empty and a warm cache.
+"""How long psum's trace-time decision takes on GPU topologies, with an empty and a warm cache.
 
-On GPU topologies every allreduce call of a new size plans (or loads the
-plan), tunes the plan's lowering by simulation and simulates the baselines
-(``jax_blink.ops.decide.decide``, what psum runs at trace time). This times
-that decision for the preset's whole machine at each size, first in a fresh
-process with an empty cache directory, then in a second fresh process that
-finds the plan and the tuned choice on disk. Nothing runs on a GPU: the
-decision is pure Python (the platform is given as ``"gpu"``).
+On a GPU topology every allreduce call of a new size predicts NCCL (its tuner's model),
+and where a schedule of ours might beat it plans (or loads the plan), tunes the plan's
+lowering for the CUDA executor by simulation and simulates the baselines
+(``jax_blink.ops.decide.decide``, what psum runs at trace time). This times that
+decision for every preset's whole machine and for partial DGX-1 V100 allocations at
+each size: first in a fresh process with an empty cache directory, then in a second
+fresh process that finds the plans and tuned choices on disk. Nothing runs on a GPU:
+the decision is pure Python (the platform is given as ``"gpu"``).
 
-Writes ``benchmarks/results/decide_<machine>.json``.
+Writes ``benchmarks/results/decide_<machine>.{json,md}``.
 
-Usage: ``python benchmarks/bench_decide.py [--preset dgx1-v100] [--sizes 1M 256M] [--machine NAME]``
+Usage: ``python benchmarks/bench_decide.py [--sizes 1M 256M] [--machine NAME]``
 """
 
 from __future__ import annotations
@@ -27,42 +28,67 @@ from _machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The topologies: every GPU preset's whole machine, and DGX-1 V100 allocations with and
+#: without an NVLink ring (the case Blink is for).
+TOPOLOGIES = [("dgx1-v100", None), ("dgx1-p100", None), ("dgx-a100", None), ("hgx-h100", None),
+              ("dgx2", None), ("pcie", None), ("dgx1-v100", [0, 1, 2, 5]), ("dgx1-v100", [0, 1, 2, 3, 4]),
+              ("dgx1-v100", [0, 3, 5, 6]), ("dgx1-v100", [0, 1, 2, 3, 4, 5])]
+
 _CHILD = """
 import json, sys, time
 from jax_blink import Topology
 from jax_blink.ops import decide
-topology = Topology.preset(sys.argv[1])
-for size in map(int, sys.argv[2:]):
+preset, gpus = sys.argv[1], json.loads(sys.argv[2])
+topology = Topology.preset(preset) if gpus is None else Topology.preset(preset).subset(gpus)
+for size in map(int, sys.argv[3:]):
     start = time.perf_counter()
     d = decide.decide(size // 4, "float32", topology.n, topology=topology, platform="gpu")
-    print(json.dumps({"size_bytes": size, "seconds": time.perf_counter() - start, "decision": d.text}), flush=True)
+    print(json.dumps({"topology": topology.name, "size_bytes": size, "seconds": time.perf_counter() - start,
+                      "uses_blink": d.uses_blink, "decision": d.text}), flush=True)
 """
 
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from jax_blink.cli.sizes import parse_size
+    from jax_blink.cli.sizes import format_size, parse_size
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="dgx1-v100")
-    parser.add_argument("--sizes", nargs="+", default=["1M", "256M"])
+    parser.add_argument("--sizes", nargs="+", default=["1K", "1M", "256M"])
     parser.add_argument("--machine", default="amd-epyc-2core")
     args = parser.parse_args()
     sizes = [str(parse_size(s)) for s in args.sizes]
     rows = []
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "JAX_BLINK_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
-        for run in ("empty cache", "warm cache"):
-            out = subprocess.run([sys.executable, "-c", _CHILD, args.preset, *sizes], env=env, cwd=ROOT,
-                                 capture_output=True, text=True, check=True).stdout
-            for line in out.splitlines():
-                row = {"run": run, **json.loads(line)}
-                rows.append(row)
-                print(f"{run}: {row['size_bytes']} B in {row['seconds']:.1f} s", flush=True)
-    path = ROOT / "benchmarks" / "results" / f"decide_{args.machine}.json"
-    path.write_text(json.dumps({"machine": machine(name=args.machine), "preset": args.preset, "rows": rows},
-                               indent=1))
-    print(f"wrote {path}", file=sys.stderr)
+    for preset, gpus in TOPOLOGIES:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "JAX_BLINK_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
+            for run in ("empty cache", "warm cache"):
+                out = subprocess.run([sys.executable, "-c", _CHILD, preset, json.dumps(gpus), *sizes],
+                                     env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+                for line in out.splitlines():
+                    row = {"run": run, **json.loads(line)}
+                    rows.append(row)
+                    print(f"{row['topology']:>22} {run}: {format_size(row['size_bytes']):>5} in "
+                          f"{row['seconds']:7.3f} s, {'jax_blink' if row['uses_blink'] else 'lax.psum'}",
+                          flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    info = machine(name=args.machine)
+    out = ROOT / "benchmarks" / "results" / f"decide_{args.machine}"
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "commit": commit, "rows": rows}, indent=1))
+    lines = [f"# psum's decision time on GPU topologies ({info['cpu']}, {info['cores']} cores)", "",
+             f"`python benchmarks/bench_decide.py`, commit {commit}. Seconds per new size, in a fresh "
+             "process, with an empty plan cache and again with the cache the first process left; "
+             "the choice (jax_blink's schedule or lax.psum, NCCL) as psum makes it.", "",
+             "| topology | size | empty cache (s) | warm cache (s) | runs |", "|---|---|---|---|---|"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["topology"], r["size_bytes"]), {})[r["run"]] = r
+    for (name, size), runs in by.items():
+        cold, warm = runs["empty cache"], runs["warm cache"]
+        lines.append(f"| {name} | {format_size(size)} | {cold['seconds']:.3f} | {warm['seconds']:.3f} | "
+                     f"{'jax_blink' if cold['uses_blink'] else 'lax.psum (NCCL)'} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}.json and .md", file=sys.stderr)
     return 0
 
 

@@ -367,11 +367,16 @@ def _choose(request, count, dtype, platform, what, fallback):
     gpu = platform in ("cuda", "gpu")
     if forced == "auto":
         candidates = ("blink-tuned", "ring", "tree", "chain") if gpu else ("blink",)
-        predicted, how = _predicted(request, count, dtype, gpu, candidates)
+        predicted, how, bounds = _predicted(request, count, dtype, gpu, candidates)
         runnable = {k: v for k, v in predicted.items() if v is not None}
         choice = min(runnable, key=runnable.get)  # ties: ours first (dict order), lax last
-        times = ", ".join(f"{k} {v * 1e6:.4g} us" if v is not None else f"{k} n/a (this topology or "
-                          "size cannot carry it)" for k, v in predicted.items())
+
+        def shown(k, v):
+            if k in bounds:
+                return f"{k} >= {bounds[k] * 1e6:.4g} us (a bound: not simulated)"
+            return f"{k} {v * 1e6:.4g} us" if v is not None else f"{k} n/a (this topology or size cannot carry it)"
+
+        times = ", ".join(shown(k, v) for k, v in {**predicted, **bounds}.items())
         why = f"predicted fastest; {how}: {times}"
         if choice == "lax":
             return Decision(f"{what}: {fallback} ({why})")
@@ -394,14 +399,32 @@ def _choose(request, count, dtype, platform, what, fallback):
 
 @functools.lru_cache(maxsize=64)
 def _predicted_cached(request, count, dtype, gpu, candidates):
-    """``((name, seconds or None), ...)`` and how ``lax`` was predicted."""
+    """``((name, seconds or None), ...)``, how ``lax`` was predicted, and ``((name, bound), ...)``:
+    candidates not simulated because a lower bound of their time already exceeds NCCL's."""
     size = count * DTYPES[dtype][1]
     if not gpu:
         out = {"blink": cpu_allreduce_seconds("blink", size)} if "blink" in candidates else {}
         out["lax"] = cpu_allreduce_seconds("lax", size)
-        return tuple(out.items()), "CPU model"
+        return tuple(out.items()), "CPU model", ()
+    model = nccl_model.predict(request.topology, size)
+    bounds = {}
+    if model is not None:
+        # what no schedule of ours can beat: the CUDA executor's per-call cost, and for the plan
+        # also its certified rate; a candidate bound to lose to NCCL is not planned or simulated
+        floor = CUDA_STREAM.call_s
+        if floor >= model.seconds:
+            bounds = {name: floor for name in candidates}
+        elif "blink-tuned" in candidates:
+            p = plan(request.topology, request.collective)
+            if floor + size / (p.rate_gbps * 1e9) >= model.seconds:
+                bounds["blink-tuned"] = floor + size / (p.rate_gbps * 1e9)
+        if len(bounds) == len(candidates):
+            return ((("lax", model.seconds),), f"lax = {model.describe()}",
+                    tuple(bounds.items()))
     out, transfer = {}, {}
     for name in dict.fromkeys(candidates + ("ring", "tree")):
+        if name in bounds:
+            continue
         if name == "blink-tuned":  # tuning simulated it already, for the CUDA executor
             out[name] = _tuned(request.topology, request.collective, None, count, dtype).seconds
             continue
@@ -412,7 +435,6 @@ def _predicted_cached(request, count, dtype, gpu, candidates):
             continue
         transfer[name] = simulate(schedule, request.topology).time_s
         out[name] = CUDA_STREAM.seconds(transfer[name], schedule)  # run by jax_blink's executor
-    model = nccl_model.predict(request.topology, size)
     if model is not None:
         out["lax"] = model.seconds
         how = f"simulated with the CUDA executor's costs; lax = {model.describe()}"
@@ -421,13 +443,14 @@ def _predicted_cached(request, count, dtype, gpu, candidates):
         out["lax"] = min(nccl) if nccl else None  # NCCL picks the faster of its two
         how = ("simulated with the CUDA executor's costs; lax = NCCL's ring and tree simulated (no "
                f"NCCL model for {request.topology.name}: it names no GPU)")
-    return tuple((k, v) for k, v in out.items() if k in candidates or k == "lax"), how
+    return (tuple((k, v) for k, v in out.items() if k in candidates or k == "lax"), how,
+            tuple(bounds.items()))
 
 
 def _predicted(request, count, dtype, gpu, candidates):
-    """``(predicted seconds per candidate and lax, how)``, by the model of the platform;
+    """``(predicted seconds per candidate and lax, how, bounds)``, by the model of the platform;
     None for a schedule the topology or size cannot carry. The reduction (sum, max,
     min) does not change a prediction, so they share one."""
     request = dataclasses.replace(request, op="sum")
-    times, how = _predicted_cached(request, count, dtype, gpu, tuple(candidates))
-    return dict(times), how
+    times, how, bounds = _predicted_cached(request, count, dtype, gpu, tuple(candidates))
+    return dict(times), how, dict(bounds)

@@ -74,7 +74,7 @@ def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
     from jax_blink.sim import nccl, simulate
 
     topology = Topology.preset("dgx1-v100").subset([0, 1, 2, 5, 6])
-    for count in (256, 1 << 18, 1 << 26):
+    for count in (1 << 22, 1 << 26):  # 16 MB and 256 MB (below, the bounds decide: see below)
         d = _decide.decide(count, "float32", 5, topology=topology, platform="gpu")
         predicted = predictions(d.text)
         assert set(predicted) == {"blink-tuned", "ring", "tree", "chain", "lax"}, d.text
@@ -89,10 +89,27 @@ def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
         schedule = _decide.schedule_for(d.request, count, "float32")[1]
         transfer = simulate(schedule, topology).time_s
         assert CUDA_STREAM.seconds(transfer, schedule) * 1e6 == pytest.approx(predicted[best], rel=1e-3)
-    # small: NCCL's LL beats the CUDA executor's per-call cost; 256 MB without an NVLink ring:
-    # the plan over every link beats NCCL's PCIe ring
-    assert not _decide.decide(256, "float32", 5, topology=topology, platform="gpu").uses_blink
+    # 256 MB without an NVLink ring: the plan over every link beats NCCL's PCIe ring
     assert _decide.decide(1 << 26, "float32", 5, topology=topology, platform="gpu").uses_blink
+
+
+def test_candidates_bound_to_lose_to_nccl_are_not_simulated():
+    """1 KB: NCCL's LL takes about 11 us, below the CUDA executor's per-call cost alone, so
+    nothing is planned or simulated (the decision is instant) and explain() shows the bounds."""
+    import time
+
+    from jax_blink.planning.cost import CUDA_STREAM
+
+    topology = Topology.preset("dgx1-v100").subset([0, 1, 2, 5, 6])
+    start = time.perf_counter()
+    d = _decide.decide(256, "float32", 5, topology=topology, platform="gpu")
+    assert time.perf_counter() - start < 0.5
+    assert not d.uses_blink and set(predictions(d.text)) == {"lax"}
+    for name in ("blink-tuned", "ring", "tree", "chain"):
+        assert f"{name} >= {CUDA_STREAM.call_s * 1e6:.4g} us (a bound: not simulated)" in d.text
+    # on hgx-h100 at 256 MB the plan's certified rate alone cannot beat NVLS
+    d = _decide.decide(1 << 26, "float32", N, topology="hgx-h100", platform="gpu")
+    assert "blink-tuned >= " in d.text and not d.uses_blink
 
 
 def test_on_an_nvswitch_h100_nccl_wins_at_1_mb():
