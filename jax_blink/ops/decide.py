@@ -44,6 +44,10 @@ if settings.debug():
     logger.setLevel(logging.DEBUG)
 
 _DECISIONS = collections.deque(maxlen=64)
+#: At trace time the tuned plan is chosen among this many lowerings, the best by the analytic
+#: estimate (``sim.tuning.estimate_seconds``), simulated; tests/sim/test_estimates.py checks the
+#: choice against the exhaustive search.
+TUNE_SIMULATE_TOP = 8
 
 
 def record(text: str) -> None:
@@ -231,12 +235,13 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
 
 @functools.lru_cache(maxsize=64)
 def _tuned(topology, collective, root, count, dtype):
-    """The plan's lowering tuned by simulation for the CUDA executor, with its predicted time
+    """The plan's lowering tuned for the CUDA executor (the analytic estimate ranks every
+    candidate, the best :data:`TUNE_SIMULATE_TOP` are simulated), with its predicted time
     (``sim.Tuned.seconds``: the simulated transfer and the executor's costs): the
     choice is kept on disk, since tuning a full DGX-1 plan takes about a minute; the op does
     not change it, nor the time."""
     return tune(plan(topology, collective, root=root), count * DTYPES[dtype][1], dtype, cache=True,
-                executor=CUDA_STREAM)
+                executor=CUDA_STREAM, simulate_top=TUNE_SIMULATE_TOP)
 
 
 def _from_file(request, count, dtype):

@@ -13,6 +13,7 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -28,7 +29,7 @@ from ..schedule import Schedule
 from .model import SimError, SimModel
 from .simulator import SimResult, simulate
 
-__all__ = ["tune", "tune_baseline", "Tuned", "SUBSET_FRACTIONS"]
+__all__ = ["tune", "tune_baseline", "estimate_seconds", "Tuned", "SUBSET_FRACTIONS", "ESTIMATE_SCALES"]
 
 _GB = 1e9
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class Tuned:
 
 def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
          max_chunks: int = MAX_CHUNKS, stars: bool = True, cache: bool = False,
-         executor=None) -> Tuned:
+         executor=None, simulate_top: int | None = None) -> Tuned:
     """The fastest lowering of ``plan`` at ``size_bytes``, by simulation.
 
     Candidates:
@@ -122,6 +123,12 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         by its predicted time, the simulated transfer plus its per-call and
         per-step costs, so that chunk counts and subsets are chosen for it.
         None: by the simulated time alone.
+    simulate_top : int, optional
+        Rank every candidate at chunk scales 1/1024 to 64 by the analytic estimate
+        of :func:`estimate_seconds` (no lowering, no simulation), lower and
+        simulate only this many of the best, and refine the two best of those
+        by the simulated search (psum's decision at trace time); None: the
+        search above, simulating every step of it.
 
     Returns
     -------
@@ -152,7 +159,7 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
                 for j in range(n))))
         except TopologyError:
             pass  # some two ranks share no link or switch: no star reaches them
-    key = _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor) if cache else None
+    key = _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor, simulate_top) if cache else None
 
     def scored(schedule, trees, chunks, tried):
         result = simulate(schedule, plan.topology, model=model)
@@ -165,6 +172,13 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
             index, chunks = hit
             schedule = candidates[index].lower(size_bytes, dtype, chunks=list(chunks))
             return scored(schedule, len(candidates[index].trees), chunks, 1)
+    if simulate_top is not None:
+        best, best_index, tried = _simulate_best_estimates(
+            candidates, size_bytes, dtype, max_chunks, executor, model or SimModel(), simulate_top, scored)
+        if key is not None:
+            disk_store(_cache_path(key), json.dumps({"format": _ENTRY_FORMAT, "key": key, "candidate": best_index,
+                                                     "chunks": list(best.chunks)}))
+        return dataclasses.replace(best, candidates=tried)
     best, best_index, tried = None, 0, 0
     fixed_s = 0.0 if executor is None else executor.call_s
     for index, sub in enumerate(candidates):
@@ -186,6 +200,108 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         disk_store(_cache_path(key), json.dumps({"format": _ENTRY_FORMAT, "key": key, "candidate": best_index,
                                                  "chunks": list(best.chunks)}))
     return dataclasses.replace(best, candidates=tried)
+
+
+#: The chunk scales :func:`tune` estimates each candidate at with ``simulate_top``.
+ESTIMATE_SCALES = tuple(2.0 ** e for e in range(-10, 7))
+
+
+def estimate_seconds(plan, chunks, size_bytes: int, executor=None, model: SimModel | None = None) -> float:
+    """An analytic estimate of a lowering's time, without lowering it.
+
+    Per tree, the Linear Pipelining form: the pipeline fills in ``H - 1`` steps
+    of ``alpha + S_T / (k r_T)`` (``H`` its hops, both phases of an allreduce;
+    ``k`` its chunks; ``S_T`` its share of the bytes, by weight; ``r_T`` its
+    slowest link's bandwidth, the tree alone; ``alpha`` the model's step
+    overhead plus the latency of its slowest route), then its chunks leave at
+    the slower of ``k`` such steps and the busy time of its busiest link, which
+    every tree of the lowering shares. The slowest tree sets the transfer; with
+    ``executor``, the transfer and the busiest rank's steps (each tree edge is a
+    step per chunk at each end, each way) as
+    :class:`~jax_blink.planning.cost.ExecutorCost` combines them. One tree
+    alone: the simulator's time; trees sharing links: below it by at most the
+    fill's slowdown (the simulator shares links during the fill too). It ranks
+    candidates; the simulator scores them.
+    """
+    model = model or SimModel()
+    graph = plan.topology.link_graph(plan.link_kinds)
+    total = sum(t.weight for t in plan.trees)
+    arcs = [_tree_arcs(tree, plan.collective, graph) for tree in plan.trees]
+    busy = collections.Counter()  # seconds each arc carries data for, over every tree
+    for tree, used in zip(plan.trees, arcs):
+        for a in used:
+            busy[a] += size_bytes * tree.weight / total / (graph.capacity_gbps[a] * _GB)
+    steps = [0] * plan.topology.n
+    transfer = 0.0
+    for tree, used, k in zip(plan.trees, arcs, chunks):
+        share = size_bytes * tree.weight / total
+        rate = min((graph.capacity_gbps[a] for a in used), default=tree.weight)  # alone on its links
+        route_s = max((sum(model.latency_s(graph.arc_kind[graph.index[x, y]]) for x, y in zip(path, path[1:]))
+                       for path in tree.paths + tree.up_paths), default=0.0)
+        step_s = model.step_overhead_us * 1e-6 + route_s + share / (k * rate * _GB)
+        hops = tree.round_trip if plan.collective == "allreduce" else tree.depth
+        # the pipeline fills in hops - 1 steps, then its k chunks leave at the pace of the
+        # tree's busiest link, which the other trees share
+        transfer = max(transfer, (hops - 1) * step_s + max([k * step_s] + [busy[a] for a in used]))
+        for u, v in tuple(tree.edges) + tuple(tree.reduce_edges):
+            steps[u] += k
+            steps[v] += k
+    if executor is None:
+        return transfer
+    return executor.call_seconds(transfer, max(steps))
+
+
+def _tree_arcs(tree, collective, graph) -> list:
+    """The link-graph arcs ``tree`` sends over in ``collective`` (a route through a
+    switch: each of its arcs), with repeats: down its paths to broadcast, up its
+    reduce paths to reduce."""
+    used = []
+    if collective != "reduce":
+        used += [graph.index[x, y] for path in tree.paths for x, y in zip(path, path[1:])]
+    if collective in ("allreduce", "reduce", "reduce_scatter"):
+        used += [graph.index[y, x] for path in tree.reduce_paths for x, y in zip(path, path[1:])]
+    return used
+
+
+def _simulate_best_estimates(candidates, size_bytes, dtype, max_chunks, executor, model, top, scored):
+    """``(best Tuned, its candidate index, simulations)``: every candidate at every scale
+    of :data:`ESTIMATE_SCALES`, ranked by :func:`estimate_seconds`; the ``top`` best
+    lowered and simulated, and the two best of those refined by the simulated search."""
+    ranked = []
+    for index, sub in enumerate(candidates):
+        base = sub.chunks_for(size_bytes)
+        seen = set()
+        for scale in ESTIMATE_SCALES:
+            chunks = tuple(min(max(round(k * scale), 1), max_chunks) for k in base)
+            if chunks in seen:
+                continue
+            seen.add(chunks)
+            ranked.append((estimate_seconds(sub, chunks, size_bytes, executor, model), index, chunks))
+    ranked.sort(key=lambda r: r[0])
+    simulated = {}  # candidate index -> its best simulated lowering
+    for _, index, chunks in ranked[:max(1, top)]:
+        sub = candidates[index]
+        tuned = scored(sub.lower(size_bytes, dtype, chunks=list(chunks)), len(sub.trees), chunks, 0)
+        if index not in simulated or tuned.seconds < simulated[index].seconds:
+            simulated[index] = tuned
+    count = min(len(ranked), max(1, top))
+    # the estimate ranks well but not exactly: refine the two best candidates by the
+    # simulated doubling/halving search, started from their best simulated chunks
+    for index in sorted(simulated, key=lambda i: simulated[i].seconds)[:2]:
+        sub, start = candidates[index], simulated[index]
+
+        def run(scale, sub=sub, start=start):
+            chunks = tuple(min(max(round(k * scale), 1), max_chunks) for k in start.chunks)
+            if chunks == start.chunks:
+                return start
+            return scored(sub.lower(size_bytes, dtype, chunks=list(chunks)), len(sub.trees), chunks, 0)
+
+        fastest, tried = _fastest_scale(run)
+        count += tried - 1
+        if fastest.seconds < simulated[index].seconds:
+            simulated[index] = fastest
+    best_index = min(simulated, key=lambda i: simulated[i].seconds)
+    return simulated[best_index], best_index, count
 
 
 def _fastest_scale(run):
@@ -234,9 +350,10 @@ def tune_baseline(name: str, topology, size_bytes: int, dtype="float32",
 _ENTRY_FORMAT = "jax_blink.tune_cache"
 
 
-def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor) -> dict:
+def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor, simulate_top) -> dict:
     """Everything a cached tuning answers, as a JSON object."""
     return {"cache_version": CACHE_VERSION, "subset_fractions": list(SUBSET_FRACTIONS),
+            "simulate_top": simulate_top, "estimate_scales": list(ESTIMATE_SCALES),
             "executor": None if executor is None else dataclasses.asdict(executor),
             "topology": plan.topology.fingerprint(), "collective": plan.collective, "root": plan.root,
             "link_kinds": list(plan.link_kinds), "trees": [t.to_dict() for t in plan.trees],

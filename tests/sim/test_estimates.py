@@ -1,0 +1,77 @@
+"""psum's trace-time tuning ranks lowerings analytically and simulates only the best few
+(sim.tuning.estimate_seconds, tune(simulate_top=...)): its choice is within 2% of the
+exhaustive search's on every preset and on a sample of the allocations of a DGX-1 V100
+(benchmarks/bench_tune_estimate.py sweeps all 247 of them)."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from jax_blink import Topology, plan
+from jax_blink.ops.decide import TUNE_SIMULATE_TOP
+from jax_blink.planning.cost import CUDA_STREAM
+from jax_blink.sim import simulate, tune
+from jax_blink.sim.tuning import estimate_seconds
+
+SIZES = (1 << 20, 1 << 24, 1 << 28)
+WITHIN = 1.02
+
+
+def slowdown(topology, size):
+    """The fast choice's predicted time over the exhaustive choice's."""
+    p = plan(topology)
+    exhaustive = tune(p, size, executor=CUDA_STREAM)
+    fast = tune(p, size, executor=CUDA_STREAM, simulate_top=TUNE_SIMULATE_TOP)
+    return fast.seconds / exhaustive.seconds
+
+
+@pytest.mark.parametrize("preset", ["dgx1-p100", "dgx1-v100", "dgx-a100", "hgx-h100", "pcie"])
+def test_presets(preset):
+    for size in SIZES:
+        assert slowdown(Topology.preset(preset), size) <= WITHIN, size
+
+
+@pytest.mark.parametrize("k", range(2, 8))
+def test_partial_dgx1_v100_allocations(k):
+    """Every seventh allocation of k of the 8 GPUs, in lexicographic order."""
+    full = Topology.preset("dgx1-v100")
+    sample = list(itertools.combinations(range(8), k))[::7]
+    worst = max((slowdown(full.subset(list(c)), size), c, size) for c in sample for size in SIZES)
+    assert worst[0] <= WITHIN, worst
+
+
+def test_one_tree_is_the_pipelining_formula():
+    """A chain of 4 ranks (one tree, 3 hops each way): (2*3 + k - 1) (alpha + S / (k w)),
+    which is what the simulator finds."""
+    t = Topology.from_links(4, [(0, 1, 10.0), (1, 2, 10.0), (2, 3, 10.0)])
+    p = plan(t)
+    assert len(p.trees) == 1
+    tree = p.trees[0]
+    k, size = 4, 1 << 20
+    alpha = 1e-6 + 0.7e-6  # the default SimModel: 1 us per step, NVLink 0.7 us
+    expected = (tree.round_trip + k - 1) * (alpha + size / (k * 10.0 * 1e9))
+    assert estimate_seconds(p, (k,), size) == pytest.approx(expected, rel=1e-9)
+    simulated = simulate(p.lower(size, "float32", chunks=[k]), t).time_s
+    assert estimate_seconds(p, (k,), size) == pytest.approx(simulated, rel=0.02)
+    # with the CUDA executor: the busiest rank (an inner one, 2 edges) takes 2 * 2 * k steps
+    assert estimate_seconds(p, (k,), size, CUDA_STREAM) == pytest.approx(
+        max(expected, 4 * k * CUDA_STREAM.step_s) + CUDA_STREAM.call_s, rel=1e-9)
+
+
+def test_shared_links_pace_the_trees():
+    """The chain's tree split into two halves sharing every link: each alone would finish
+    in about half the time; together they take the link's busy time, as simulated."""
+    t = Topology.from_links(4, [(0, 1, 10.0), (1, 2, 10.0), (2, 3, 10.0)])
+    p = plan(t)
+    half = dataclasses.replace(p.trees[0], weight=p.trees[0].weight / 2)
+    two = dataclasses.replace(p, trees=(half, half))
+    size = 1 << 24
+    alone = estimate_seconds(dataclasses.replace(p, trees=(half,)), (8,), size // 2)
+    both = estimate_seconds(two, (8, 8), size)
+    assert both >= size / 10e9  # every byte crosses the middle link, each way
+    assert both > 1.5 * alone
+    simulated = simulate(two.lower(size, "float32", chunks=[8, 8]), t).time_s
+    # the estimate fills each pipeline at its tree's pace alone; the simulator shares the
+    # link during the fill too, so the estimate is below it by at most the fill's share
+    assert 0.8 * simulated <= both <= simulated
