@@ -61,8 +61,12 @@ class ExecutorCost:
 
     Examples
     --------
-    >>> ExecutorCost("x", call_s=1e-4, step_s=1e-5).call_seconds(5e-4, 20)
-    0.0006
+    Host-bound: 20 steps at 0.0625 s outlast a 1 s transfer, plus the call cost.
+
+    >>> ExecutorCost("x", call_s=0.25, step_s=0.0625).call_seconds(1.0, 20)
+    1.5
+    >>> ExecutorCost("x", call_s=0.25, step_s=0.0625).call_seconds(2.0, 20)
+    2.25
     """
 
     name: str
