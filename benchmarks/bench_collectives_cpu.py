@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--ops", default="psum_scatter,all_gather,pmax,pmin,broadcast")
     ap.add_argument("--rounds", type=int, default=41, help="calls of each op per size (median)")
     ap.add_argument("--out", default=None, help="write results JSON here")
-    ap.add_argument("--md", default=None, help="write the README tables (markdown) here")
+    ap.add_argument("--md", default=None, help="write the tables docs/performance.md quotes (markdown) here")
     args = ap.parse_args()
     n = jax.device_count()
     mesh = jax.make_mesh((n,), ("x",))

@@ -1,7 +1,7 @@
 """What a multi-process psum does when a process fails it: how long the
-survivor takes to fail, and with which error (README, "Several processes and
-hosts"). Each scenario is a 2 x 4 CPU-device job of
-tests/multiprocess/worker.py, psum over ("host", "local"):
+survivor takes to fail, and with which error (docs/multihost.md). Each
+scenario is a 2 x 4 CPU-device job of tests/multiprocess/worker.py, psum over
+("host", "local"):
 
 * ``absent``: process 1 never makes the first call;
 * ``dies``: after one call both made, process 1 exits;

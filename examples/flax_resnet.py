@@ -521,7 +521,7 @@ def launch(argv, args) -> int:
 
     if _gpu_present():
         sys.exit("error: --processes runs CPU processes on this machine; on GPUs start one "
-                 "process per host yourself (README, 'Several processes and hosts')")
+                 "process per host yourself (docs/multihost.md)")
     argv = sys.argv[1:] if argv is None else list(argv)
     results = run_local([sys.executable, os.path.abspath(__file__), *argv], args.processes,
                         devices_per_process=8 // args.processes, timeout_s=3600)

@@ -10,7 +10,7 @@ environment, waits for all of them within a time limit and reaps every one;
 (``jax.distributed.initialize``, with gloo as the CPU collectives).
 
 On real hosts, call ``jax.distributed.initialize(coordinator, num_processes,
-process_id)`` yourself (README, "Several processes and hosts").
+process_id)`` yourself (docs/multihost.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the keyword's value (``None``: not given) and falls back to the variable,
 then to the default. Variables are read at each call, so a program (or a
 test) may change them between traces; an empty value is the same as an
 unset one. Every bad value is an error that names the variable (or the
-keyword), the value and what is allowed. The README's "Settings" table lists
+keyword), the value and what is allowed. docs/settings.md's table lists
 the same names and defaults. Pure Python: never imports jax, so the planner
 can use it too.
 """
@@ -215,7 +215,7 @@ def cache_dir() -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class ExecutorSettings:
-    """The C++ executors' run-time settings (see the README's table)."""
+    """The C++ executors' run-time settings (see docs/settings.md)."""
 
     spin: int = 0                    # JAX_BLINK_SPIN: busy-wait iterations
     yield_us: int = 200              # JAX_BLINK_YIELD_US: then sched_yield this long

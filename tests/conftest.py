@@ -1,7 +1,7 @@
 """Test configuration: 8 virtual CPU devices, set before jax is imported.
 
-PJRT_NPROC lifts XLA's cap on queued executions per device (see the README's
-"sharp bits"); tests that queue many asynchronous steps would otherwise
+PJRT_NPROC lifts XLA's cap on queued executions per device (see docs/sharp_bits.md,
+"PJRT_NPROC"); tests that queue many asynchronous steps would otherwise
 deadlock lax.psum and jax_blink.psum alike.
 """
 

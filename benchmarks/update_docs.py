@@ -1,0 +1,128 @@
+"""Copies the recorded benchmark tables into docs/performance.md.
+
+docs/performance.md marks each table it quotes::
+
+    <!-- table: benchmarks/results/steps_amd-epyc-2core.md 1 -->
+    | ... |
+    <!-- end table -->
+
+(the first Markdown table of that file), or, for results recorded as JSON only,
+``<!-- table: benchmarks/results/psum_cpu_amd-epyc-2core.json psum_cpu -->``
+(the table that :data:`RENDER` makes of it). This rewrites every marked table
+from its source; ``--check`` only reports (exit 1) the tables that differ, which
+tests/test_docs.py runs, so the document never quotes numbers its results do
+not hold.
+
+Usage: ``python benchmarks/update_docs.py [--check]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "performance.md"
+MARKED = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
+
+
+def markdown_table(text: str, index: int) -> str:
+    """The ``index``-th (from 1) run of lines starting with ``|`` in ``text``."""
+    tables, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    if not 1 <= index <= len(tables):
+        raise ValueError(f"asked for table {index}; the file has {len(tables)}")
+    return "\n".join(tables[index - 1]) + "\n"
+
+
+def _size(count) -> str:
+    digits = str(count)
+    return f"1e{len(digits) - 1}" if digits.strip("0") == "1" and count > 1 else digits
+
+
+def psum_cpu(data: dict) -> str:
+    """bench_psum_cpu.py's rows: each call's time and the time it adds to the step without it."""
+    lines = ["| elements per device | no psum | lax.psum | jax_blink.psum | blink / lax | added by lax | "
+             "added by jax_blink | added: blink / lax | wrong |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {_size(r['count'])} | {r['none_us']:.1f} us | {r['lax_us']:.1f} us | {r['blink_us']:.1f} us "
+                     f"| {r['ratio_blink_over_lax']:.2f} | {r['lax_added_us']:.1f} us | {r['blink_added_us']:.1f} us "
+                     f"| {r['added_ratio_blink_over_lax']:.2f} | {r['wrong']} |")
+    return "\n".join(lines) + "\n"
+
+
+def multiprocess(data: dict) -> str:
+    """bench_multiprocess.py's rows: jax_blink / lax time per op, layout and size; ``lax (r)``
+    where jax_blink itself ran lax's collective (r: two runs of one program, this machine's noise)."""
+    layouts = [(res["processes"], res["devices_per_process"]) for res in data["results"]]
+    ops = list(dict.fromkeys(r["op"] for res in data["results"] for r in res["rows"]))
+    header = [f"{op} {p}x{d}" for op in ops for p, d in layouts]
+    lines = ["| elements per device | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    sizes = list(dict.fromkeys(r["size"] for res in data["results"] for r in res["rows"]))
+    for size in sizes:
+        cells = []
+        for op in ops:
+            for res in data["results"]:
+                row = next((r for r in res["rows"] if r["op"] == op and r["size"] == size), None)
+                if row is None:
+                    cells.append("-")
+                elif row["runs"] == "lax":
+                    cells.append(f"lax ({row['ratio']:.2f})")
+                else:
+                    cells.append(f"{row['ratio']:.2f}" + (f" ({row['wrong']} wrong)" if row["wrong"] else ""))
+        lines.append(f"| {_size(size)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: Renderers of results recorded as JSON only.
+RENDER = {"psum_cpu": psum_cpu, "multiprocess": multiprocess}
+
+
+def table(source: str, which: str) -> str:
+    """The table a marker names."""
+    text = (ROOT / source).read_text()
+    if which.isdigit():
+        return markdown_table(text, int(which))
+    return RENDER[which](json.loads(text))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="report tables that differ; change nothing")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the document (default: docs/performance.md)")
+    args = parser.parse_args()
+    doc = args.doc.read_text()
+    stale = []
+
+    def refresh(match):
+        new = table(match.group(2), match.group(3))
+        if new != match.group(4):
+            stale.append(f"{match.group(2)} {match.group(3)}")
+        return match.group(1) + new + match.group(5)
+
+    updated = MARKED.sub(refresh, doc)
+    if not MARKED.search(doc):
+        print(f"no marked tables in {args.doc}", file=sys.stderr)
+        return 1
+    if args.check:
+        for s in stale:
+            print(f"{args.doc}: the table from {s} differs from its source; "
+                  "run python benchmarks/update_docs.py", file=sys.stderr)
+        return 1 if stale else 0
+    args.doc.write_text(updated)
+    print(f"updated {len(stale)} table(s) in {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
