@@ -6,8 +6,10 @@ lowering for the CUDA executor by simulation and simulates the baselines
 (``jax_blink.ops.decide.decide``, what psum runs at trace time). This times that
 decision for every preset's whole machine and for partial DGX-1 V100 allocations at
 each size: first in a fresh process with an empty cache directory, then in a second
-fresh process that finds the plans and tuned choices on disk. Nothing runs on a GPU:
-the decision is pure Python (the platform is given as ``"gpu"``).
+fresh process that finds the plans, tuned choices and predictions on disk (the
+decision's goal there: 10 ms). The libraries a process's first decision imports are
+imported before the timing and timed apart. Nothing runs on a GPU: the decision is
+pure Python (the platform is given as ``"gpu"``).
 
 Writes ``benchmarks/results/decide_<machine>.{json,md}``.
 
@@ -38,6 +40,9 @@ _CHILD = """
 import json, sys, time
 from jax_blink import Topology
 from jax_blink.ops import decide
+start = time.perf_counter()
+import networkx, scipy.optimize  # what a process's first decision imports; timed apart
+print(json.dumps({"imports_s": time.perf_counter() - start}), flush=True)
 preset, gpus = sys.argv[1], json.loads(sys.argv[2])
 topology = Topology.preset(preset) if gpus is None else Topology.preset(preset).subset(gpus)
 for size in map(int, sys.argv[3:]):
@@ -57,7 +62,7 @@ def main() -> int:
     parser.add_argument("--machine", default="amd-epyc-2core")
     args = parser.parse_args()
     sizes = [str(parse_size(s)) for s in args.sizes]
-    rows = []
+    rows, imports = [], []
     for preset, gpus in TOPOLOGIES:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "JAX_BLINK_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
@@ -66,6 +71,9 @@ def main() -> int:
                                      env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
                 for line in out.splitlines():
                     row = {"run": run, **json.loads(line)}
+                    if "imports_s" in row:
+                        imports.append(row["imports_s"])
+                        continue
                     rows.append(row)
                     print(f"{row['topology']:>22} {run}: {format_size(row['size_bytes']):>5} in "
                           f"{row['seconds']:7.3f} s, {'jax_blink' if row['uses_blink'] else 'lax.psum'}",
@@ -74,11 +82,14 @@ def main() -> int:
                             cwd=ROOT).stdout.strip()
     info = machine(name=args.machine)
     out = ROOT / "benchmarks" / "results" / f"decide_{args.machine}"
-    out.with_suffix(".json").write_text(json.dumps({"machine": info, "commit": commit, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "commit": commit, "imports_s": imports,
+                                                               "rows": rows}, indent=1))
     lines = [f"# psum's decision time on GPU topologies ({info['cpu']}, {info['cores']} cores)", "",
              f"`python benchmarks/bench_decide.py`, commit {commit}. Seconds per new size, in a fresh "
              "process, with an empty plan cache and again with the cache the first process left; "
-             "the choice (jax_blink's schedule or lax.psum, NCCL) as psum makes it.", "",
+             "the choice (jax_blink's schedule or lax.psum, NCCL) as psum makes it. The libraries a "
+             "process's first decision imports (networkx, scipy) are imported before the timing: "
+             f"{sorted(imports)[len(imports) // 2]:.2f} s (median), once per process.", "",
              "| topology | size | empty cache (s) | warm cache (s) | runs |", "|---|---|---|---|---|"]
     by = {}
     for r in rows:

@@ -26,6 +26,7 @@ import jax
 from jax_blink import _ffi, settings
 from jax_blink._jsonio import parse_json, read_text_file
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
+from jax_blink.planning.cache import load_keyed, source_digest, store_keyed
 from jax_blink.planning.cost import CUDA_STREAM, cpu_allreduce_seconds
 from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
 from jax_blink.sim import nccl as nccl_model, simulate, tune
@@ -402,15 +403,42 @@ def _choose(request, count, dtype, platform, what, fallback):
     return Decision(f"{what}: {text} ({why})", request, encoded)
 
 
+_PREDICTION_FORMAT = "jax_blink.gpu_prediction"
+
+
 @functools.lru_cache(maxsize=64)
 def _predicted_cached(request, count, dtype, gpu, candidates):
     """``((name, seconds or None), ...)``, how ``lax`` was predicted, and ``((name, bound), ...)``:
-    candidates not simulated because a lower bound of their time already exceeds NCCL's."""
+    candidates not simulated because a lower bound of their time already exceeds NCCL's.
+
+    On GPUs the prediction is kept on disk beside the plan cache, keyed by
+    everything it depends on (the sources included, :func:`planning.cache.source_digest`),
+    so a later process decides without planning, tuning or simulating."""
     size = count * DTYPES[dtype][1]
     if not gpu:
         out = {"blink": cpu_allreduce_seconds("blink", size)} if "blink" in candidates else {}
         out["lax"] = cpu_allreduce_seconds("lax", size)
         return tuple(out.items()), "CPU model", ()
+    key = {"sources": source_digest(), "topology": request.topology.fingerprint(),
+           "reduce_gbps": request.topology.reduce_gbps, "request": [request.chunks, request.launch_s,
+                                                                     request.collective, request.root],
+           "size_bytes": size, "dtype": dtype, "candidates": list(candidates),
+           "executor": dataclasses.asdict(CUDA_STREAM), "simulate_top": TUNE_SIMULATE_TOP}
+    kept = load_keyed("decide", _PREDICTION_FORMAT, key)
+    try:
+        if kept is not None:
+            times, how, bounds = kept
+            return (tuple((str(k), None if v is None else float(v)) for k, v in times), str(how),
+                    tuple((str(k), float(v)) for k, v in bounds))
+    except (TypeError, ValueError) as e:
+        logger.warning("jax_blink decision cache: ignoring an entry and predicting afresh: %s", e)
+    predicted = _predict_gpu(request, count, dtype, candidates, size)
+    store_keyed("decide", _PREDICTION_FORMAT, key, predicted)
+    return predicted
+
+
+def _predict_gpu(request, count, dtype, candidates, size):
+    """:func:`_predicted_cached` on GPUs, computed."""
     model = nccl_model.predict(request.topology, size)
     bounds = {}
     if model is not None:

@@ -31,6 +31,7 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -49,7 +50,7 @@ from .errors import PlanError
 from .result import FORMAT_VERSION, RATE_RTOL, Plan
 
 __all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "check_entry", "entry_path",
-           "CACHE_VERSION", "ENTRY_FORMAT", "disk_store"]
+           "CACHE_VERSION", "ENTRY_FORMAT", "disk_store", "source_digest", "load_keyed", "store_keyed"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
 CACHE_VERSION = 4
@@ -193,6 +194,53 @@ def _disk_load(path: Path, key: dict):
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:  # PlanError, TopologyError
         logger.warning("jax_blink plan cache: ignoring %s and planning afresh: %s", path, e)
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """A digest of the pure-Python packages' sources (``topo``, ``planning``,
+    ``schedule``, ``sim``), the settings and psum's decision rules
+    (``ops/decide.py``, read, not imported): part of the key of every cached
+    choice that is not re-checked when loaded (:func:`load_keyed`), so that an
+    upgrade or an edit never reuses a choice the current code would not make."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    files = [root / "settings.py", root / "ops" / "decide.py"] + sorted(f for p in ("topo", "planning", "schedule", "sim")
+                                             for f in (root / p).glob("*.py"))
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _keyed_path(prefix: str, key: dict) -> Path:
+    return cache_dir() / f"{prefix}-{_digest(key)}.json"
+
+
+def load_keyed(prefix: str, fmt: str, key: dict):
+    """The ``"value"`` of the disk entry ``<prefix>-<hash of key>.json`` written by
+    :func:`store_keyed` for exactly ``key``, or None: missing, or (with a warning)
+    unreadable, corrupt, or written for another key. The caller checks the value
+    fits its use; nothing else re-derives it, so ``key`` must hold everything it
+    depends on (:func:`source_digest` for the code)."""
+    path = _keyed_path(prefix, key)
+    try:
+        text = read_text_file(path, error=PlanError, what=f"{prefix} cache entry", missing_ok=True)
+        if text is None:
+            return None
+        entry = parse_json(text, error=PlanError, what=f"{prefix} cache entry")
+        if not isinstance(entry, dict) or entry.get("format") != fmt or entry.get("key") != key:
+            raise PlanError("it was written for another request or version")
+        if "value" not in entry:
+            raise PlanError("it holds no value")
+        return entry["value"]
+    except (ValueError, TypeError, RecursionError) as e:  # PlanError is a ValueError
+        logger.warning("jax_blink cache: ignoring %s and computing afresh: %s", path, e)
+        return None
+
+
+def store_keyed(prefix: str, fmt: str, key: dict, value) -> None:
+    """Keep ``value`` (JSON) on disk for :func:`load_keyed` (atomically, :func:`disk_store`)."""
+    disk_store(_keyed_path(prefix, key), json.dumps({"format": fmt, "key": key, "value": value}))
 
 
 def _not_saved(path: Path, why: str) -> None:

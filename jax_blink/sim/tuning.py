@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import json
 import logging
 
-from .._jsonio import parse_json, read_text_file
 from ..planning import Tree
-from ..planning.cache import CACHE_VERSION, cache_dir, disk_store
+from ..planning.cache import CACHE_VERSION, load_keyed, source_digest, store_keyed
 from ..planning.cost import MAX_CHUNKS
 from ..schedule import dtype_name
 from ..topo import TopologyError
@@ -167,17 +164,19 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         return Tuned(schedule, result, trees, chunks, tried, seconds)
 
     if key is not None:
-        hit = _cached_choice(key, candidates, max_chunks)
+        hit = _cached_choice(key, candidates, max_chunks, plan.topology.n)
         if hit is not None:
-            index, chunks = hit
+            index, chunks, result = hit
             schedule = candidates[index].lower(size_bytes, dtype, chunks=list(chunks))
+            if len(result.tree_finish_s) == schedule.ntrees:  # else: simulate it again
+                seconds = result.time_s if executor is None else executor.seconds(result.time_s, schedule)
+                return Tuned(schedule, result, len(candidates[index].trees), chunks, 0, seconds)
             return scored(schedule, len(candidates[index].trees), chunks, 1)
     if simulate_top is not None:
         best, best_index, tried = _simulate_best_estimates(
             candidates, size_bytes, dtype, max_chunks, executor, model or SimModel(), simulate_top, scored)
         if key is not None:
-            disk_store(_cache_path(key), json.dumps({"format": _ENTRY_FORMAT, "key": key, "candidate": best_index,
-                                                     "chunks": list(best.chunks)}))
+            _store_choice(key, best_index, best)
         return dataclasses.replace(best, candidates=tried)
     best, best_index, tried = None, 0, 0
     fixed_s = 0.0 if executor is None else executor.call_s
@@ -197,8 +196,7 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
         if best is None or fastest.seconds < best.seconds:
             best, best_index = fastest, index
     if key is not None:
-        disk_store(_cache_path(key), json.dumps({"format": _ENTRY_FORMAT, "key": key, "candidate": best_index,
-                                                 "chunks": list(best.chunks)}))
+        _store_choice(key, best_index, best)
     return dataclasses.replace(best, candidates=tried)
 
 
@@ -352,7 +350,7 @@ _ENTRY_FORMAT = "jax_blink.tune_cache"
 
 def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor, simulate_top) -> dict:
     """Everything a cached tuning answers, as a JSON object."""
-    return {"cache_version": CACHE_VERSION, "subset_fractions": list(SUBSET_FRACTIONS),
+    return {"cache_version": CACHE_VERSION, "sources": source_digest(), "subset_fractions": list(SUBSET_FRACTIONS),
             "simulate_top": simulate_top, "estimate_scales": list(ESTIMATE_SCALES),
             "executor": None if executor is None else dataclasses.asdict(executor),
             "topology": plan.topology.fingerprint(), "collective": plan.collective, "root": plan.root,
@@ -361,27 +359,35 @@ def _cache_key(plan, size_bytes, dtype, model, max_chunks, stars, executor, simu
             "stars": bool(stars), "model": repr(model or SimModel()), "reduce_gbps": plan.topology.reduce_gbps}
 
 
-def _cache_path(key: dict):
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return cache_dir() / f"tune-{digest}.json"
+def _store_choice(key: dict, index: int, best: Tuned) -> None:
+    r = best.result
+    store_keyed("tune", _ENTRY_FORMAT, key, {
+        "candidate": index, "chunks": list(best.chunks),
+        "result": {"time_s": r.time_s, "size_bytes": r.size_bytes, "collective": r.collective, "nranks": r.nranks,
+                   "links": [[a, b, r.link_utilisation[a, b], r.link_bytes.get((a, b), 0)]
+                             for a, b in r.link_utilisation],
+                   "tree_finish_s": list(r.tree_finish_s), "rank_finish_s": list(r.rank_finish_s)}})
 
 
-def _cached_choice(key, candidates, max_chunks):
-    """``(candidate index, chunks)`` from the disk entry for ``key``, or None."""
-    path = _cache_path(key)
+def _cached_choice(key, candidates, max_chunks, nranks):
+    """``(candidate index, chunks, SimResult)`` from the disk entry for ``key``, or None
+    (with a warning where an entry exists but does not fit)."""
+    value = load_keyed("tune", _ENTRY_FORMAT, key)
+    if value is None:
+        return None
     try:
-        text = read_text_file(path, error=SimError, what="tuning cache entry", missing_ok=True)
-        if text is None:
-            return None
-        entry = parse_json(text, error=SimError, what="tuning cache entry")
-        if not isinstance(entry, dict) or entry.get("format") != _ENTRY_FORMAT or entry.get("key") != key:
-            raise SimError("it was written for another plan, size or version")
-        index, chunks = entry["candidate"], tuple(entry["chunks"])
+        index, chunks, r = value["candidate"], tuple(value["chunks"]), value["result"]
         if (type(index) is not int or not 0 <= index < len(candidates)
                 or len(chunks) != len(candidates[index].trees)
                 or not all(type(k) is int and 1 <= k <= max_chunks for k in chunks)):
             raise SimError(f"candidate {index!r:.20} with chunks {chunks!r:.60} does not fit the plan")
-        return index, chunks
+        links = {(int(a), int(b)): (float(u), float(c)) for a, b, u, c in r["links"]}
+        result = SimResult(float(r["time_s"]), int(r["size_bytes"]), str(r["collective"]), int(r["nranks"]),
+                           {k: v[0] for k, v in links.items()}, {k: v[1] for k, v in links.items()},
+                           tuple(map(float, r["tree_finish_s"])), tuple(map(float, r["rank_finish_s"])))
+        if result.nranks != nranks or not result.time_s > 0 or len(result.rank_finish_s) != nranks:
+            raise SimError("its simulated result is not one of this plan's")
+        return index, chunks, result
     except (SimError, KeyError, TypeError, ValueError) as e:
-        logger.warning("jax_blink tuning cache: ignoring %s and tuning afresh: %s", path, e)
+        logger.warning("jax_blink tuning cache: ignoring an entry and tuning afresh: %s", e)
         return None

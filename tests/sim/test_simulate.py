@@ -226,13 +226,18 @@ def test_tune_keeps_its_choice_on_disk_and_ignores_an_entry_that_does_not_fit(tm
     first = tune(p, 2**20, cache=True)
     assert first.candidates > 1
     [entry] = tmp_path.glob("tune-*.json")
-    again = tune(p, 2**20, cache=True)  # only the cached candidate is lowered and simulated
-    assert again.candidates == 1 and again.result.time_s == first.result.time_s
+    again = tune(p, 2**20, cache=True)  # the cached candidate is lowered; its simulation is on disk
+    assert again.candidates == 0 and again.result == first.result and again.seconds == first.seconds
     assert again.schedule.encode().tobytes() == first.schedule.encode().tobytes()
     data = json.loads(entry.read_text())
-    for bad, why in (({**data, "candidate": 999}, "does not fit the plan"),
-                     ({**data, "chunks": [0] * len(data["chunks"])}, "does not fit the plan"),
-                     ({**data, "key": {**data["key"], "size_bytes": 1}}, "another plan, size or version")):
+    value = data["value"]
+    wrong_ranks = {**value["result"], "nranks": 3}
+    for bad, why in (({**data, "value": {**value, "candidate": 999}}, "does not fit the plan"),
+                     ({**data, "value": {**value, "chunks": [0] * len(value["chunks"])}}, "does not fit the plan"),
+                     ({**data, "value": {**value, "result": wrong_ranks}}, "not one of this plan's"),
+                     ({**data, "value": {**value, "result": {}}}, "ignoring"),
+                     ({**data, "key": {**data["key"], "size_bytes": 1}}, "another request or version"),
+                     ({**data, "key": {**data["key"], "sources": "an older jax_blink"}}, "another request or version")):
         entry.write_text(json.dumps(bad))
         caplog.clear()
         redo = tune(p, 2**20, cache=True)

@@ -1,0 +1,91 @@
+"""psum's GPU decisions kept on disk (issue 25, item 3): a later process decides from the
+entry without planning, tuning or simulating, and gets the same decision; an entry for
+other sources or a corrupt one is ignored with a warning and the decision made afresh."""
+
+import json
+
+import pytest
+
+from jax_blink import Topology
+from jax_blink.ops import decide as _decide
+from jax_blink.planning import cache as plan_cache
+
+#: a partial DGX-1 V100 where the tuned plan beats NCCL's model at 64 MB, and one where
+#: NCCL wins (a whole HGX H100)
+CASES = [(Topology.preset("dgx1-v100").subset([0, 1, 2, 5]), 2**24, True),
+         (Topology.preset("hgx-h100"), 2**18, False)]
+
+
+def _forget():
+    """What a new process would not have: every in-process cache of the decision."""
+    _decide._predicted_cached.cache_clear()
+    _decide._tuned.cache_clear()
+    _decide.schedule_for.cache_clear()
+    plan_cache.clear_memory_cache()
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path))
+    _forget()
+    yield tmp_path
+    _forget()
+
+
+def _decision(topology, count):
+    d = _decide.decide(count, "float32", topology.n, topology=topology, platform="gpu")
+    return d.text, None if d.schedule is None else d.schedule.words.tobytes()
+
+
+def _no_recomputing(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("recomputed although the decision is on disk")
+
+    monkeypatch.setattr(_decide, "simulate", refuse)
+    monkeypatch.setattr(_decide.nccl_model, "predict", refuse)
+    monkeypatch.setattr(_decide, "_predict_gpu", refuse)
+    monkeypatch.setattr("jax_blink.sim.tuning.simulate", refuse)
+
+
+@pytest.mark.parametrize("topology,count,blink", CASES, ids=lambda c: getattr(c, "name", str(c)))
+def test_a_later_process_decides_from_disk(topology, count, blink, cache_dir, monkeypatch):
+    first = _decision(topology, count)
+    assert ("rsag plan" in first[0] or "tree plan" in first[0]) == blink, first[0]
+    assert list(cache_dir.glob("decide-*.json"))
+    _forget()
+    _no_recomputing(monkeypatch)
+    assert _decision(topology, count) == first
+
+
+def test_an_entry_for_other_sources_or_a_corrupt_one_is_recomputed(cache_dir, monkeypatch, caplog):
+    topology, count, _ = CASES[1]
+    first = _decision(topology, count)
+    [entry] = cache_dir.glob("decide-*.json")
+    data = json.loads(entry.read_text())
+    for bad in ({**data, "key": {**data["key"], "sources": "an older jax_blink"}},
+                {**data, "value": [["lax", "fast"], "how", []]},
+                "{not json"):
+        entry.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+        _forget()
+        caplog.clear()
+        assert _decision(topology, count) == first
+        assert "ignoring" in caplog.text
+    # the recomputed decision was stored again, whole
+    assert json.loads(entry.read_text())["value"] == data["value"]
+
+
+@pytest.mark.parametrize("name", ["decide.py", "nccl.py", "cost.py", "simulator.py", "settings.py"])
+def test_the_source_digest_changes_with_the_decision_rules_and_the_model(name, monkeypatch):
+    from pathlib import Path
+
+    digest = plan_cache.source_digest()
+    plan_cache.source_digest.cache_clear()
+    assert plan_cache.source_digest() == digest  # stable
+    read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read(self) + (b"#" if self.name == name else b""))
+    plan_cache.source_digest.cache_clear()
+    try:
+        assert plan_cache.source_digest() != digest
+    finally:
+        monkeypatch.undo()
+        plan_cache.source_digest.cache_clear()
