@@ -1,4 +1,4 @@
-"""The machine a benchmark ran on, recorded next to its results."""
+"""The machine a benchmark ran on, and the code it ran, recorded next to its results."""
 
 import os
 import platform
@@ -18,7 +18,24 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def commit() -> str:
+    """The checkout's commit (short hash), ``+changes`` when tracked files differ from it,
+    or ``unknown`` outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=root, timeout=30)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "jax_blink", "cc", "benchmarks/*.py"],
+                               cwd=root, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty.returncode == 1 else "")
+
+
 def machine(**extra) -> dict:
-    """CPU model, core count and Python version, plus ``extra`` fields."""
+    """CPU model, core count, Python version and the commit (:func:`commit`), plus
+    ``extra`` fields."""
     return {"cpu": cpu_model(), "cores": os.cpu_count(),
-            "python": platform.python_version(), **extra}
+            "python": platform.python_version(), "commit": commit(), **extra}

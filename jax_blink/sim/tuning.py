@@ -92,11 +92,12 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
     (``Plan.chunks_for``) and scales them by powers of two -- doubling, then
     halving -- while that makes the simulation faster.
 
-    With ``cache``, the choice (which candidate, its chunks) is kept on disk
-    beside the plan cache (``tune-<hash>.json`` in
+    With ``cache``, the choice (which candidate, its chunks, its simulated
+    result) is kept on disk beside the plan cache (``tune-<hash>.json`` in
     :func:`jax_blink.settings.cache_dir`), keyed by the plan's trees and
-    topology, the size, dtype, model and options; a later call lowers and
-    simulates only that candidate. psum on a GPU topology tunes this way at
+    topology, the size, dtype, model, options and the sources
+    (:func:`jax_blink.planning.cache.source_digest`); a later call lowers only
+    that candidate. psum on a GPU topology tunes this way at
     trace time (a full DGX-1 plan takes about a minute to tune on two
     cores). An entry that does not fit is ignored with a warning and the
     plan tuned afresh: it can only name a candidate, whose schedule is
