@@ -34,8 +34,13 @@ def commit() -> str:
     return head.stdout.strip() + ("+changes" if dirty.returncode == 1 else "")
 
 
+#: The code a benchmark runs: the commit when it starts (it imports this module first),
+#: not when it ends, since the checkout may move on while a long benchmark runs.
+RUN_COMMIT = commit()
+
+
 def machine(**extra) -> dict:
-    """CPU model, core count, Python version and the commit (:func:`commit`), plus
-    ``extra`` fields."""
+    """CPU model, core count, Python version and the commit it ran (:data:`RUN_COMMIT`),
+    plus ``extra`` fields."""
     return {"cpu": cpu_model(), "cores": os.cpu_count(),
-            "python": platform.python_version(), "commit": commit(), **extra}
+            "python": platform.python_version(), "commit": RUN_COMMIT, **extra}

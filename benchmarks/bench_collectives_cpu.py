@@ -24,7 +24,6 @@ os.environ.setdefault("PJRT_NPROC", "64")
 
 import argparse
 import json
-import subprocess
 import time
 
 import numpy as np
@@ -35,7 +34,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
-from _machine import machine
+from _machine import RUN_COMMIT, machine
 
 ROOT = 0
 
@@ -120,8 +119,7 @@ def main():
             print(f"{size:>10} {tl*1e6:>10.1f} {tb*1e6:>10.1f} {tb/tl:>6.2f} {busbw:>7.2f} "
                   f"{wrong:>6}")
         results[name] = rows
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()
+    commit = RUN_COMMIT
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"machine": info, "commit": commit, "method": "per call, a sync after each, "

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _machine import machine
+from _machine import RUN_COMMIT, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,8 +78,7 @@ def main() -> int:
                     print(f"{row['topology']:>22} {run}: {format_size(row['size_bytes']):>5} in "
                           f"{row['seconds']:7.3f} s, {'jax_blink' if row['uses_blink'] else 'lax.psum'}",
                           flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    commit = RUN_COMMIT
     info = machine(name=args.machine)
     out = ROOT / "benchmarks" / "results" / f"decide_{args.machine}"
     out.with_suffix(".json").write_text(json.dumps({"machine": info, "commit": commit, "imports_s": imports,

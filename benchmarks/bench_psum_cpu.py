@@ -27,7 +27,6 @@ os.environ.setdefault("PJRT_NPROC", "64")
 
 import argparse
 import json
-import subprocess
 import time
 
 import numpy as np
@@ -38,7 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
 from jax_blink import numerics
-from _machine import machine
+from _machine import RUN_COMMIT, machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,8 +89,7 @@ def main():
               f"{added['blink']:>11.1f} {added['lax']:>9.1f} {added['blink'] / added['lax']:>11.2f} "
               f"{wrong:>6}")
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=ROOT).stdout.strip()
+        commit = RUN_COMMIT
         with open(args.out, "w") as f:
             json.dump({"machine": device_machine(), "commit": commit, "rounds": args.rounds,
                        "method": "per call, a sync after each, programs interleaved; *_added_us: "

@@ -29,7 +29,6 @@ import glob
 import gzip
 import importlib.util
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_blink
 from jax_blink import settings
 from jax_blink.ops.measure import mlp_step, run_steps
-from _machine import machine
+from _machine import RUN_COMMIT, machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPS = [(8, 1024), (4, 2048), (16, 512), (4, 512), (8, 256)]
@@ -217,8 +216,7 @@ def main():
         devices_tl = timeline(trace_one_step(8, 1024, tmp))
     plot_timeline(devices_tl, "one step of the 8 x 1024 MLP, gradients summed by jax_blink.psum "
                   "(default buckets), 8 CPU devices", png)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    commit = RUN_COMMIT
     result = {"machine": machine(jax=jax.__version__), "devices": devices, "commit": commit,
               "rounds": args.rounds, "rows": rows, "png": png,
               "timeline": {str(d): row for d, row in devices_tl.items()}}

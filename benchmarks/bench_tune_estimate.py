@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _machine import machine
+from _machine import RUN_COMMIT, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,8 +61,7 @@ def main() -> int:
                          "exhaustive_simulations": exhaustive.candidates, "fast_simulations": fast.candidates,
                          "exhaustive_s": middle - start, "fast_s": end - middle})
         print(f"{topology.name}: worst {max(r['ratio'] for r in rows[-len(sizes):]):.3f}", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = RUN_COMMIT
     out = ROOT / "benchmarks" / "results"
     info = machine(name=args.machine)
     (out / f"tune_estimate_{args.machine}.json").write_text(json.dumps(
