@@ -226,8 +226,9 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
         return p, schedule, EncodedSchedule(schedule.encode())
     p = plan(topology, request.collective, root=root)
     if request.algo == "blink-tuned":
-        schedule = dataclasses.replace(_tuned(topology, request.collective, root, count, dtype).schedule,
-                                       op=request.op).validate()
+        schedule = _tuned(topology, request.collective, root, count, dtype).schedule  # validated by lower()
+        if schedule.op != request.op:
+            schedule = dataclasses.replace(schedule, op=request.op).validate()
     else:
         schedule = p.lower(size, dtype, chunks=request.chunks, launch_s=request.launch_s,
                            op=request.op)
