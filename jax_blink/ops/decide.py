@@ -13,10 +13,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
 import types
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -407,20 +409,28 @@ def _choose(request, count, dtype, platform, what, fallback):
 _PREDICTION_FORMAT = "jax_blink.gpu_prediction"
 
 
+@functools.lru_cache(maxsize=1)
+def _rules_digest() -> str:
+    """A digest of this module's source: with :func:`planning.cache.source_digest`, what a
+    kept prediction depends on besides its request."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:32]
+
+
 @functools.lru_cache(maxsize=64)
 def _predicted_cached(request, count, dtype, gpu, candidates):
     """``((name, seconds or None), ...)``, how ``lax`` was predicted, and ``((name, bound), ...)``:
     candidates not simulated because a lower bound of their time already exceeds NCCL's.
 
     On GPUs the prediction is kept on disk beside the plan cache, keyed by
-    everything it depends on (the sources included, :func:`planning.cache.source_digest`),
+    everything it depends on (the sources included: :func:`planning.cache.source_digest`
+    and this module's),
     so a later process decides without planning, tuning or simulating."""
     size = count * DTYPES[dtype][1]
     if not gpu:
         out = {"blink": cpu_allreduce_seconds("blink", size)} if "blink" in candidates else {}
         out["lax"] = cpu_allreduce_seconds("lax", size)
         return tuple(out.items()), "CPU model", ()
-    key = {"sources": source_digest(), "topology": request.topology.fingerprint(),
+    key = {"sources": [source_digest(), _rules_digest()], "topology": request.topology.fingerprint(),
            "reduce_gbps": request.topology.reduce_gbps, "request": [request.chunks, request.launch_s,
                                                                      request.collective, request.root],
            "size_bytes": size, "dtype": dtype, "candidates": list(candidates),

@@ -199,14 +199,13 @@ def _disk_load(path: Path, key: dict):
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """A digest of the pure-Python packages' sources (``topo``, ``planning``,
-    ``schedule``, ``sim``), the settings and psum's decision rules
-    (``ops/decide.py``, read, not imported): part of the key of every cached
+    ``schedule``, ``sim``) and the settings: part of the key of every cached
     choice that is not re-checked when loaded (:func:`load_keyed`), so that an
     upgrade or an edit never reuses a choice the current code would not make."""
     root = Path(__file__).resolve().parent.parent
+    files = [root / "settings.py"] + sorted(f for package in ("topo", "planning", "schedule", "sim")
+                                            for f in (root / package).glob("*.py"))
     digest = hashlib.sha256()
-    files = [root / "settings.py", root / "ops" / "decide.py"] + sorted(f for p in ("topo", "planning", "schedule", "sim")
-                                             for f in (root / p).glob("*.py"))
     for f in files:
         digest.update(f.name.encode() + b"\0" + f.read_bytes())
     return digest.hexdigest()[:32]

@@ -75,17 +75,22 @@ def test_an_entry_for_other_sources_or_a_corrupt_one_is_recomputed(cache_dir, mo
 
 
 @pytest.mark.parametrize("name", ["decide.py", "nccl.py", "cost.py", "simulator.py", "settings.py"])
-def test_the_source_digest_changes_with_the_decision_rules_and_the_model(name, monkeypatch):
+def test_the_key_changes_with_the_decision_rules_and_the_model(name, monkeypatch):
     from pathlib import Path
 
-    digest = plan_cache.source_digest()
-    plan_cache.source_digest.cache_clear()
-    assert plan_cache.source_digest() == digest  # stable
+    def digests():
+        plan_cache.source_digest.cache_clear()
+        _decide._rules_digest.cache_clear()
+        return plan_cache.source_digest(), _decide._rules_digest()
+
+    before = digests()
+    assert digests() == before  # stable
     read = Path.read_bytes
     monkeypatch.setattr(Path, "read_bytes", lambda self: read(self) + (b"#" if self.name == name else b""))
-    plan_cache.source_digest.cache_clear()
     try:
-        assert plan_cache.source_digest() != digest
+        after = digests()
+        assert after != before
+        assert (after[1] != before[1]) == (name == "decide.py")
     finally:
         monkeypatch.undo()
-        plan_cache.source_digest.cache_clear()
+        digests()
