@@ -413,7 +413,10 @@ _PREDICTION_FORMAT = "jax_blink.gpu_prediction"
 def _rules_digest() -> str:
     """A digest of this module's source: with :func:`planning.cache.source_digest`, what a
     kept prediction depends on besides its request."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:32]
+    try:
+        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:32]
+    except OSError:  # a zipped install: entries of this process only (as planning.cache.source_digest)
+        return f"process-{os.getpid()}-{os.urandom(8).hex()}"
 
 
 @functools.lru_cache(maxsize=64)

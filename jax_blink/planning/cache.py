@@ -201,14 +201,19 @@ def source_digest() -> str:
     """A digest of the pure-Python packages' sources (``topo``, ``planning``,
     ``schedule``, ``sim``) and the settings: part of the key of every cached
     choice that is not re-checked when loaded (:func:`load_keyed`), so that an
-    upgrade or an edit never reuses a choice the current code would not make."""
+    upgrade or an edit never reuses a choice the current code would not make.
+    Where the sources cannot be read (a zipped install), a token of this
+    process: its entries are then never reused by another."""
     root = Path(__file__).resolve().parent.parent
-    files = [root / "settings.py"] + sorted(f for package in ("topo", "planning", "schedule", "sim")
-                                            for f in (root / package).glob("*.py"))
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode() + b"\0" + f.read_bytes())
-    return digest.hexdigest()[:32]
+    try:
+        files = [root / "settings.py"] + sorted(f for package in ("topo", "planning", "schedule", "sim")
+                                                for f in (root / package).glob("*.py"))
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        return digest.hexdigest()[:32]
+    except OSError:
+        return f"process-{os.getpid()}-{os.urandom(8).hex()}"
 
 
 def _keyed_path(prefix: str, key: dict) -> Path:

@@ -94,3 +94,25 @@ def test_the_key_changes_with_the_decision_rules_and_the_model(name, monkeypatch
     finally:
         monkeypatch.undo()
         digests()
+
+
+def test_unreadable_sources_keep_entries_to_their_process(monkeypatch):
+    from pathlib import Path
+
+    def unreadable(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    try:
+        plan_cache.source_digest.cache_clear()
+        _decide._rules_digest.cache_clear()
+        first = (plan_cache.source_digest(), _decide._rules_digest())
+        plan_cache.source_digest.cache_clear()
+        _decide._rules_digest.cache_clear()
+        again = (plan_cache.source_digest(), _decide._rules_digest())
+        assert all(d.startswith("process-") for d in first)
+        assert first[0] != again[0] and first[1] != again[1]  # never matches another process's
+    finally:
+        monkeypatch.undo()
+        plan_cache.source_digest.cache_clear()
+        _decide._rules_digest.cache_clear()
