@@ -32,6 +32,7 @@ from jax_blink.planning.cache import load_keyed, source_digest, store_keyed
 from jax_blink.planning.cost import CUDA_STREAM, cpu_allreduce_seconds
 from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
 from jax_blink.sim import nccl as nccl_model, simulate, tune
+from jax_blink.sim.closed_form import busiest_arc_s
 from jax_blink.sim.baselines import chain as _chain, double_binary_tree, ring_allreduce
 from jax_blink.topo import Topology, TopologyError, load_topology
 
@@ -457,7 +458,8 @@ def _predict_gpu(request, count, dtype, candidates, size):
     bounds = {}
     if model is not None:
         # what no schedule of ours can beat: the CUDA executor's per-call cost, and for the plan
-        # also its certified rate; a candidate bound to lose to NCCL is not planned or simulated
+        # also its certified rate (for a baseline, below: its busiest link's time); a candidate
+        # bound to lose to NCCL is not planned or simulated
         floor = CUDA_STREAM.call_s
         if floor >= model.seconds:
             bounds = {name: floor for name in candidates}
@@ -480,6 +482,11 @@ def _predict_gpu(request, count, dtype, candidates, size):
         except (TopologyError, ScheduleError):  # a baseline this topology or size cannot carry
             out[name] = None  # is left out of the comparison
             continue
+        if model is not None:  # no transfer beats its busiest link: bound to lose to NCCL?
+            floor_s = CUDA_STREAM.seconds(busiest_arc_s(schedule, request.topology), schedule)
+            if floor_s >= model.seconds:
+                bounds[name] = floor_s
+                continue
         transfer[name] = simulate(schedule, request.topology).time_s
         out[name] = CUDA_STREAM.seconds(transfer[name], schedule)  # run by jax_blink's executor
     if model is not None:

@@ -74,10 +74,20 @@ def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
     from jax_blink.sim import nccl, simulate
 
     topology = Topology.preset("dgx1-v100").subset([0, 1, 2, 5, 6])
+    pruned = 0
     for count in (1 << 22, 1 << 26):  # 16 MB and 256 MB (below, the bounds decide: see below)
         d = _decide.decide(count, "float32", 5, topology=topology, platform="gpu")
         predicted = predictions(d.text)
-        assert set(predicted) == {"blink-tuned", "ring", "tree", "chain", "lax"}, d.text
+        bounded = {k: float(v) for k, v in re.findall(r"([a-z-]+) >= ([0-9.e+]+) us", d.text)}
+        assert set(predicted) | set(bounded) == {"blink-tuned", "ring", "tree", "chain", "lax"}, d.text
+        assert "lax" in predicted and "blink-tuned" in predicted
+        for name, bound in bounded.items():  # a baseline whose busiest link alone loses to NCCL:
+            assert bound >= predicted["lax"]   # sound, since no simulation of it beats that link
+            request = _decide.PlanRequest(topology, None, _decide.launch_s("gpu"), algo=name)
+            schedule = _decide.schedule_for(request, count, "float32")[1]
+            simulated = CUDA_STREAM.seconds(simulate(schedule, topology).time_s, schedule) * 1e6
+            assert simulated >= bound * (1 - 1e-3), (name, simulated, bound)
+            pruned += 1
         model = nccl.predict(topology, count * 4)
         assert predicted["lax"] == pytest.approx(model.seconds * 1e6, rel=1e-3)
         assert f"lax = NCCL {model.algorithm}/{model.protocol}" in d.text
@@ -89,6 +99,7 @@ def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
         schedule = _decide.schedule_for(d.request, count, "float32")[1]
         transfer = simulate(schedule, topology).time_s
         assert CUDA_STREAM.seconds(transfer, schedule) * 1e6 == pytest.approx(predicted[best], rel=1e-3)
+    assert pruned  # at 16 MB the baselines' busiest links alone lose to NCCL
     # 256 MB without an NVLink ring: the plan over every link beats NCCL's PCIe ring
     assert _decide.decide(1 << 26, "float32", 5, topology=topology, platform="gpu").uses_blink
 
