@@ -27,6 +27,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from _machine import machine
+
 OPS = ("psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather")
 
 CONFTEST = textwrap.dedent('''
@@ -117,8 +119,15 @@ def main(argv=None):
     for t, r in sorted(regressions.items()):
         print(f"  {t}: {r}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"lax": base, "jax_blink": ours,
-                                              "regressions": regressions}, indent=1))
+        import jax
+
+        command = ("python benchmarks/jax_suite.py --jax-src <jax checkout at jax-v"
+                   f"{jax.__version__}> --files {' '.join(args.files)}")
+        Path(args.out).write_text(json.dumps({
+            "machine": machine(), "jax": jax.__version__, "files": args.files, "command": command,
+            "selected": len(base), "pass_with_lax": len(passing),
+            "pass_with_jax_blink": len(passing) - len(regressions), "regressions": regressions,
+            "lax": base, "jax_blink": ours}, indent=1) + "\n")
     return 0
 
 
