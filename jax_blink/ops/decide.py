@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ import jax
 from jax_blink import _ffi, settings
 from jax_blink._jsonio import parse_json, read_text_file
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
-from jax_blink.planning.cache import load_keyed, source_digest, store_keyed
+from jax_blink.planning.cache import files_digest, load_keyed, source_digest, store_keyed
 from jax_blink.planning.cost import CUDA_STREAM, cpu_allreduce_seconds
 from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
 from jax_blink.sim import nccl as nccl_model, simulate, tune
@@ -412,12 +411,10 @@ _PREDICTION_FORMAT = "jax_blink.gpu_prediction"
 
 @functools.lru_cache(maxsize=1)
 def _rules_digest() -> str:
-    """A digest of this module's source: with :func:`planning.cache.source_digest`, what a
-    kept prediction depends on besides its request."""
-    try:
-        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:32]
-    except OSError:  # a zipped install: entries of this process only (as planning.cache.source_digest)
-        return f"process-{os.getpid()}-{os.urandom(8).hex()}"
+    """:func:`planning.cache.files_digest` of this module: with
+    :func:`planning.cache.source_digest`, what a kept prediction depends on besides its
+    request."""
+    return files_digest([Path(__file__)])
 
 
 @functools.lru_cache(maxsize=64)

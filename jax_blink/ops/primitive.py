@@ -209,6 +209,8 @@ def _is_argument(value) -> bool:
             return False
         value = owner.operands[0]
     return True
+
+
 _op_ids = weakref.WeakKeyDictionary()  # lowered module -> its op id counter
 
 

@@ -50,7 +50,7 @@ from .errors import PlanError
 from .result import FORMAT_VERSION, RATE_RTOL, Plan
 
 __all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "check_entry", "entry_path",
-           "CACHE_VERSION", "ENTRY_FORMAT", "disk_store", "source_digest", "load_keyed", "store_keyed"]
+           "CACHE_VERSION", "ENTRY_FORMAT", "disk_store", "files_digest", "source_digest", "load_keyed", "store_keyed"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
 CACHE_VERSION = 4
@@ -196,24 +196,28 @@ def _disk_load(path: Path, key: dict):
         return None
 
 
-@functools.lru_cache(maxsize=1)
-def source_digest() -> str:
-    """A digest of the pure-Python packages' sources (``topo``, ``planning``,
-    ``schedule``, ``sim``) and the settings: part of the key of every cached
-    choice that is not re-checked when loaded (:func:`load_keyed`), so that an
-    upgrade or an edit never reuses a choice the current code would not make.
-    Where the sources cannot be read (a zipped install), a token of this
-    process: its entries are then never reused by another."""
-    root = Path(__file__).resolve().parent.parent
+def files_digest(paths) -> str:
+    """A digest of the files at ``paths`` (names and bytes), for the key of a cached
+    choice that is not re-checked when loaded (:func:`load_keyed`). Where a file cannot
+    be read (a zipped install), a token of this process: its entries are then never
+    reused by another."""
+    digest = hashlib.sha256()
     try:
-        files = [root / "settings.py"] + sorted(f for package in ("topo", "planning", "schedule", "sim")
-                                                for f in (root / package).glob("*.py"))
-        digest = hashlib.sha256()
-        for f in files:
+        for f in paths:
             digest.update(f.name.encode() + b"\0" + f.read_bytes())
-        return digest.hexdigest()[:32]
     except OSError:
         return f"process-{os.getpid()}-{os.urandom(8).hex()}"
+    return digest.hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """:func:`files_digest` of the pure-Python packages' sources (``topo``,
+    ``planning``, ``schedule``, ``sim``) and the settings, so that an upgrade or an
+    edit never reuses a choice the current code would not make."""
+    root = Path(__file__).resolve().parent.parent
+    return files_digest([root / "settings.py"] + sorted(
+        f for package in ("topo", "planning", "schedule", "sim") for f in (root / package).glob("*.py")))
 
 
 def _keyed_path(prefix: str, key: dict) -> Path:
