@@ -11,7 +11,8 @@ docs/performance.md marks each table it quotes::
 (the table that :data:`RENDER` makes of it). This rewrites every marked table
 from its source; ``--check`` only reports (exit 1) the tables that differ, which
 tests/test_docs.py runs, so the document never quotes numbers its results do
-not hold.
+not hold. A marker that names no table (a missing file, a table number past
+the file's last, an unknown renderer) is one line on stderr and exit 2.
 
 Usage: ``python benchmarks/update_docs.py [--check]``
 """
@@ -89,11 +90,19 @@ RENDER = {"psum_cpu": psum_cpu, "multiprocess": multiprocess}
 
 
 def table(source: str, which: str) -> str:
-    """The table a marker names."""
-    text = (ROOT / source).read_text()
+    """The table a marker names; ValueError saying why where it names none."""
+    try:
+        text = (ROOT / source).read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read {source}: {e.strerror or e}") from None
     if which.isdigit():
         return markdown_table(text, int(which))
-    return RENDER[which](json.loads(text))
+    if which not in RENDER:
+        raise ValueError(f"no renderer {which!r}: give a table number or one of {', '.join(RENDER)}")
+    try:
+        return RENDER[which](json.loads(text))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{source} is not a {which} result ({type(e).__name__}: {e})") from None
 
 
 def main() -> int:
@@ -101,16 +110,27 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="report tables that differ; change nothing")
     parser.add_argument("--doc", type=Path, default=DOC, help="the document (default: docs/performance.md)")
     args = parser.parse_args()
-    doc = args.doc.read_text()
+    try:
+        doc = args.doc.read_text()
+    except OSError as e:
+        print(f"update_docs: cannot read {args.doc}: {e.strerror or e}", file=sys.stderr)
+        return 2
     stale = []
 
     def refresh(match):
-        new = table(match.group(2), match.group(3))
+        try:
+            new = table(match.group(2), match.group(3))
+        except ValueError as e:
+            raise ValueError(f"the marker '{match.group(2)} {match.group(3)}': {e}") from None
         if new != match.group(4):
             stale.append(f"{match.group(2)} {match.group(3)}")
         return match.group(1) + new + match.group(5)
 
-    updated = MARKED.sub(refresh, doc)
+    try:
+        updated = MARKED.sub(refresh, doc)
+    except ValueError as e:
+        print(f"update_docs: {args.doc}: {e}", file=sys.stderr)
+        return 2
     if not MARKED.search(doc):
         print(f"no marked tables in {args.doc}", file=sys.stderr)
         return 1

@@ -41,6 +41,21 @@ def test_the_table_check_rejects_a_changed_number(tmp_path):
     assert "steps_amd-epyc-2core.md" in result.stderr
 
 
+@pytest.mark.parametrize("marker, says", [
+    ("benchmarks/results/nope.md 1", "cannot read benchmarks/results/nope.md"),
+    ("benchmarks/results/steps_amd-epyc-2core.md 9", "asked for table 9; the file has 1"),
+    ("benchmarks/results/steps_amd-epyc-2core.md psum_cpu", "is not a psum_cpu result"),
+    ("benchmarks/results/psum_cpu_amd-epyc-2core.json fancy", "no renderer 'fancy'"),
+])
+def test_a_marker_that_names_no_table_is_one_line_and_exit_2(tmp_path, marker, says):
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"x\n<!-- table: {marker} -->\n<!-- end table -->\n")
+    result = _run("--doc", str(doc))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"the marker '{marker}'" in result.stderr and says in result.stderr
+    assert _run("--doc", str(tmp_path / "missing.md")).returncode == 2
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor for a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
