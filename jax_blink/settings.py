@@ -22,7 +22,7 @@ from typing import Optional
 __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S",
            "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
            "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
-           "cuda_enabled", "debug", "cache_dir", "executor"]
+           "cuda_enabled", "host_transport", "debug", "cache_dir", "executor"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
 #: On 8 CPU devices jax_blink is faster at every size measured, down to one
@@ -194,6 +194,13 @@ def cuda_enabled() -> bool:
         return False
     raise ValueError(f"JAX_BLINK_CUDA={text!r}: use 0 to keep psum off the CUDA executor "
                      "(lax.psum on GPUs), 1 (the default) to use it")
+
+
+def host_transport() -> bool:
+    """``JAX_BLINK_HOST_TRANSPORT``: collectives whose devices span processes of one host
+    run as one schedule over shared memory (default), unless 0 (then they take the
+    hierarchical path or lax, as across hosts)."""
+    return _flag("JAX_BLINK_HOST_TRANSPORT", True)
 
 
 def debug() -> bool:

@@ -26,6 +26,7 @@
 #include "core/reduce_op.h"
 #include "core/schedule.h"
 #include "core/step_tracker.h"
+#include "sync/host_rendezvous.h"
 #include "sync/join.h"
 #include "sync/rendezvous.h"
 
@@ -923,7 +924,7 @@ class RankRunner {
 
   template <typename Describe>
   Status Idle(uint32_t seen, Describe&& describe) {
-    if (slot_.failed.load(std::memory_order_seq_cst) != 0) {
+    if (slot_.failed().load(std::memory_order_seq_cst) != 0) {
       return slot_.FailStatus().Prefixed("jax_blink: " + Where(a_, generation_) +
                                          ": ");
     }
@@ -1042,6 +1043,15 @@ void WorkspacePool::Release(void* p) {
 }
 
 namespace {
+// The call site as every process names it: the op id counts call sites per
+// lowered module, so two programs can share one; the schedule tells most of
+// them apart, and ranks of one site pair by generation in call order.
+int64_t HostSite(const ExecArgs& a) {
+  const uint64_t h = (static_cast<uint64_t>(a.op_id) * 0x9E3779B97F4A7C15ull) ^
+                     a.schedule->fingerprint;
+  return static_cast<int64_t>(h & 0x7fffffffffffffffull);
+}
+
 Status CheckRank(const ExecArgs& a) {
   if (a.rank >= 0 && a.rank < a.schedule->nranks) return Status();
   return Status::InvalidArgument(
@@ -1054,9 +1064,66 @@ Status CheckRank(const ExecArgs& a) {
 Status ReserveGeneration(ExecArgs* a) {
   Status st = CheckRank(*a);
   if (!st.ok()) return st;
+  if (a->transport == kTransportHost) {
+    a->generation = HostReserve(HostSite(*a), a->group, a->rank);
+    return Status();
+  }
   return Rendezvous::Global().Reserve(RendezvousKey{a->run_id, a->op_id, a->group}, a->rank,
                                       a->schedule->nranks, &a->generation);
 }
+
+namespace {
+// A rank of a call whose ranks live in several processes of this host: its
+// input is copied into its process's arena, its accumulator lives there, and
+// the ranks meet in the host's slot table (sync/host_rendezvous.h); the same
+// RankRunner then runs its steps on that slot.
+ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point deadline, int64_t timeout_ms) {
+  ExecResult res;
+  const Schedule& s = *a.schedule;
+  HostRankArgs h;
+  h.site = HostSite(a);
+  h.group = a.group;
+  h.rank = a.rank;
+  h.nranks = s.nranks;
+  h.total_steps = s.total_steps;
+  h.fingerprint = s.fingerprint;
+  h.count = a.in_count;
+  h.dtype = a.dtype;
+  h.error = a.local_error.ok() ? CheckBuffers(s, a.dtype, a.in_count, a.out_count, a.in, a.out)
+                               : a.local_error;
+  h.in = a.in;
+  h.in_bytes = h.error.ok() ? a.in_count * static_cast<int64_t>(DTypeSize(s.dtype)) : 0;
+  h.acc_bytes = s.count * static_cast<int64_t>(AccSize(s.dtype));
+  const int64_t generation =
+      a.generation >= 0 ? a.generation : HostReserve(h.site, a.group, a.rank);
+  res.generation = generation;
+  HostTicket ticket;
+  res.status = HostJoin(h, generation, deadline, timeout_ms, &ticket);
+  if (res.status.ok()) {
+    Slot& slot = ticket.view;
+    res.status = CheckConsistent(slot, Where(a, generation));
+    if (res.status.ok()) {
+      // The rank reads its input's copy (which its peers read too) and
+      // writes only its own output.
+      ExecArgs staged = a;
+      staged.in = slot.info[a.rank].in;
+      RankRunner runner(staged, slot, slot.epoch, generation, deadline);
+      res.status = runner.Run();
+      if (!res.status.ok()) slot.Fail(a.rank, res.status);
+      const ExecTunables& tun = GetExecTunables();
+      const Status all =
+          slot.Finish(deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1),
+                      tun.spin, tun.yield_ns);
+      if (!all.ok()) res.status = all;
+    }
+    if (!res.status.ok() && res.status.kind == ErrorKind::kDeadlineExceeded) {
+      res.status.message += HostExitedText();
+    }
+  }
+  HostLeave(&ticket);
+  return res;
+}
+}  // namespace
 
 ExecResult ExecuteCpu(const ExecArgs& a) {
   ExecResult res;
@@ -1066,6 +1133,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   if (!res.status.ok()) return res;
   const int64_t timeout_ms = std::max<int64_t>(a.timeout_ms, 1);
   const auto deadline = t0 + std::chrono::milliseconds(timeout_ms);
+  if (a.transport == kTransportHost) return ExecuteCpuHost(a, deadline, timeout_ms);
 
   RankInfo info;
   info.error = a.local_error.ok()

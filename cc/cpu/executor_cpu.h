@@ -46,7 +46,14 @@ struct ExecArgs {
   // The call's rendezvous generation when ReserveGeneration() took it on the
   // calling thread; -1: taken when the rank joins.
   int64_t generation = -1;
+  // Where the ranks meet: kInProcess (every rank in this process), or
+  // kHost (ranks in several processes of this host, sync/host_rendezvous.h:
+  // the input is staged in shared memory and the accumulator lives there).
+  int32_t transport = 0;
 };
+
+inline constexpr int32_t kTransportInProcess = 0;
+inline constexpr int32_t kTransportHost = 1;
 
 struct ExecResult {
   Status status;            // ok, or the error and its kind

@@ -13,6 +13,7 @@
 #include "cpu/executor_cpu.h"
 #include "ffi/ffi_common.h"
 #include "ffi/handlers.h"
+#include "sync/host_rendezvous.h"
 #include "sync/worker_pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -29,6 +30,7 @@ struct ScheduleState {
   static ffi::TypeId id;
   Schedule schedule;
   std::unique_ptr<WorkspacePool> workspaces;
+  int32_t transport = kTransportInProcess;
 };
 
 // Holds a workspace of the pool for one call.
@@ -51,11 +53,22 @@ const XLA_FFI_TypeInfo kScheduleStateInfo = ffi::MakeTypeInfo<ScheduleState>();
 
 ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
     int64_t op_id, ffi::Span<const int64_t> schedule, int64_t collective,
-    int64_t reduce_op, int64_t timeout_ms) {
+    int64_t reduce_op, int64_t timeout_ms, int64_t transport) {
   auto state = std::make_unique<ScheduleState>();
   ffi::Error err = DecodeAttributes(op_id, schedule, collective, reduce_op, timeout_ms,
                                     &state->schedule);
   if (err.failure()) return ffi::Unexpected(std::move(err));
+  if (transport != kTransportInProcess && transport != kTransportHost) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "jax_blink (op_id=" + std::to_string(op_id) + "): unknown transport " +
+        std::to_string(transport) + " (0: in-process, 1: the processes of this host)"));
+  }
+  if (transport == kTransportHost && !HostAttached()) {
+    return ffi::Unexpected(ffi::Error::Internal(
+        "jax_blink (op_id=" + std::to_string(op_id) + "): lowered for the host transport, but "
+        "this process is not attached to its host's processes"));
+  }
+  state->transport = static_cast<int32_t>(transport);
   // The largest workspace a call may need; none is allocated until a call
   // needs it.
   const int64_t bytes = std::max(CpuWorkspaceBytes(state->schedule, /*aliased=*/true),
@@ -74,7 +87,7 @@ ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
                     ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group,
                     ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                     ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
-                    int64_t /*reduce_op*/, int64_t timeout_ms) {
+                    int64_t /*reduce_op*/, int64_t timeout_ms, int64_t /*transport*/) {
   ffi::Promise promise;
   ffi::Future future(promise);
   if (state == nullptr || state->workspaces == nullptr) {
@@ -82,8 +95,10 @@ ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
     return future;
   }
   const bool aliased = x.untyped_data() == out->untyped_data();
+  // The host transport keeps the accumulator in shared memory instead.
+  const bool host = state->transport == kTransportHost;
   auto ws = std::make_shared<WorkspaceLease>(
-      state->workspaces.get(), CpuWorkspaceBytes(state->schedule, aliased) > 0);
+      state->workspaces.get(), !host && CpuWorkspaceBytes(state->schedule, aliased) > 0);
   ExecArgs a;
   a.workspace = ws->get();
   a.workspace_bytes = ws->get() == nullptr ? 0 : state->workspaces->bytes();
@@ -99,6 +114,7 @@ ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
   a.dtype = DTypeCode(x.element_type());
   a.local_error = BufferTypeError(x.element_type(), out->element_type());
   a.timeout_ms = timeout_ms;
+  a.transport = state->transport;
   // The order of this rank's calls of one call site is the order XLA makes
   // them on this thread, not the order the workers start in.
   Status reserved = ReserveGeneration(&a);
@@ -133,7 +149,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<ffi::Span<const int64_t>>("schedule")
         .Attr<int64_t>("collective")  // the schedule must perform it
         .Attr<int64_t>("reduce_op")   // and reduce with it
-        .Attr<int64_t>("timeout_ms"));
+        .Attr<int64_t>("timeout_ms")
+        .Attr<int64_t>("transport"));  // 0: in-process, 1: this host's processes
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxBlinkCpuExecute, Execute,
@@ -148,7 +165,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<ffi::Span<const int64_t>>("schedule")
         .Attr<int64_t>("collective")       // checked at instantiation
         .Attr<int64_t>("reduce_op")        // checked at instantiation
-        .Attr<int64_t>("timeout_ms"));  // rendezvous limit
+        .Attr<int64_t>("timeout_ms")     // rendezvous limit
+        .Attr<int64_t>("transport"));    // checked at instantiation
 
 XLA_FFI_Handler* CpuInstantiateHandler() { return JaxBlinkCpuInstantiate; }
 XLA_FFI_Handler* CpuExecuteHandler() { return JaxBlinkCpuExecute; }

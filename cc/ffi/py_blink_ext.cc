@@ -2,9 +2,13 @@
 // the custom call, the schedule validator, the executor's settings, and the
 // executor's entry points for the test harness module (ffi/cpu_executor_api.h).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <climits>
 #include <cstdint>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "core/debug.h"
 #include "core/schedule.h"
@@ -12,6 +16,7 @@
 #include "ffi/cpu_executor_api.h"
 #include "ffi/handlers.h"
 #include "ffi/py_common.h"
+#include "sync/host_rendezvous.h"
 #include "sync/rendezvous.h"
 #include "sync/worker_pool.h"
 
@@ -86,6 +91,20 @@ py::dict WorkerThreads() {
   return d;
 }
 
+py::tuple HostArenaPy() {
+  HostProcess self;
+  Status st = HostArena(&self);
+  if (!st.ok()) throw std::runtime_error(st.message);
+  return py::make_tuple(self.pid, self.fd);
+}
+
+void HostAttachPy(int64_t slot, const std::vector<std::pair<int64_t, int64_t>>& processes) {
+  std::vector<HostProcess> ps;
+  for (const auto& [pid, fd] : processes) ps.push_back(HostProcess{pid, fd});
+  Status st = HostAttach(slot, ps);
+  if (!st.ok()) throw std::runtime_error(st.message);
+}
+
 RendezvousStats GlobalRendezvousStats() { return Rendezvous::Global().Stats(); }
 
 const CpuExecutorApi kCpuExecutorApi = {CpuExecutorApiAbi(), &ExecuteCpu,
@@ -136,5 +155,15 @@ PYBIND11_MODULE(_blink_ext, m) {
         "The threads that run CPU collectives off XLA's threads (the handler returns a "
         "future and hands its rank to one): {'threads': alive, 'idle': waiting for work, "
         "'started': ever created}. Idle threads exit after 30 s.");
+  m.def("host_arena", &HostArenaPy,
+        "This process's arena for the host transport (an anonymous shared memory file, "
+        "created on first call): (pid, fd). Other processes of the job map it through "
+        "/proc/<pid>/fd/<fd>. Raises RuntimeError when the system refuses it.");
+  m.def("host_attach", &HostAttachPy, py::arg("slot"), py::arg("processes"),
+        "Maps the arenas of the processes of this host, [(pid, fd), ...] in the job's order, "
+        "of which processes[slot] is this one. Calls lowered with transport=1 then meet there. "
+        "Once per process (again with the same list: no-op). Raises RuntimeError saying why "
+        "an arena cannot be mapped.");
+  m.def("host_attached", &HostAttached, "Whether host_attach succeeded in this process.");
   m.attr("_cpu_executor") = py::capsule(&kCpuExecutorApi, kCpuExecutorApiCapsule);
 }

@@ -60,7 +60,7 @@ Status JoinAndEnqueue(const RendezvousKey& key, const Schedule& s, const StreamP
         if (!e.empty()) err = Status::Internal(std::move(e));
       }
       if (err.ok()) {
-        err = ex.Enqueue(s, plan, rank, me, ws, peers, staged, deadline, &slot.failed);
+        err = ex.Enqueue(s, plan, rank, me, ws, peers, staged, deadline, &slot.failed());
       }
       if (!err.ok()) slot.Fail(rank, err.Prefixed("jax_blink: " + where + ": "));
       // All or nothing: every rank waits until all have enqueued (or

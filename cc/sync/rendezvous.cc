@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -25,15 +26,16 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 // ---- Waiting primitives ----------------------------------------------------
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
-               int64_t timeout_ns) {
+               int64_t timeout_ns, bool shared) {
   if (timeout_ns <= 0) return;
 #if defined(__linux__)
   struct timespec ts;
   ts.tv_sec = static_cast<time_t>(timeout_ns / 1000000000);
   ts.tv_nsec = static_cast<long>(timeout_ns % 1000000000);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE,
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE,
           expected, &ts, nullptr, 0);
 #else
+  (void)shared;
   (void)word;
   (void)expected;
   std::this_thread::sleep_for(
@@ -41,11 +43,12 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
 #endif
 }
 
-void FutexWakeAll(std::atomic<uint32_t>* word) {
+void FutexWakeAll(std::atomic<uint32_t>* word, bool shared) {
 #if defined(__linux__)
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE,
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE,
           INT_MAX, nullptr, nullptr, 0);
 #else
+  (void)shared;
   (void)word;
 #endif
 }
@@ -65,7 +68,7 @@ void Bell::Wait(uint32_t seen, int64_t timeout_ns, int spin, int64_t yield_ns) {
   }
   sleepers.fetch_add(1, std::memory_order_seq_cst);
   if (seq.load(std::memory_order_seq_cst) == seen) {
-    FutexWait(&seq, seen, timeout_ns);
+    FutexWait(&seq, seen, timeout_ns, shared != 0);
   }
   sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
@@ -128,45 +131,79 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
   arrived_ = 0;
   left_ = 0;
   abort_message_.clear();
-  state.store(0, std::memory_order_relaxed);
-  failed.store(0, std::memory_order_relaxed);
-  finished.store(0, std::memory_order_relaxed);
+  state().store(0, std::memory_order_relaxed);
+  failed().store(0, std::memory_order_relaxed);
+  finished().store(0, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(fail_mu_);
   fail_status_ = Status();
 }
 
+void Slot::AttachShared(int64_t n, uint32_t shared_epoch, std::atomic<uint32_t>* flags,
+                        Bell* bells, SlotWords* words, SharedFailure* failure) {
+  nranks = n;
+  epoch = shared_epoch;
+  ext_flags_ = flags;
+  ext_bells_ = bells;
+  words_ = words;
+  ext_failure_ = failure;
+  if (info.size() < static_cast<size_t>(n)) info.resize(n);
+}
+
 void Slot::Fail(int64_t rank, const Status& error) {
-  {
+  std::ostringstream os;
+  os << "rank " << rank << " failed: ";
+  if (ext_failure_ != nullptr) {
+    // Shared between processes: the rank that sets `failed` writes the
+    // record, then marks it ready for the others (FailStatus).
+    uint32_t expected = 0;
+    if (failed().compare_exchange_strong(expected, 1, std::memory_order_seq_cst)) {
+      const Status st = error.Prefixed(os.str());
+      ext_failure_->code = static_cast<int32_t>(st.kind);
+      std::snprintf(ext_failure_->message, sizeof(ext_failure_->message), "%s",
+                    st.message.c_str());
+      ext_failure_->ready.store(1, std::memory_order_seq_cst);
+    }
+  } else {
     std::lock_guard<std::mutex> lk(fail_mu_);
-    if (failed.load(std::memory_order_relaxed) != 0) return;
-    std::ostringstream os;
-    os << "rank " << rank << " failed: ";
+    if (failed().load(std::memory_order_relaxed) != 0) return;
     fail_status_ = error.Prefixed(os.str());
-    failed.store(1, std::memory_order_seq_cst);
+    failed().store(1, std::memory_order_seq_cst);
   }
   RingAll();
 }
 
 Status Slot::FailStatus() {
+  if (ext_failure_ != nullptr) {
+    // The failing rank writes its record right after setting `failed`; a
+    // process that died in between leaves no record.
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    while (ext_failure_->ready.load(std::memory_order_seq_cst) == 0) {
+      if (Clock::now() >= until) {
+        return Status::Internal("a rank of another process failed without saying why");
+      }
+      std::this_thread::yield();
+    }
+    return Status{static_cast<ErrorKind>(ext_failure_->code), ext_failure_->message};
+  }
   std::lock_guard<std::mutex> lk(fail_mu_);
   return fail_status_;
 }
 
 Status Slot::Finish(Clock::time_point limit, int spin, int64_t yield_ns) {
   const uint32_t n = static_cast<uint32_t>(nranks);
-  if (finished.fetch_add(1, std::memory_order_seq_cst) + 1 == n) {
-    FutexWakeAll(&finished);
+  if (finished().fetch_add(1, std::memory_order_seq_cst) + 1 == n) {
+    FutexWakeAll(&finished(), ext_failure_ != nullptr);
   }
   // Ranks usually finish close together: spin, then yield, then sleep.
-  for (int i = 0; i < spin && finished.load(std::memory_order_relaxed) < n; ++i) CpuRelax();
+  for (int i = 0; i < spin && finished().load(std::memory_order_relaxed) < n; ++i) CpuRelax();
   if (yield_ns > 0) {
     const auto until = Clock::now() + std::chrono::nanoseconds(yield_ns);
-    while (finished.load(std::memory_order_relaxed) < n && Clock::now() < until) {
+    while (finished().load(std::memory_order_relaxed) < n && Clock::now() < until) {
       std::this_thread::yield();
     }
   }
   uint32_t cur;
-  while ((cur = finished.load(std::memory_order_seq_cst)) < n) {
+  while ((cur = finished().load(std::memory_order_seq_cst)) < n) {
     const auto now = Clock::now();
     if (now >= limit) {
       std::ostringstream os;
@@ -175,12 +212,13 @@ Status Slot::Finish(Clock::time_point limit, int spin, int64_t yield_ns) {
             "their buffers may still be in use";
       return Status::DeadlineExceeded(os.str());
     }
-    FutexWait(&finished, cur,
+    FutexWait(&finished(), cur,
               std::min<int64_t>(
                   10000000, std::chrono::duration_cast<std::chrono::nanoseconds>(limit - now)
-                                .count()));
+                                .count()),
+              ext_failure_ != nullptr);
   }
-  if (failed.load(std::memory_order_seq_cst) != 0) return FailStatus();
+  if (failed().load(std::memory_order_seq_cst) != 0) return FailStatus();
   return Status();
 }
 
@@ -353,32 +391,32 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
   ticket->slot = slot;
   ticket->epoch = slot->epoch;
   if (slot->arrived_ == nranks) {
-    slot->state.store(1, std::memory_order_release);
+    slot->state().store(1, std::memory_order_release);
     lk.unlock();
-    FutexWakeAll(&slot->state);
+    FutexWakeAll(&slot->state());
     return Status();
   }
   lk.unlock();
 
   // Wait for the others: a short spin, yield (other device threads may
   // need this core to arrive), then sleep with the deadline.
-  for (int i = 0; i < spin && slot->state.load(std::memory_order_acquire) == 0;
+  for (int i = 0; i < spin && slot->state().load(std::memory_order_acquire) == 0;
        ++i) {
     CpuRelax();
   }
   if (yield_ns > 0) {
     const auto until =
         std::min(deadline, Clock::now() + std::chrono::nanoseconds(yield_ns));
-    while (slot->state.load(std::memory_order_acquire) == 0 &&
+    while (slot->state().load(std::memory_order_acquire) == 0 &&
            Clock::now() < until) {
       std::this_thread::yield();
     }
   }
-  while (slot->state.load(std::memory_order_acquire) == 0) {
+  while (slot->state().load(std::memory_order_acquire) == 0) {
     const auto now = Clock::now();
     if (now >= deadline) {
       lk.lock();
-      if (slot->state.load(std::memory_order_acquire) == 0) {
+      if (slot->state().load(std::memory_order_acquire) == 0) {
         std::vector<int64_t> missing, arrived;
         for (int64_t r = 0; r < nranks; ++r) {
           (slot->present_[r] ? arrived : missing).push_back(r);
@@ -403,9 +441,9 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
         // `e` may have been rehashed away only by erase of other keys, which
         // does not invalidate references to this element.
         e.tombstones.emplace_back(gen, slot->abort_message_);
-        slot->state.store(2, std::memory_order_release);
+        slot->state().store(2, std::memory_order_release);
         lk.unlock();
-        FutexWakeAll(&slot->state);
+        FutexWakeAll(&slot->state());
       } else {
         lk.unlock();
       }
@@ -414,9 +452,9 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
     const int64_t left_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
             .count();
-    FutexWait(&slot->state, 0, std::min<int64_t>(left_ns, 100000000));
+    FutexWait(&slot->state(), 0, std::min<int64_t>(left_ns, 100000000));
   }
-  if (slot->state.load(std::memory_order_acquire) == 2) {
+  if (slot->state().load(std::memory_order_acquire) == 2) {
     return Status::DeadlineExceeded(slot->abort_message_);
   }
   return Status();
@@ -431,7 +469,7 @@ void Rendezvous::Leave(Ticket* ticket) {
     Slot* slot = ticket->slot;
     ++slot->left_;
     if (slot->left_ == slot->arrived_ &&
-        slot->state.load(std::memory_order_acquire) != 0) {
+        slot->state().load(std::memory_order_acquire) != 0) {
       for (size_t i = 0; i < e.active.size(); ++i) {
         if (e.active[i].second.get() == slot) {
           std::unique_ptr<Slot> owned = std::move(e.active[i].second);

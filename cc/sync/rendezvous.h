@@ -26,10 +26,12 @@ namespace jax_blink {
 // ---- Waiting primitives ----------------------------------------------------
 
 // Blocks while *word == expected, at most timeout_ns (spurious wake-ups are
-// allowed). Linux: futex; elsewhere: a short sleep.
+// allowed). Linux: futex; elsewhere: a short sleep. `shared`: the word lives
+// in memory shared between processes (sync/host_rendezvous.h), which needs
+// the futex's shared form; in-process words use the cheaper private one.
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
-               int64_t timeout_ns);
-void FutexWakeAll(std::atomic<uint32_t>* word);
+               int64_t timeout_ns, bool shared = false);
+void FutexWakeAll(std::atomic<uint32_t>* word, bool shared = false);
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -55,6 +57,9 @@ struct alignas(64) Bell {
   // its remaining steps are such pushed copies).
   std::atomic<uint32_t> pushed_sinks{0};
   std::atomic<uint32_t> sink_target{UINT32_MAX};
+  // The bell lives in memory shared between processes (set when its slot is
+  // prepared; see FutexWait).
+  uint32_t shared = 0;
 
   void ResetFilters() {
     final_wait.store(0, std::memory_order_relaxed);
@@ -64,7 +69,7 @@ struct alignas(64) Bell {
 
   void Ring() {
     seq.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&seq);
+    if (sleepers.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&seq, shared != 0);
   }
   // Returns when seq != seen or after at most timeout_ns: spins `spin`
   // iterations, then yields the CPU for up to yield_ns (cheap on
@@ -107,6 +112,26 @@ struct RankInfo {
   uint64_t stream_base = 0;
 };
 
+// The words every rank of a slot updates (in the slot itself, or in memory
+// shared between processes for a host slot).
+struct SlotWords {
+  // 0: waiting for ranks, 1: all arrived, 2: aborted (timed out).
+  std::atomic<uint32_t> state{0};
+  // Set once when any rank fails during execution; wakes everyone.
+  std::atomic<uint32_t> failed{0};
+  // Ranks whose execution of this call is over, successful or not (futex
+  // word).
+  std::atomic<uint32_t> finished{0};
+};
+
+// The first failure of a host slot, in memory shared between processes
+// (Slot::Fail's record for ranks of other processes to read).
+struct SharedFailure {
+  std::atomic<uint32_t> ready{0};  // the record below is complete
+  int32_t code = 0;                // ErrorKind of the failure
+  char message[1024] = {};
+};
+
 class Slot {
  public:
   int64_t nranks = 0;
@@ -115,19 +140,22 @@ class Slot {
   uint32_t epoch = 0;
   std::vector<RankInfo> info;
 
-  std::atomic<uint32_t>* flags() { return flags_.get(); }
-  Bell& bell(int64_t r) { return bells_[r]; }
+  std::atomic<uint32_t>* flags() { return ext_flags_ != nullptr ? ext_flags_ : flags_.get(); }
+  Bell& bell(int64_t r) { return ext_bells_ != nullptr ? ext_bells_[r] : bells_[r]; }
   void RingAll() {
-    for (int64_t r = 0; r < nranks; ++r) bells_[r].Ring();
+    for (int64_t r = 0; r < nranks; ++r) bell(r).Ring();
   }
 
-  // 0: waiting for ranks, 1: all arrived, 2: aborted (timed out).
-  std::atomic<uint32_t> state{0};
-  // Set once when any rank fails during execution; wakes everyone.
-  std::atomic<uint32_t> failed{0};
-  // Ranks whose execution of this call is over, successful or not (futex
-  // word).
-  std::atomic<uint32_t> finished{0};
+  std::atomic<uint32_t>& state() { return words_->state; }
+  std::atomic<uint32_t>& failed() { return words_->failed; }
+  std::atomic<uint32_t>& finished() { return words_->finished; }
+
+  // Makes this slot a view of a slot that ranks of several processes share
+  // (sync/host_rendezvous.h): its flags, bells, words and failure record
+  // live there; `info` stays this process's (with the peers' buffers as
+  // mapped here) and is filled by the caller.
+  void AttachShared(int64_t n, uint32_t shared_epoch, std::atomic<uint32_t>* flags, Bell* bells,
+                    SlotWords* words, SharedFailure* failure);
 
   // Records the first failure ("rank <rank> failed: <message>", with the
   // error's kind) and wakes every rank.
@@ -148,6 +176,12 @@ class Slot {
   // Prepares the slot for a new use (called under the rendezvous lock).
   void Reset(int64_t nranks, int64_t total_steps);
 
+  SlotWords own_words_;
+  SlotWords* words_ = &own_words_;
+  // AttachShared: the shared slot's storage (null: this slot's own).
+  std::atomic<uint32_t>* ext_flags_ = nullptr;
+  Bell* ext_bells_ = nullptr;
+  SharedFailure* ext_failure_ = nullptr;
   std::unique_ptr<std::atomic<uint32_t>[]> flags_;
   size_t flag_cap_ = 0;
   std::unique_ptr<Bell[]> bells_;

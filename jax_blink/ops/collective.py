@@ -32,7 +32,7 @@ from jax_blink import settings
 from jax_blink.ops import decide as _decide
 from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
 from jax_blink.ops.primitive import bind_collective
-from jax_blink.ops.processes import layout
+from jax_blink.ops.processes import HostLocal, layout
 
 __all__ = ["run", "carried_as"]
 
@@ -84,8 +84,9 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
     ``fallback(blocks, mode)`` runs the lax equivalent on a list of
     schedule-dtype blocks (used where the decision is lax). ``invariant``
     (allgather): type a varying value's result invariant over the axes.
-    Devices of several processes are never waited for: a call whose groups
-    span processes runs its lax equivalent (psum's hierarchical path,
+    A call whose groups span processes of one host runs over shared memory
+    (:class:`~jax_blink.ops.processes.HostLocal`); one whose groups span
+    hosts runs its lax equivalent (psum's hierarchical path,
     :mod:`~jax_blink.ops.hierarchical`, calls this per process).
     """
     if not blocks:
@@ -107,9 +108,12 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
             owners.append(i)
 
     reason = _decide.environment_reason(axes)
+    transport = 0
     if reason is None:
         span = layout(axes, groups)
-        if span is not None:
+        if isinstance(span, HostLocal):
+            transport = 1  # the ranks meet in the host's shared memory
+        elif span is not None:
             reason = (span if isinstance(span, str) else
                       f"the devices span processes ({span.describe()}); the hierarchical path "
                       "serves psum, pmean, pmax, pmin, psum_scatter and all_gather")
@@ -164,7 +168,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         widths = [parts[i].shape[1] for i in idx]
         flat = (parts[idx[0]].reshape(-1) if len(idx) == 1
                 else jnp.concatenate([parts[i] for i in idx], axis=1).reshape(-1))
-        result = _bind(flat, rank, group, axes, decisions, groups, timeout_ms, mode)
+        result = _bind(flat, rank, group, axes, decisions, groups, timeout_ms, mode, transport)
         result = result.reshape(shards_out, -1)
         offset = 0
         for i, w in zip(idx, widths):
@@ -215,10 +219,11 @@ def _groups_text(groups):
     return "" if groups is None else f" in groups {[list(g) for g in groups]}"
 
 
-def _bind(flat, rank, group, axes, decisions, groups, timeout_ms, mode):
+def _bind(flat, rank, group, axes, decisions, groups, timeout_ms, mode, transport):
     def call(d):
         return lambda v: bind_collective(v, rank, group, axes=axes, request=d.request,
-                                         schedule=d.schedule, timeout_ms=timeout_ms, mode=mode)
+                                         schedule=d.schedule, timeout_ms=timeout_ms, mode=mode,
+                                         transport=transport)
 
     distinct = list(dict.fromkeys(d.schedule for d in decisions))
     if len(distinct) == 1:

@@ -36,7 +36,7 @@ from jax import lax
 from jax_blink import settings
 from jax_blink.ops import decide as _decide
 from jax_blink.ops.collective import run
-from jax_blink.ops.processes import Spanning, layout
+from jax_blink.ops.processes import HostLocal, Spanning, layout
 from jax_blink.planning.cost import CPU_CROSS_PROCESS_BYTES
 
 __all__ = ["span_for", "prefers_lax", "path", "allreduce", "reduce_scatter", "all_gather"]
@@ -53,6 +53,8 @@ def span_for(axes: tuple, axis_index_groups, leaves, op: str = "sum"):
     if axis_index_groups is not None or _decide.environment_reason(axes) is not None:
         return None  # run() checks these (groups spanning processes go to lax there)
     span = layout(axes)
+    if isinstance(span, HostLocal):
+        return None  # one host: run() takes it, over shared memory
     if not isinstance(span, Spanning):
         return span
     if settings.algo() == "lax":

@@ -48,12 +48,15 @@ _sites = itertools.count()
 _LAX_ALL_GATHER = lax.all_gather  # as imported (not a drop-in a user swapped into jax.lax)
 
 
-def bind_collective(flat, rank, group, *, axes, request, timeout_ms, mode, schedule=None):
+def bind_collective(flat, rank, group, *, axes, request, timeout_ms, mode, schedule=None,
+                    transport=0):
     """Binds the primitive on a 1-D value (planning it when ``schedule`` is None).
 
     ``flat`` holds the whole vector (one shard for allgather). Each bind is its
     own call site (``site``): jax would otherwise lower two identical binds
     once and call the result twice, giving two collectives one op id.
+    ``transport``: 0, the ranks meet in this process; 1, in the shared memory
+    of this host's processes (:mod:`jax_blink.ops.host`; CPU only).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -62,7 +65,7 @@ def bind_collective(flat, rank, group, *, axes, request, timeout_ms, mode, sched
         _, _, schedule = schedule_for(request, count, np.dtype(flat.dtype).name)
     return blink_collective_p.bind(flat, rank, group, axes=axes, request=request,
                                    schedule=schedule, timeout_ms=timeout_ms, mode=mode,
-                                   site=next(_sites))
+                                   transport=transport, site=next(_sites))
 
 
 def _rebind(x, rank, group, *, site=None, schedule=None, **params):
@@ -214,7 +217,8 @@ def _is_argument(value) -> bool:
 _op_ids = weakref.WeakKeyDictionary()  # lowered module -> its op id counter
 
 
-def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, **params):
+def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, transport,
+              **params):
     _ffi.ensure_registered(platform)
     check_lowered_mesh(getattr(ctx.module_context, "axis_context", None))
     module = ctx.module_context.module
@@ -226,9 +230,16 @@ def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, *
     # handler checks them against the schedule it decodes
     in_place = platform == "cpu" and request.collective in _IN_PLACE and not _is_argument(x)
     rule = _ffi_rule_in_place if in_place else _ffi_rule
+    if platform == "cpu":
+        params = {"transport": np.int64(transport)}
+    elif transport:
+        raise NotImplementedError("jax_blink: the host transport between processes runs on CPU "
+                                  "devices only (GPUs: CUDA IPC is not built yet)")
+    else:
+        params = {}
     return rule(ctx, x, rank, group, schedule=schedule.words,
                      op_id=np.int64(next(_op_ids[module])), timeout_ms=np.int64(timeout_ms),
-                     **_lowering_checks(request))
+                     **_lowering_checks(request), **params)
 
 
 def _lowering_checks(request):

@@ -15,6 +15,9 @@ process). The layout is computed from public, process-independent facts
 
 * ``None``: one process owns every group's devices (a single-process job, or a
   process-local axis): the in-process path;
+* a :class:`HostLocal` layout: each group's devices live in several processes
+  of one host whose shared memory transport is ready (:mod:`jax_blink.ops.host`):
+  the same path, its ranks meeting in shared memory;
 * a :class:`Spanning` layout the hierarchical path serves (Blink's
   multi-server protocol: reduce-scatter inside each process, an allreduce of
   each shard across processes by XLA, all-gather inside each process);
@@ -32,7 +35,9 @@ import numpy as np
 
 import jax
 
-__all__ = ["Spanning", "layout", "layout_of", "process_of_positions", "check_lowered_mesh"]
+from jax_blink import settings
+
+__all__ = ["Spanning", "HostLocal", "layout", "layout_of", "process_of_positions", "check_lowered_mesh"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,19 +69,36 @@ class Spanning:
                 f"groups {[list(g) for g in self.groups]}")
 
 
+@dataclasses.dataclass(frozen=True)
+class HostLocal:
+    """A call whose groups each span several processes of one host: it runs
+    as one schedule over all of a group's devices, over shared memory."""
+
+    nprocesses: int   # processes of the largest group
+    host: int         # the host of the first group (jax_blink.ops.host.Hosts)
+
+    def describe(self) -> str:
+        return (f"{self.nprocesses} processes of host {self.host}: one schedule over shared "
+                "memory")
+
+
 def process_of_positions(axis_sizes, devices) -> np.ndarray:
     """The process index of every mesh position (an array of the mesh's
     shape), for a mesh laid out as ``jax.make_mesh`` lays out ``devices``."""
     return np.asarray([d.process_index for d in devices]).reshape(tuple(axis_sizes))
 
 
-def layout(axes: tuple, groups=None) -> Union[None, Spanning, str]:
+def layout(axes: tuple, groups=None) -> Union[None, HostLocal, Spanning, str]:
     """The process layout of a call over ``axes`` (see the module docstring)."""
     if jax.process_count() == 1:
         return None
     mesh = jax.sharding.get_abstract_mesh()
-    return _layout(tuple(mesh.axis_names), tuple(mesh.axis_sizes), tuple(axes),
-                   None if groups is None else tuple(tuple(g) for g in groups))
+    key = (tuple(mesh.axis_names), tuple(mesh.axis_sizes), tuple(axes),
+           None if groups is None else tuple(tuple(g) for g in groups))
+    found = _layout(*key)
+    if found is None or not settings.host_transport() or jax.default_backend() != "cpu":
+        return found
+    return _host_local(*key) or found
 
 
 @functools.lru_cache(maxsize=256)
@@ -90,6 +112,34 @@ def _layout(names, sizes, axes, groups):
                 "which process owns which device is unknown (jax_blink assumes a mesh over "
                 "jax.devices() in order, as jax.make_mesh builds it)")
     return layout_of(process_of_positions(sizes, devices), names, axes, groups)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_local(names, sizes, axes, groups) -> Optional[HostLocal]:
+    """A :class:`HostLocal` layout when every group's processes share one host
+    whose transport is ready, else None."""
+    from jax_blink.ops.host import hosts
+
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    if int(np.prod(sizes)) != len(devices):
+        return None  # _layout says why
+    found = hosts()
+    owner = process_of_positions(sizes, devices)
+    order = [names.index(a) for a in axes]
+    others = [i for i in range(len(names)) if i not in order]
+    table = np.transpose(owner, others + order).reshape(
+        -1, int(np.prod([owner.shape[i] for i in order])))
+    members = [list(g) for g in groups] if groups is not None else [list(range(table.shape[1]))]
+    first, most = None, 0
+    for row in table:
+        for g in members:
+            processes = sorted({int(p) for p in row[g]})
+            host = found.one_host(processes)
+            if host is None:
+                return None
+            first = host if first is None else first
+            most = max(most, len(processes))
+    return HostLocal(most, first)
 
 
 def check_lowered_mesh(axis_context) -> None:

@@ -609,7 +609,7 @@ def test_push_and_pull_give_identical_bits(push):
 # jax_blink.psum), to pin down what the C++ handler does with its operands
 # and attributes on 8 CPU devices.
 def _ffi_allreduce(schedule, x, *, timeout_ms=20000, op_id=1, rank_fn=None, scan=0, collective=None,
-                   reduce_op=None):
+                   reduce_op=None, transport=0):
     """The custom call on 8 devices; ``collective`` and ``reduce_op`` default to the schedule's
     (header words 4 and 7), the output to its out_count elements (word 9)."""
     jax = pytest.importorskip("jax")
@@ -625,7 +625,7 @@ def _ffi_allreduce(schedule, x, *, timeout_ms=20000, op_id=1, rank_fn=None, scan
             v, rank, np.int32(0), schedule=words, op_id=np.int64(op_id),
             collective=np.int64(words[4] if collective is None else collective),
             reduce_op=np.int64(words[7] if reduce_op is None else reduce_op),
-            timeout_ms=np.int64(timeout_ms))
+            timeout_ms=np.int64(timeout_ms), transport=np.int64(transport))
 
     def body(v):
         v = v.reshape(-1)
@@ -672,11 +672,22 @@ def test_ffi_call_rejects_invalid_schedule_with_the_validator_message():
     ("collective", 3, "the custom call is a reduce_scatter but its schedule is a allreduce"),
     ("collective", 9, "the custom call is a code 9 but its schedule is a allreduce"),
     ("reduce_op", 2, "the custom call reduces with min but its schedule with sum"),
+    ("transport", 7, "unknown transport 7"),
 ])
 def test_ffi_call_refuses_a_schedule_of_another_collective_or_op_at_instantiation(attr, value, message):
     jax = pytest.importorskip("jax")
     with pytest.raises(jax.errors.JaxRuntimeError, match="INVALID_ARGUMENT: .*" + message):
         _ffi_allreduce(star_allreduce(8, 100, 1), np.ones((8, 100), np.float32), **{attr: value})
+
+
+def test_ffi_call_refuses_the_host_transport_in_a_process_not_attached():
+    """A call lowered for the host transport in a process that never joined its host's
+    processes (a single-process job) fails at instantiation, saying so."""
+    jax = pytest.importorskip("jax")
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match="INTERNAL: .*lowered for the host transport, but this process is "
+                             "not attached"):
+        _ffi_allreduce(star_allreduce(8, 100, 1), np.ones((8, 100), np.float32), transport=1)
 
 
 def test_ffi_call_rejects_dtype_not_matching_schedule():

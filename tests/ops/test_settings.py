@@ -77,6 +77,7 @@ VARIABLES = {
     "JAX_BLINK_PUSH": (lambda: settings.executor().push, {}),
     "JAX_BLINK_DEBUG": (settings.debug, {}),
     "JAX_BLINK_CUDA": (settings.cuda_enabled, {}),
+    "JAX_BLINK_HOST_TRANSPORT": (settings.host_transport, {}),
     "JAX_BLINK_ALGO": (settings.algo, {}),
 }
 

@@ -1,0 +1,104 @@
+// The rendezvous of ranks in several processes of one host, over shared
+// memory: the host transport of the CPU executor.
+//
+// Each process of a job owns one arena: an anonymous memory file
+// (memfd_create) that is never named in /dev/shm, so nothing is left behind
+// when the job ends, by a crash included. A process maps the arena of each
+// process of its host by opening /proc/<pid>/fd/<fd>, with the (pid, fd)
+// pairs the job exchanged at trace time (jax_blink/ops/host.py); only
+// processes of one job know them, so two jobs never meet.
+//
+// The first process of the host (slot 0) keeps the host's slot table at the
+// start of its arena: a fixed number of entries, each the shared part of a
+// rendezvous Slot (words, failure record, bells, per-step flags) and what
+// each rank publishes (its buffers as offsets into its process's arena, its
+// schedule's fingerprint, a local error). A call finds its entry by hashing
+// (call site, group, generation); a busy entry is waited for. A rank's
+// input is copied into its arena before it joins and its accumulator lives
+// there, so peers read and push exactly as in-process ranks do; the
+// executor (cpu/executor_cpu.h) then runs on a Slot view of the entry.
+//
+// Waits are bounded by the call's timeout. A rank that never arrives is
+// named, with the processes of the host that have exited.
+#ifndef JAX_BLINK_CC_SYNC_HOST_RENDEZVOUS_H_
+#define JAX_BLINK_CC_SYNC_HOST_RENDEZVOUS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "sync/rendezvous.h"
+
+namespace jax_blink {
+
+// One process of the host: its pid and the descriptor of its arena in it.
+struct HostProcess {
+  int64_t pid = 0;
+  int64_t fd = -1;
+};
+
+// Limits of the host slot table (what a call over the host transport may use).
+inline constexpr int64_t kHostMaxRanks = 64;
+inline constexpr int64_t kHostMaxSteps = int64_t{1} << 18;  // steps of one schedule, all ranks
+inline constexpr int64_t kHostEntries = 1024;
+
+// This process's arena, created on first use: (pid, fd). Internal error
+// when the system refuses the memory file.
+Status HostArena(HostProcess* self);
+
+// Maps the arenas of the host's processes, in the job's order (`slot` is
+// this process's index in `processes`, whose entry is its own arena). Once
+// per process; InvalidArgument when called again with other processes,
+// Internal when an arena cannot be opened or mapped (the message says why).
+Status HostAttach(int64_t slot, const std::vector<HostProcess>& processes);
+
+// Whether HostAttach succeeded in this process.
+bool HostAttached();
+
+// A rank's membership of one host slot, from HostJoin to HostLeave.
+struct HostTicket {
+  int64_t entry = -1;
+  int64_t rank = -1;
+  int64_t generation = -1;
+  Slot view;  // the executor's Slot, over the entry's shared storage
+  void* staging = nullptr;
+  int64_t staging_bytes = 0;
+};
+
+// What a rank publishes at HostJoin.
+struct HostRankArgs {
+  int64_t site = 0;   // call site, the same in every process
+  int64_t group = 0;
+  int64_t rank = 0;
+  int64_t nranks = 0;
+  int64_t total_steps = 0;
+  uint64_t fingerprint = 0;
+  int64_t count = 0;
+  int32_t dtype = -1;
+  Status error;       // a local error (still joins, so peers fail fast)
+  const void* in = nullptr;  // the rank's input: copied into the arena
+  int64_t in_bytes = 0;
+  int64_t acc_bytes = 0;     // the accumulator's size, in the arena
+};
+
+// Takes the call's generation on the calling thread (as Rendezvous::Reserve).
+int64_t HostReserve(int64_t site, int64_t group, int64_t rank);
+
+// Copies the input into this process's arena, publishes the rank, waits
+// for all ranks until `deadline`. On success ticket->view is the Slot the
+// executor runs on (info[r].in/acc point into the arenas as mapped here)
+// and ticket->staging holds this rank's input copy then its accumulator.
+// The caller calls HostLeave() whenever ticket->entry >= 0.
+Status HostJoin(const HostRankArgs& args, int64_t generation, Clock::time_point deadline,
+                int64_t timeout_ms, HostTicket* ticket);
+
+void HostLeave(HostTicket* ticket);
+
+// "; process 1 of this host (pid 123) has exited" for each process of the
+// host that has exited ("" when none has), for error messages.
+std::string HostExitedText();
+
+}  // namespace jax_blink
+
+#endif  // JAX_BLINK_CC_SYNC_HOST_RENDEZVOUS_H_
