@@ -929,6 +929,15 @@ class RankRunner {
                                          ": ");
     }
     const auto now = Clock::now();
+    if (slot_.peers_gone != nullptr && now - peers_checked_ >= std::chrono::milliseconds(100)) {
+      peers_checked_ = now;
+      const std::string gone = slot_.peers_gone(slot_);
+      if (!gone.empty()) {
+        return Status::DeadlineExceeded("jax_blink: " + Where(a_, generation_) + " at rank " +
+                                        std::to_string(a_.rank) + ": " + gone + " (while " +
+                                        describe() + ")");
+      }
+    }
     if (now >= deadline_) {
       std::ostringstream os;
       os << "jax_blink: timed out after " << a_.timeout_ms << " ms executing "
@@ -989,6 +998,7 @@ class RankRunner {
   const int64_t yield_ns_;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
+  Clock::time_point peers_checked_ = Clock::now();
 };
 
 // XLA hands us freshly mapped output buffers; at 4 KiB a page, first-touch
@@ -1082,6 +1092,7 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point deadline, int64_t
   const Schedule& s = *a.schedule;
   HostRankArgs h;
   h.site = HostSite(a);
+  h.op_id = a.op_id;
   h.group = a.group;
   h.rank = a.rank;
   h.nranks = s.nranks;
@@ -1116,7 +1127,8 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point deadline, int64_t
                       tun.spin, tun.yield_ns);
       if (!all.ok()) res.status = all;
     }
-    if (!res.status.ok() && res.status.kind == ErrorKind::kDeadlineExceeded) {
+    if (!res.status.ok() && res.status.kind == ErrorKind::kDeadlineExceeded &&
+        res.status.message.find("has exited") == std::string::npos) {
       res.status.message += HostExitedText();
     }
   }

@@ -21,6 +21,8 @@
 #include <unistd.h>
 #endif
 
+#include "sync/join.h"
+
 namespace jax_blink {
 namespace {
 
@@ -116,25 +118,48 @@ Status MapArena(int fd, char** base, const std::string& what) {
 #endif
 }
 
+// Gone, or a zombie its parent has not reaped yet (kill() still reaches a
+// zombie, so its state in /proc/<pid>/stat decides).
 bool ProcessExited(int64_t pid) {
 #if defined(__linux__)
-  return kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return true;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
+  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 #else
   (void)pid;
   return false;
 #endif
 }
 
-// " (process 1 of this host, pid 123, has exited)" for each exited process.
-std::string ExitedText() {
+// "; process 1 of this host (pid 123) has exited" for each exited process
+// among `processes` (all of the host's when empty).
+std::string ExitedText(const std::vector<int>& processes = {}) {
   HostState& st = State();
   std::ostringstream os;
   for (size_t p = 0; p < st.processes.size(); ++p) {
-    if (static_cast<int64_t>(p) != st.slot && ProcessExited(st.processes[p].pid)) {
+    const bool asked = processes.empty() ||
+                       std::find(processes.begin(), processes.end(), static_cast<int>(p)) !=
+                           processes.end();
+    if (asked && static_cast<int64_t>(p) != st.slot && ProcessExited(st.processes[p].pid)) {
       os << "; process " << p << " of this host (pid " << st.processes[p].pid << ") has exited";
     }
   }
   return os.str();
+}
+
+// Slot::peers_gone of a host slot: ExitedText() of its ranks' processes,
+// without the leading "; ".
+std::string PeersGone(const Slot& slot) {
+  std::vector<int> processes;
+  for (int64_t r = 0; r < slot.nranks; ++r) processes.push_back(slot.info[r].process);
+  const std::string text = ExitedText(processes);
+  return text.empty() ? text : text.substr(2);
 }
 
 // The entry lock: held for a few stores only, so spin, then yield.
@@ -325,7 +350,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
         "(the call was lowered for the host transport in another process state)");
   }
   std::ostringstream where;
-  where << "site=" << a.site << " group=" << a.group << " generation=" << generation;
+  where << CallSiteText(a.op_id, a.group, generation);
   if (a.nranks > kHostMaxRanks || a.total_steps > kHostMaxSteps) {
     return Status::InvalidArgument(
         "jax_blink host transport (" + where.str() + "): the schedule has " +
@@ -365,8 +390,8 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
     UnlockEntry(e);
     if (Clock::now() >= deadline) {
       return Status::DeadlineExceeded(
-          "jax_blink host transport (" + where.str() + "): its slot stayed busy with call site " +
-          std::to_string(e->site) + " generation " + std::to_string(e->generation) + " for " +
+          "jax_blink host transport (" + where.str() + "): its slot stayed busy with another "
+          "call (generation " + std::to_string(e->generation) + ") for " +
           std::to_string(timeout_ms) + " ms" + ExitedText());
     }
     if (spins < 64) {
@@ -446,6 +471,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   // The executor's view: peers' buffers as mapped in this process.
   Slot& v = ticket->view;
   v.AttachShared(a.nranks, epoch, FlagsOf(index), e->bells, &e->words, &e->failure);
+  v.peers_gone = &PeersGone;
   for (int64_t r = 0; r < a.nranks; ++r) {
     const HostRankInfo& hi = e->info[r];
     RankInfo& ri = v.info[r];
@@ -462,6 +488,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
     ri.total_steps = hi.total_steps;
     ri.fingerprint = hi.fingerprint;
     ri.error = Status{static_cast<ErrorKind>(hi.error_kind), hi.error};
+    ri.process = hi.process;
   }
   return Status();
 }

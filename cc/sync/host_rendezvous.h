@@ -69,6 +69,7 @@ struct HostTicket {
 // What a rank publishes at HostJoin.
 struct HostRankArgs {
   int64_t site = 0;   // call site, the same in every process
+  int64_t op_id = 0;  // its op id (for messages)
   int64_t group = 0;
   int64_t rank = 0;
   int64_t nranks = 0;

@@ -126,6 +126,7 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
     ri.error = Status();
     ri.device = -1;
     ri.stream = nullptr;
+    ri.process = -1;
   }
   present_.assign(n, 0);
   arrived_ = 0;
@@ -203,8 +204,18 @@ Status Slot::Finish(Clock::time_point limit, int spin, int64_t yield_ns) {
     }
   }
   uint32_t cur;
+  auto checked = Clock::now();
   while ((cur = finished().load(std::memory_order_seq_cst)) < n) {
     const auto now = Clock::now();
+    if (peers_gone != nullptr && now - checked >= std::chrono::milliseconds(100)) {
+      checked = now;
+      const std::string gone = peers_gone(*this);
+      if (!gone.empty()) {
+        if (failed().load(std::memory_order_seq_cst) != 0) return FailStatus();
+        return Status::DeadlineExceeded("jax_blink: " + std::to_string(n - cur) + " of " +
+                                        std::to_string(n) + " ranks never finished: " + gone);
+      }
+    }
     if (now >= limit) {
       std::ostringstream os;
       os << "jax_blink: " << (n - cur) << " of " << n

@@ -104,6 +104,7 @@ struct RankInfo {
   int64_t total_steps = 0;   // from its schedule
   uint64_t fingerprint = 0;  // of its schedule
   Status error;              // a local error found before joining, or ok
+  int process = -1;          // host slots: the rank's process on this host
   int device = -1;           // stream executors: the rank's device
   void* stream = nullptr;    // stream executors: the caller's stream (opaque)
   // Stream executors: the rank's StreamPeerView and its progress at the
@@ -139,6 +140,9 @@ class Slot {
   // claimed (a RECV_COPY being executed, possibly by its sender).
   uint32_t epoch = 0;
   std::vector<RankInfo> info;
+  // Host slots: "" while every process of the slot's ranks lives, else what
+  // says which exited (its ranks will never progress: waiting is useless).
+  std::string (*peers_gone)(const Slot& slot) = nullptr;
 
   std::atomic<uint32_t>* flags() { return ext_flags_ != nullptr ? ext_flags_ : flags_.get(); }
   Bell& bell(int64_t r) { return ext_bells_ != nullptr ? ext_bells_[r] : bells_[r]; }

@@ -108,11 +108,13 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
             owners.append(i)
 
     reason = _decide.environment_reason(axes)
-    transport = 0
+    transport, host_note = 0, ""
     if reason is None:
         span = layout(axes, groups)
         if isinstance(span, HostLocal):
             transport = 1  # the ranks meet in the host's shared memory
+            host_note = (" (one schedule over the shared memory of this host's processes: "
+                         f"{span.describe()})")
         elif span is not None:
             reason = (span if isinstance(span, str) else
                       f"the devices span processes ({span.describe()}); the hierarchical path "
@@ -156,7 +158,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
                 note = (" (min_bytes ignored: lax takes no axis_index_groups under "
                         "shard_map(check_vma=True))")
         for text in dict.fromkeys(d.text for d in decisions):
-            _decide.record(f"{name} over {axes}{_groups_text(groups)}: {text}{note}")
+            _decide.record(f"{name} over {axes}{_groups_text(groups)}: {text}{note}{host_note}")
         if not all(d.uses_blink for d in decisions):
             why = next(d.text for d in decisions if not d.uses_blink)
             for i, r in zip(idx, _lax(fallback, [parts[i] for i in idx], mode, groups, name,

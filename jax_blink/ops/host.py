@@ -116,6 +116,11 @@ def _gather(row: np.ndarray) -> np.ndarray:
             f"jax_blink: finding which processes share a host timed out after {timeout_s:g} s: "
             "some process of the job did not trace the same jax_blink collective (every process "
             "must run the same program)") from None
+    except Exception as e:  # noqa: BLE001 (jax's error, whatever its type, said in ours)
+        raise RuntimeError(
+            "jax_blink: finding which processes share a host failed (every process of the job "
+            "must trace the same jax_blink collective; JAX_BLINK_HOST_TRANSPORT=0 skips this "
+            f"step): {type(e).__name__}: {e}") from e
     finally:
         pool.shutdown(wait=False)
 

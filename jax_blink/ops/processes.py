@@ -78,8 +78,7 @@ class HostLocal:
     host: int         # the host of the first group (jax_blink.ops.host.Hosts)
 
     def describe(self) -> str:
-        return (f"{self.nprocesses} processes of host {self.host}: one schedule over shared "
-                "memory")
+        return f"{self.nprocesses} processes of host {self.host}"
 
 
 def process_of_positions(axis_sizes, devices) -> np.ndarray:

@@ -1,8 +1,9 @@
 """jax_blink across processes: real jax.distributed jobs on 127.0.0.1 (free
 ports, a time limit, every process reaped; jax_blink.launch.run_local),
 compared case by case with lax in every process (tests/multiprocess/worker.py:
-every dtype, pytrees, grads, the hierarchical and the in-process paths, the
-lax fallbacks and what explain() says)."""
+every dtype, pytrees, grads, the host transport, the hierarchical and the
+in-process paths, the lax fallbacks and what explain() says), and the faults:
+a process that never calls, a process killed inside a call."""
 
 import os
 import sys
@@ -15,10 +16,11 @@ from jax_blink.launch import run_local
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
 
 
-def launch(scenario, processes, devices, timeout_s):
+def launch(scenario, processes, devices, timeout_s, host_transport=True):
     start = time.monotonic()
+    env = dict(os.environ, JAX_BLINK_HOST_TRANSPORT="1" if host_transport else "0")
     results = run_local([sys.executable, WORKER, scenario], processes,
-                        devices_per_process=devices, timeout_s=timeout_s)
+                        devices_per_process=devices, timeout_s=timeout_s, env=env)
     return results, time.monotonic() - start
 
 
@@ -29,17 +31,73 @@ def report(results):
 
 @pytest.mark.parametrize("processes, devices", [(2, 4), (4, 2)])
 def test_collectives_across_processes_match_lax(processes, devices):
-    results, _ = launch("cases", processes, devices, timeout_s=600)
+    """Without the host transport: the hierarchical path and lax, as across hosts."""
+    results, _ = launch("cases", processes, devices, timeout_s=600, host_transport=False)
     assert all(r.ok for r in results), report(results)
     for r in results:
         assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
 
 
+@pytest.mark.parametrize("processes, devices", [(2, 1), (2, 2), (4, 1)])
+def test_host_transport_matches_lax(processes, devices):
+    """One schedule over every device of the host's processes, through shared memory."""
+    results, _ = launch("host", processes, devices, timeout_s=600)
+    assert all(r.ok for r in results), report(results)
+    for r in results:
+        assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
+
+
+def _shm_names():
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("processes, devices", [(2, 1), (2, 2)])
+def test_a_process_killed_inside_a_call_fails_the_others_fast(processes, devices):
+    """Process 1 is SIGKILLed while its ranks are inside a psum (timeout 3 s): the other
+    process fails within a second, naming the exited process, and nothing is left in
+    /dev/shm (the arenas are anonymous memory files)."""
+    before = _shm_names()
+    results, _ = launch("killed", processes, devices, timeout_s=120)
+    assert results[1].returncode == -9, report(results)
+    assert results[0].ok, report(results)
+    line = next((ln for ln in results[0].stdout.splitlines() if ln.startswith("ERROR")), "")
+    assert "DEADLINE_EXCEEDED" in line and "process 1 of this host" in line, report(results)
+    assert "has exited" in line, report(results)
+    seconds = float(line.split()[2])
+    assert seconds < 3.0, line  # found before the timeout, not after it
+    assert _shm_names() <= before
+
+
+def test_a_process_that_stops_calling_is_named_by_the_host_rendezvous():
+    """Process 1 makes one call, then never calls again: process 0's next call fails when
+    its timeout (5 s) expires, naming the ranks that never arrived."""
+    results, seconds = launch("absent-later", 2, 2, timeout_s=120)
+    assert all(r.returncode is not None for r in results), report(results)
+    line = next((ln for ln in results[0].stdout.splitlines() if ln.startswith("ERROR")), "")
+    assert "host rendezvous timed out after 5000 ms" in line, report(results)
+    assert "rank(s) [2, 3] never arrived" in line, report(results)
+    assert seconds < 60
+
+
 def test_a_process_that_never_calls_fails_the_others_not_a_hang():
-    """Process 1 never calls the collective. The in-process phases never wait
-    for it; the cross-process phase is XLA's (gloo) and fails when its
-    context cannot be set up (about 30 s), with XLA's error."""
-    results, seconds = launch("absent", 2, 4, timeout_s=240)
+    """Process 1 never calls the collective (without the host transport). The
+    in-process phases never wait for it; the cross-process phase is XLA's
+    (gloo) and fails when its context cannot be set up (about 30 s), with
+    XLA's error."""
+    results, seconds = launch("absent", 2, 4, timeout_s=240, host_transport=False)
     assert all(r.returncode is not None for r in results), report(results)  # none killed
     assert "ERROR" in results[0].stdout and "gloo" in results[0].stdout.lower(), report(results)
+    assert seconds < 240
+
+
+def test_a_process_that_never_calls_fails_host_discovery_not_a_hang():
+    """Process 1 never calls (host transport on): finding the host's processes is a gather
+    every process takes part in, and process 0's fails (gloo's context, about 30 s) with
+    jax_blink's error saying what each process must do."""
+    results, seconds = launch("absent", 2, 2, timeout_s=240)
+    assert all(r.returncode is not None for r in results), report(results)
+    assert "finding which processes share a host failed" in results[0].stdout, report(results)
     assert seconds < 240

@@ -3,12 +3,19 @@ jax_blink.launch.run_local): jax_blink's collectives against lax's over
 devices of several processes. Prints one line per failed check and a last
 line ``CHECKS <n> FAILED <m>``; exits 1 if any failed.
 
-    python worker.py cases       every case below
+    python worker.py cases       every case below (run with JAX_BLINK_HOST_TRANSPORT=0: the
+                                 hierarchical path and lax, as across hosts)
+    python worker.py host        the host transport: every collective over devices of several
+                                 processes of this host as one schedule over shared memory
     python worker.py absent      process 1 never calls the collective
+    python worker.py killed      process 1 is killed in the middle of a call
 """
 
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 import numpy as np
@@ -295,6 +302,105 @@ def grads():
                                     f"{traceback.format_exc()[-1500:]}")
 
 
+def host():
+    """Over the host transport (one schedule over every device, shared memory between the
+    processes): each collective against lax's, on both meshes and every layout of the
+    reduced devices over processes."""
+    both, one = ("host", "local"), "i"
+    for k, dtype in enumerate(DTYPES):
+        x = data(dtype, (NPROC, LOCAL, 37), k)
+        run(f"host psum {dtype} over {both}", lambda v: jax_blink.psum(v, both),
+            lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), x)
+        run(f"host psum {dtype} over {one}", lambda v: jax_blink.psum(v, one),
+            lambda v: lax.psum(v, one), MESH1, P("i"), P(), x.reshape(N, 37))
+    explained("host transport", "shared memory of this host's processes", f"shm:{N}")
+    for op in ("pmax", "pmin"):
+        for dtype in ("float32", "int32", "bfloat16"):
+            x = data(dtype, (NPROC, LOCAL, 19), 7)
+            run(f"host {op} {dtype} over {one}", lambda v: getattr(jax_blink, op)(v, one),
+                lambda v: getattr(lax, op)(v, one), MESH1, P("i"), P(), x.reshape(N, 19),
+                exact=True)
+    x = data("float32", (NPROC, LOCAL, 11), 3)
+    run("host pmean", lambda v: jax_blink.pmean(v, both), lambda v: lax.pmean(v, both),
+        MESH2, P("host", "local"), P(), x)
+    # the cross-process axis alone: one group per local index, each across the processes
+    run("host psum over host", lambda v: jax_blink.psum(v, "host"), lambda v: lax.psum(v, "host"),
+        MESH2, P("host", "local"), P(None, "local"), x)
+    explained("cross axis alone", "shared memory", f"shm:{NPROC}")
+    # the process-local axis alone: still in-process
+    if LOCAL > 1:
+        run("host psum over local", lambda v: jax_blink.psum(v, "local"),
+            lambda v: lax.psum(v, "local"), MESH2, P("host", "local"), P("host"), x)
+        explained("in-process path", f"plan on shm:{LOCAL}")
+    # axis_index_groups whose groups span processes (lax takes them under check_vma=False)
+    groups = [list(range(0, N, 2)), list(range(1, N, 2))]
+    run("host psum in groups", lambda v: jax_blink.psum(v, one, axis_index_groups=groups),
+        lambda v: lax.psum(v, one, axis_index_groups=groups), MESH1, P("i"), P("i"),
+        data("float32", (N, 23), 12), check_vma=False)
+    # pytrees of mixed dtypes and shapes (several buckets), check_vma both ways
+    tree = {"a": data("float32", (NPROC, LOCAL, 3, 5), 1), "b": data("int32", (NPROC, LOCAL), 2),
+            "c": [data("float64", (NPROC, LOCAL, 1000), 4), data("float32", (NPROC, LOCAL, 7), 5)]}
+    for vma in (True, False):
+        run(f"host pytree check_vma={vma}", lambda v: jax_blink.psum(v, both),
+            lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), tree, check_vma=vma)
+    # psum_scatter, all_gather, broadcast
+    x = data("float32", (N, N * 3, 2), 20)
+    for tiled in (True, False):
+        xx = x if tiled else x[:, :N]
+        run(f"host psum_scatter tiled={tiled}",
+            lambda v: jax_blink.psum_scatter(v, one, scatter_dimension=1, tiled=tiled),
+            lambda v: lax.psum_scatter(v, one, scatter_dimension=1, tiled=tiled),
+            MESH1, P("i"), P("i"), xx)
+        run(f"host all_gather tiled={tiled}",
+            lambda v: jax_blink.all_gather(v, one, axis=1, tiled=tiled),
+            lambda v: lax.all_gather(v, one, axis=1, tiled=tiled), MESH1, P("i"), P("i"), x,
+            exact=True)
+    root = 5 % N
+    x = data("float32", (N, 37), 10)
+    run("host broadcast", lambda v: jax_blink.broadcast(v, one, root=root),
+        lambda v: jnp.broadcast_to(lax.all_gather(v, one, tiled=True)[root], v.shape),
+        MESH1, P("i"), P("i"), x, exact=True)
+    # a call site inside a loop: the generations pair calls in order across processes
+    x = data("float32", (N, 64), 13)
+    run("host psum in a scan", lambda v: lax.scan(lambda c, _: (jax_blink.psum(c, one) / N, None),
+                                                 v, None, length=5)[0],
+        lambda v: lax.scan(lambda c, _: (lax.psum(c, one) / N, None), v, None, length=5)[0],
+        MESH1, P("i"), P("i"), x, check_vma=False)
+    grads()
+
+
+def killed():
+    """Process 1 is killed (SIGKILL) inside a psum: its rank has joined the call and waits
+    for process 0's, which arrives a second later. The other ranks fail with an error that
+    names the exited process, within about twice the timeout, not a hang."""
+    global checks
+    checks += 1
+    x = placed(data("float32", (N, 1 << 16), 0), MESH1, P("i"))
+    f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "i", timeout_s=3),
+                              mesh=MESH1, in_specs=P("i"), out_specs=P()))
+    jax.block_until_ready(f(x))  # compiled and run once by everyone
+    print("EXPLAIN", jax_blink.explain().splitlines()[-1], flush=True)
+    if pid == 1:
+        # its ranks join and wait for process 0's (from a thread: with one device per process
+        # the call may not return before the collective does)
+        threading.Thread(target=f, args=(x,), daemon=True).start()
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0)
+    start = time.monotonic()
+    try:
+        jax.block_until_ready(f(x))
+        failures.append("killed: the collective returned although process 1 was killed")
+    except Exception as e:  # noqa: BLE001
+        print(f"ERROR after {time.monotonic() - start:.1f} s {type(e).__name__}: {str(e)[:2000]}",
+              flush=True)
+    for msg in failures:
+        print("FAIL", msg, flush=True)
+    print(f"CHECKS {checks} FAILED {len(failures)}", flush=True)
+    # the job's coordination service would wait for the dead process at exit
+    os._exit(1 if failures else 0)
+
+
 def absent(after_one=False, dies=False):
     """Process 1 never calls the collective (``after_one``: after one call
     that both made; ``dies``: it exits there): process 0 must fail with an
@@ -318,13 +424,13 @@ def absent(after_one=False, dies=False):
 
 
 if __name__ == "__main__":
-    {"cases": cases, "absent": absent,
+    {"cases": cases, "host": host, "killed": killed, "absent": absent,
      "absent-later": lambda: absent(after_one=True),
      "dies": lambda: absent(after_one=True, dies=True)}[sys.argv[1]]()
     for f in failures:
         print("FAIL", f, flush=True)
     print(f"CHECKS {checks} FAILED {len(failures)}", flush=True)
     sys.stdout.flush()
-    if sys.argv[1] == "cases":
+    if sys.argv[1] in ("cases", "host"):
         jax.distributed.shutdown()
     sys.exit(1 if failures else 0)
