@@ -570,10 +570,14 @@ class RankRunner {
         in_(static_cast<const char*>(a.in)),
         spin_(GetExecTunables().spin),
         nt_bytes_(GetExecTunables().nt_bytes),
-        push_(GetExecTunables().push),
+        // Across processes a peer's output is not visible: senders never
+        // push (the receiver may keep the chunk in its output, below).
+        push_(GetExecTunables().push && a.transport != kTransportHost),
         same_types_(!HasScratchAcc(s_.dtype)),
         inplace_(CpuInPlace(s_, a.in == a.out)),
-        yield_ns_(GetExecTunables().yield_ns) {}
+        yield_ns_(GetExecTunables().yield_ns) {
+    if (a.transport == kTransportHost && same_types_) MarkPrivateChunks();
+  }
 
   Status Run() {
     StepTracker& tr = tls.tracker;
@@ -736,6 +740,39 @@ class RankRunner {
     }
   }
 
+  // Host transport: the chunks of this rank's accumulator that no peer
+  // reads (written here, never sent from the accumulator, inside the output
+  // range) live in its output buffer, so they need no copy at the end; the
+  // others live in the arena, where peers read them.
+  void MarkPrivateChunks() {
+    private_.assign(s_.nchunks, 0);
+    const int64_t lo = s_.OutputOffset(a_.rank);
+    for (int64_t c = 0; c < s_.nchunks; ++c) {
+      const int64_t off = s_.chunk_offset[c];
+      private_[c] = rs_.chunk_written[c] && off >= lo &&
+                    off + s_.chunk_length[c] <= lo + s_.out_count;
+    }
+    for (const Step& st : rs_.steps) {
+      if (st.op == Op::kSend && !st.src_input) private_[st.chunk] = 0;
+    }
+  }
+  bool Private(int32_t chunk) const { return !private_.empty() && private_[chunk] != 0; }
+  // Where chunk `chunk` (at element `off`) of this rank's accumulator lives.
+  char* OwnAcc(int32_t chunk, int64_t off) const {
+    if (Private(chunk)) {
+      return static_cast<char*>(a_.out) + (off - s_.OutputOffset(a_.rank)) * asize_;
+    }
+    return AccAt(a_.rank, off);
+  }
+  // A final value written into this rank's output, read by nobody soon.
+  bool OwnStream(const Step& st, int64_t off) const {
+    if (Private(st.chunk)) {
+      return !st.sent_after && nt_bytes_ > 0 &&
+             s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+    }
+    return UseStreamStores(a_.rank, st, off);
+  }
+
   // Where element `off` of rank `rank`'s accumulator lives: in its output
   // buffer for its output range when RankInfo::acc_out is set (a
   // reduce_scatter's shard), else in RankInfo::acc.
@@ -815,7 +852,7 @@ class RankRunner {
     }
     const int64_t off = s_.chunk_offset[st.chunk];
     const int64_t len = s_.chunk_length[st.chunk];
-    char* dst = AccAt(a_.rank, off);
+    char* dst = OwnAcc(st.chunk, off);
     int32_t push_sends[kMaxPush];
     PushDst push_dsts[kMaxPush];
     if (st.op == Op::kRecvCopy) {
@@ -828,7 +865,7 @@ class RankRunner {
       if (np > 0) {
         kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), src, nullptr, 0, len,
                     push_dsts, np);
-      } else if (UseStreamStores(a_.rank, st, off)) {
+      } else if (OwnStream(st, off)) {
         StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
       } else {
         kt_.copy(dst, src, len);
@@ -864,7 +901,7 @@ class RankRunner {
     if (np > 0) {
       kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), base, srcs, k, len,
                   push_dsts, np);
-    } else if (last.last_write && UseStreamStores(a_.rank, last, off)) {
+    } else if (last.last_write && OwnStream(last, off)) {
       // The final value, read by nobody soon (a reduce_scatter's shard).
       kt_.produce(dst, true, base, srcs, k, len, nullptr, 0);
     } else {
@@ -965,7 +1002,7 @@ class RankRunner {
       if (off < out_lo || off + len > out_lo + s_.out_count) continue;
       char* dst = out + (off - out_lo) * tsize_;
       if (rs_.chunk_written[c]) {
-        const char* acc = AccAt(a_.rank, off);
+        const char* acc = OwnAcc(static_cast<int32_t>(c), off);
         if (acc != dst) kt_.finalize(dst, acc, len);
       } else {
         const char* src = in_ + (off - in_lo) * tsize_;
@@ -998,6 +1035,7 @@ class RankRunner {
   const int64_t yield_ns_;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
+  std::vector<uint8_t> private_;  // MarkPrivateChunks (empty: none)
   Clock::time_point peers_checked_ = Clock::now();
 };
 
@@ -1083,11 +1121,55 @@ Status ReserveGeneration(ExecArgs* a) {
 }
 
 namespace {
+// One line per executed collective on stderr (JAX_BLINK_DEBUG): its call
+// site, rank, bytes, microseconds in all and waiting for the peers to join.
+void DebugLog(const ExecArgs& a, const ExecResult& res, Clock::time_point t0, int64_t wait_us) {
+  const int64_t us =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+  std::fprintf(
+      stderr,
+      "jax_blink: op=%" PRId64 " group=%" PRId64 " rank=%" PRId64 " gen=%" PRId64
+      " run=%" PRId64 " bytes=%" PRId64 " us=%" PRId64 " wait_us=%" PRId64
+      " start_us=%" PRId64 "%s %s%s\n",
+      a.op_id, a.group, a.rank, res.generation, a.run_id,
+      static_cast<int64_t>(a.in_count * DTypeSize(a.schedule->dtype)), us, wait_us,
+      static_cast<int64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(t0.time_since_epoch()).count()),
+      a.transport == kTransportHost ? " transport=host" : "",
+      res.status.ok() ? "ok" : "error: ", res.status.message.c_str());
+}
+
+// The byte ranges of rank `r`'s input that its SENDs from the input read
+// (merged where adjacent); one empty range when it sends none (an empty
+// list would mean all of it to HostJoin).
+std::vector<std::pair<int64_t, int64_t>> InputSentRanges(const Schedule& s, int64_t r) {
+  std::vector<uint8_t> sent(s.nchunks, 0);
+  for (const Step& st : s.ranks[r].steps) {
+    if (st.op == Op::kSend && st.src_input) sent[st.chunk] = 1;
+  }
+  const int64_t tsize = DTypeSize(s.dtype);
+  const int64_t lo = s.InputOffset(r);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t c = 0; c < s.nchunks; ++c) {
+    if (!sent[c]) continue;
+    const int64_t b = (s.chunk_offset[c] - lo) * tsize;
+    const int64_t len = s.chunk_length[c] * tsize;
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == b) {
+      ranges.back().second += len;
+    } else {
+      ranges.emplace_back(b, len);
+    }
+  }
+  if (ranges.empty()) ranges.emplace_back(0, 0);
+  return ranges;
+}
+
 // A rank of a call whose ranks live in several processes of this host: its
 // input is copied into its process's arena, its accumulator lives there, and
 // the ranks meet in the host's slot table (sync/host_rendezvous.h); the same
 // RankRunner then runs its steps on that slot.
-ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point deadline, int64_t timeout_ms) {
+ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_point deadline,
+                          int64_t timeout_ms) {
   ExecResult res;
   const Schedule& s = *a.schedule;
   HostRankArgs h;
@@ -1104,20 +1186,25 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point deadline, int64_t
                                : a.local_error;
   h.in = a.in;
   h.in_bytes = h.error.ok() ? a.in_count * static_cast<int64_t>(DTypeSize(s.dtype)) : 0;
+  // Peers read only the chunks the rank sends from its input; it reads its
+  // own input where XLA put it, unless the output overwrites it (aliased).
+  const bool aliased = a.in == a.out;
+  if (!aliased && h.error.ok()) h.in_ranges = InputSentRanges(s, a.rank);
   h.acc_bytes = s.count * static_cast<int64_t>(AccSize(s.dtype));
   const int64_t generation =
       a.generation >= 0 ? a.generation : HostReserve(h.site, a.group, a.rank);
   res.generation = generation;
   HostTicket ticket;
   res.status = HostJoin(h, generation, deadline, timeout_ms, &ticket);
+  const int64_t wait_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
   if (res.status.ok()) {
     Slot& slot = ticket.view;
     res.status = CheckConsistent(slot, Where(a, generation));
     if (res.status.ok()) {
-      // The rank reads its input's copy (which its peers read too) and
-      // writes only its own output.
+      // The rank writes only its own output; peers read its input's copy.
       ExecArgs staged = a;
-      staged.in = slot.info[a.rank].in;
+      if (aliased) staged.in = slot.info[a.rank].in;
       RankRunner runner(staged, slot, slot.epoch, generation, deadline);
       res.status = runner.Run();
       if (!res.status.ok()) slot.Fail(a.rank, res.status);
@@ -1133,6 +1220,7 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point deadline, int64_t
     }
   }
   HostLeave(&ticket);
+  if (DebugEnabled()) DebugLog(a, res, t0, wait_us);
   return res;
 }
 }  // namespace
@@ -1145,7 +1233,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   if (!res.status.ok()) return res;
   const int64_t timeout_ms = std::max<int64_t>(a.timeout_ms, 1);
   const auto deadline = t0 + std::chrono::milliseconds(timeout_ms);
-  if (a.transport == kTransportHost) return ExecuteCpuHost(a, deadline, timeout_ms);
+  if (a.transport == kTransportHost) return ExecuteCpuHost(a, t0, deadline, timeout_ms);
 
   RankInfo info;
   info.error = a.local_error.ok()
@@ -1212,23 +1300,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   }
   rv.Leave(&ticket);
 
-  if (DebugEnabled()) {
-    const int64_t us =
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
-            .count();
-    std::fprintf(
-        stderr,
-        "jax_blink: op=%" PRId64 " group=%" PRId64 " rank=%" PRId64
-        " gen=%" PRId64 " run=%" PRId64 " bytes=%" PRId64 " us=%" PRId64
-        " wait_us=%" PRId64 " start_us=%" PRId64 " %s%s\n",
-        a.op_id, a.group, a.rank, res.generation, a.run_id,
-        static_cast<int64_t>(a.in_count * DTypeSize(s.dtype)), us, wait_us,
-        static_cast<int64_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(
-                t0.time_since_epoch())
-                .count()),
-        res.status.ok() ? "ok" : "error: ", res.status.message.c_str());
-  }
+  if (DebugEnabled()) DebugLog(a, res, t0, wait_us);
   return res;
 }
 

@@ -374,7 +374,14 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   if (off >= 0) {
     ticket->staging = st.self_base + off;
     ticket->staging_bytes = bytes;
-    if (a.in_bytes > 0) std::memcpy(ticket->staging, a.in, a.in_bytes);
+    if (a.in_ranges.empty()) {
+      if (a.in_bytes > 0) std::memcpy(ticket->staging, a.in, a.in_bytes);
+    } else {
+      for (const auto& [lo, len] : a.in_ranges) {
+        std::memcpy(static_cast<char*>(ticket->staging) + lo, static_cast<const char*>(a.in) + lo,
+                    len);
+      }
+    }
   }
   const uint64_t h = Mix(Mix(Mix(0, a.site), a.group), generation);
   const int64_t index = static_cast<int64_t>(h % kHostEntries);

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -80,6 +81,9 @@ struct HostRankArgs {
   Status error;       // a local error (still joins, so peers fail fast)
   const void* in = nullptr;  // the rank's input: copied into the arena
   int64_t in_bytes = 0;
+  // The byte ranges of the input that peers read (the rest is not copied);
+  // empty: all of it.
+  std::vector<std::pair<int64_t, int64_t>> in_ranges;
   int64_t acc_bytes = 0;     // the accumulator's size, in the arena
 };
 
