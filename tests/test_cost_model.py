@@ -79,3 +79,38 @@ def test_the_cuda_model_lies_within_the_spread_of_every_recorded_1mb_run():
     of each run; the prediction lies within the runs' range, widened by 25%."""
     for chunks, seconds in cuda_runs_1mb().items():
         assert 0.75 * min(seconds) <= predicted_1mb(chunks) <= 1.25 * max(seconds), (chunks, seconds)
+
+
+# --------------------------------------------------------------- across processes of one host
+HOST_RESULTS = RESULTS.parent / "host_transport_amd-epyc-2core.json"
+
+
+def host_rows(processes=2, devices=1):
+    data = json.loads(HOST_RESULTS.read_text())
+    run = next(r for r in data["results"]
+               if r["processes"] == processes and r["devices_per_process"] == devices)
+    return [r for r in run["rows"] if r["what"] == "psum"]
+
+
+def test_the_cross_process_model_is_the_recorded_2x1_measurement():
+    rows = host_rows()
+    assert list(cost.CPU_HOST_ALLREDUCE_US["elements"]) == [r["size"] for r in rows]
+    for which in ("blink", "lax"):
+        assert list(cost.CPU_HOST_ALLREDUCE_US[which]) == pytest.approx(
+            [r[f"{which}_ms"] * 1e3 for r in rows], abs=0.06), which
+    assert all(r["wrong"]["blink"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize("layout", [(2, 1), (4, 1), (2, 4)])
+def test_the_cross_process_choice_follows_every_recorded_winner(layout):
+    """The model (2 x 1) picks, at every size recorded in every layout, the library that was
+    at least 20% faster there; and predicts the 2 x 1 calls within 25%."""
+    for r in host_rows(*layout):
+        blink, lax = r["blink_ms"], r["lax_ms"]
+        model = {w: cost.cpu_allreduce_seconds(w, r["size"] * 4, cost.CPU_HOST_ALLREDUCE_US)
+                 for w in ("blink", "lax")}
+        if min(blink, lax) < 0.8 * max(blink, lax):
+            assert min(model, key=model.get) == ("blink" if blink < lax else "lax"), r["size"]
+        if layout == (2, 1):
+            assert model["blink"] * 1e3 == pytest.approx(blink, rel=0.25), r["size"]
+            assert model["lax"] * 1e3 == pytest.approx(lax, rel=0.25), r["size"]

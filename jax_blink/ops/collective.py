@@ -108,11 +108,11 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
             owners.append(i)
 
     reason = _decide.environment_reason(axes)
-    transport, host_note = 0, ""
+    transport, host_note, processes = 0, "", 1
     if reason is None:
         span = layout(axes, groups)
         if isinstance(span, HostLocal):
-            transport = 1  # the ranks meet in the host's shared memory
+            transport, processes = 1, span.nprocesses  # the ranks meet in shared memory
             host_note = (" (one schedule over the shared memory of this host's processes: "
                          f"{span.describe()})")
         elif span is not None:
@@ -144,7 +144,8 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         topologies = _group_topologies(topology, nranks_axis, groups)
         def decide(threshold):
             return [_decide.decide(count, np.dtype(dtype).name, size, collective=collective, op=op,
-                                   root=root, topology=t, min_bytes=threshold, chunks=chunks)
+                                   root=root, topology=t, min_bytes=threshold, chunks=chunks,
+                                   processes=processes)
                     for t, size in zip(topologies, sizes)]
 
         decisions = decide(min_bytes)

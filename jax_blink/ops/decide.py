@@ -28,7 +28,8 @@ from jax_blink import _ffi, settings
 from jax_blink._jsonio import parse_json, read_text_file
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
 from jax_blink.planning.cache import files_digest, load_keyed, source_digest, store_keyed
-from jax_blink.planning.cost import CUDA_STREAM, cpu_allreduce_seconds
+from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, CUDA_STREAM,
+                                     cpu_allreduce_seconds)
 from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
 from jax_blink.sim import nccl as nccl_model, simulate, tune
 from jax_blink.sim.closed_form import busiest_arc_s
@@ -312,14 +313,16 @@ def _describe(p, schedule, fewer="the value is too small for more") -> str:
 
 def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce",
            op: str = "sum", root: Optional[int] = None, topology=None, min_bytes=None,
-           chunks=None, platform: Optional[str] = None) -> Decision:
+           chunks=None, platform: Optional[str] = None, processes: int = 1) -> Decision:
     """The decision for a ``collective`` over ``nranks`` devices whose vector
     holds ``count`` elements of ``dtype`` (one dtype group of a call; the
     whole vector, ``nranks`` shards, for reduce_scatter and allgather).
 
     ``topology``, ``min_bytes`` and ``chunks`` are the ops' keywords (None:
     the settings' defaults); ``platform`` the backend whose executor runs it
-    (default: jax's default backend).
+    (default: jax's default backend); ``processes`` how many processes of one
+    host the devices live in (more than one: the host transport, and lax
+    across processes, each predicted by its own measurements).
     """
     dtype = np.dtype(dtype).name
     fallback = lax_equivalent(collective, op)
@@ -343,14 +346,14 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
     if collective != "allreduce":
         p, schedule, encoded = schedule_for(request, count, dtype)
         return Decision(f"{what}: {_describe(p, schedule)}", request, encoded)
-    return _choose(request, count, dtype, platform, what, fallback)
+    return _choose(request, count, dtype, platform, what, fallback, processes)
 
 
 _NAMES = {"blink": "blink plan", "blink-tuned": "blink plan (tuned by simulation)",
           "ring": "NCCL's ring", "tree": "NCCL's double binary tree", "chain": "a pipelined chain"}
 
 
-def _choose(request, count, dtype, platform, what, fallback):
+def _choose(request, count, dtype, platform, what, fallback, processes=1):
     """The allreduce's algorithm: ``JAX_BLINK_PLAN``, else ``JAX_BLINK_ALGO``,
     else (``auto``) the fastest predicted one. On GPUs the simulator predicts
     the transfers of the tuned plan and of the baselines our executor runs
@@ -362,7 +365,8 @@ def _choose(request, count, dtype, platform, what, fallback):
     the topology's links or the size cannot carry (two ranks with no link or
     switch path between them) is listed as n/a and not chosen. On CPU
     devices the CPU model (``planning.cost.cpu_allreduce_seconds``)
-    predicts the plan and lax."""
+    predicts the plan and lax: in one process, or across processes of one
+    host (the host transport against lax over gloo)."""
     forced = settings.algo()
     if settings.plan_file():
         request = dataclasses.replace(request, algo="file", plan_file=settings.plan_file())
@@ -376,7 +380,7 @@ def _choose(request, count, dtype, platform, what, fallback):
     gpu = platform in ("cuda", "gpu")
     if forced == "auto":
         candidates = ("blink-tuned", "ring", "tree", "chain") if gpu else ("blink",)
-        predicted, how, bounds = _predicted(request, count, dtype, gpu, candidates)
+        predicted, how, bounds = _predicted(request, count, dtype, gpu, candidates, processes)
         runnable = {k: v for k, v in predicted.items() if v is not None}
         choice = min(runnable, key=runnable.get)  # ties: ours first (dict order), lax last
 
@@ -418,7 +422,7 @@ def _rules_digest() -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _predicted_cached(request, count, dtype, gpu, candidates):
+def _predicted_cached(request, count, dtype, gpu, candidates, processes=1):
     """``((name, seconds or None), ...)``, how ``lax`` was predicted, and ``((name, bound), ...)``:
     candidates not simulated because a lower bound of their time already exceeds NCCL's.
 
@@ -428,9 +432,12 @@ def _predicted_cached(request, count, dtype, gpu, candidates):
     so a later process decides without planning, tuning or simulating."""
     size = count * DTYPES[dtype][1]
     if not gpu:
-        out = {"blink": cpu_allreduce_seconds("blink", size)} if "blink" in candidates else {}
-        out["lax"] = cpu_allreduce_seconds("lax", size)
-        return tuple(out.items()), "CPU model", ()
+        table = CPU_HOST_ALLREDUCE_US if processes > 1 else CPU_ALLREDUCE_US
+        out = ({"blink": cpu_allreduce_seconds("blink", size, table)}
+               if "blink" in candidates else {})
+        out["lax"] = cpu_allreduce_seconds("lax", size, table)
+        return tuple(out.items()), ("CPU model across processes" if processes > 1
+                                    else "CPU model"), ()
     key = {"sources": [source_digest(), _rules_digest()], "topology": request.topology.fingerprint(),
            "reduce_gbps": request.topology.reduce_gbps, "request": [request.chunks, request.launch_s,
                                                                      request.collective, request.root],
@@ -498,10 +505,11 @@ def _predict_gpu(request, count, dtype, candidates, size):
             tuple(bounds.items()))
 
 
-def _predicted(request, count, dtype, gpu, candidates):
+def _predicted(request, count, dtype, gpu, candidates, processes=1):
     """``(predicted seconds per candidate and lax, how, bounds)``, by the model of the platform;
     None for a schedule the topology or size cannot carry. The reduction (sum, max,
     min) does not change a prediction, so they share one."""
     request = dataclasses.replace(request, op="sum")
-    times, how, bounds = _predicted_cached(request, count, dtype, gpu, tuple(candidates))
+    times, how, bounds = _predicted_cached(request, count, dtype, gpu, tuple(candidates),
+                                           1 if gpu else processes)
     return dict(times), how, dict(bounds)

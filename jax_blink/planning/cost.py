@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-__all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_CROSS_PROCESS_BYTES", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
+__all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_HOST_ALLREDUCE_US", "CPU_CROSS_PROCESS_BYTES", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
            "pipeline_chunks", "BUCKET_FIXED_SHARE", "bucket_bytes", "ExecutorCost", "CUDA_STREAM",
            "CUDA_CALL_SECONDS"]
 
@@ -106,6 +106,20 @@ CPU_ALLREDUCE_US = {
 }
 
 
+#: The CPU model across processes of one host: the median time of one
+#: allreduce (microseconds, a sync after each call, the two interleaved) over
+#: 2 processes x 1 CPU device, by float32 elements per device: ``blink`` over
+#: the host transport (shared memory), ``lax`` = lax.psum over gloo
+#: (``benchmarks/bench_host_transport.py --layouts 2x1`` on a 2-core AMD EPYC,
+#: ``benchmarks/results/host_transport_amd-epyc-2core.json``; a test replays
+#: it).
+CPU_HOST_ALLREDUCE_US = {
+    "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 4_000_000),
+    "blink": (85.5, 130.6, 127.5, 167.1, 239.5, 1006.6, 3850.7),
+    "lax": (92.0, 296.2, 340.1, 378.3, 510.9, 2809.5, 10992.8),
+}
+
+
 #: Across local CPU processes (gloo over loopback), the per-device input
 #: bytes where the hierarchical reduce-scatter and all-gather beat lax's, as
 #: ``[low, high]``, read off ``benchmarks/bench_multiprocess.py --ops
@@ -117,10 +131,11 @@ CPU_ALLREDUCE_US = {
 CPU_CROSS_PROCESS_BYTES = {"reduce_scatter": (4e6, math.inf), "allgather": (0.0, 1e6)}
 
 
-def cpu_allreduce_seconds(which: str, size_bytes: float) -> float:
+def cpu_allreduce_seconds(which: str, size_bytes: float, table=None) -> float:
     """The CPU model's time of an allreduce of ``size_bytes`` per device by
-    ``which`` (``"blink"`` or ``"lax"``): the measurements of
-    :data:`CPU_ALLREDUCE_US` made non-decreasing in size (a running maximum:
+    ``which`` (``"blink"`` or ``"lax"``): the measurements of ``table``
+    (:data:`CPU_ALLREDUCE_US` by default; :data:`CPU_HOST_ALLREDUCE_US` across
+    processes) made non-decreasing in size (a running maximum:
     at the smallest sizes the measurements differ by noise only), interpolated
     in log-log, extrapolated linearly in size beyond them.
 
@@ -131,8 +146,9 @@ def cpu_allreduce_seconds(which: str, size_bytes: float) -> float:
     >>> round(cpu_allreduce_seconds("blink", 4e3) * 1e6, 1)  # the 400-byte 155.8 carried on
     155.8
     """
-    sizes = np.log(np.asarray(CPU_ALLREDUCE_US["elements"], float) * 4)
-    times = np.log(np.maximum.accumulate(np.asarray(CPU_ALLREDUCE_US[which], float)))
+    table = CPU_ALLREDUCE_US if table is None else table
+    sizes = np.log(np.asarray(table["elements"], float) * 4)
+    times = np.log(np.maximum.accumulate(np.asarray(table[which], float)))
     x = np.log(max(float(size_bytes), 1.0))
     if x > sizes[-1]:
         return float(np.exp(times[-1]) * np.exp(x - sizes[-1])) * 1e-6
