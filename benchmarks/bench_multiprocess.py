@@ -1,7 +1,10 @@
 """jax_blink's collectives against lax's over devices of several processes.
 
 Launches local jax.distributed jobs (jax_blink.launch.run_local: 127.0.0.1,
-gloo) of P processes x L CPU devices, over a mesh ("host", "local"), and times
+gloo) of P processes x L CPU devices, over a mesh ("host", "local"), with
+``JAX_BLINK_HOST_TRANSPORT=0`` (so that one machine's processes take the path
+of processes on different hosts; with the default, they share memory:
+benchmarks/bench_host_transport.py), and times
 ``jax_blink.psum(x, ("host", "local"))`` (the hierarchical path: Blink
 reduce-scatter in each process, gloo allreduce of the shards across
 processes, Blink all-gather) against ``lax.psum`` on the same inputs, the two
@@ -134,7 +137,8 @@ def main(argv=None):
         p, d = (int(v) for v in layout.split("x"))
         rs = run_local([sys.executable, os.path.abspath(__file__), "--sizes",
                         *map(str, sizes), "--reps", str(args.reps), "--ops", *args.ops], p,
-                       devices_per_process=d, timeout_s=1800)
+                       devices_per_process=d, timeout_s=1800,
+                       env=dict(os.environ, JAX_BLINK_HOST_TRANSPORT="0"))
         line = next((ln for ln in rs[0].stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None or not all(r.ok for r in rs):
             for r in rs:

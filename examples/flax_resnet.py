@@ -46,9 +46,9 @@ Design notes
 * ``--processes N`` runs N local processes of one ``jax.distributed`` job
   (``jax_blink.launch``: 127.0.0.1, gloo for the CPU collectives), 8/N CPU
   devices each, over the same 1-D mesh. The gradients' psum then spans
-  processes and takes jax_blink's hierarchical path (in-process Blink
-  reduce-scatter, XLA's collective across processes, in-process Blink
-  all-gather); every process trains the same model and process 0 reports.
+  processes of one host and runs as one schedule over their shared memory
+  (jax_blink's host transport; across hosts it would take the hierarchical
+  path); every process trains the same model and process 0 reports.
 * The data split, the initialisation and the batch order depend only on
   ``--seed``, so the blink and lax.psum runs see exactly the same inputs;
   their loss curves differ only by floating-point summation order. Those
@@ -500,7 +500,7 @@ def parse_args(argv=None):
     p.add_argument("--processes", type=int, default=1,
                    help="run as this many local processes of one jax.distributed job "
                         "(127.0.0.1, gloo), the 8 CPU devices split among them; the gradients' "
-                        "psum then takes jax_blink's hierarchical path")
+                        "psum then runs over the processes' shared memory")
     p.add_argument("--steps", type=int, default=None,
                    help="stop after this many steps; the learning-rate schedule is fit to them "
                         "(for tests)")

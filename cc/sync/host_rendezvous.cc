@@ -445,18 +445,29 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
     FutexWakeAll(&state, true);
   } else {
     UnlockEntry(e);
+    auto checked = Clock::now();
     while (state.load(std::memory_order_acquire) == 0) {
       const auto now = Clock::now();
-      if (now >= deadline) {
+      // A process of the host that exited will not send its ranks: give up
+      // at once (its job cannot go on) rather than at the deadline.
+      std::string exited;
+      if (now - checked >= std::chrono::milliseconds(100)) {
+        checked = now;
+        exited = ExitedText();
+      }
+      if (now >= deadline || !exited.empty()) {
         if (!LockEntry(e, now + std::chrono::seconds(1))) break;
         if (state.load(std::memory_order_acquire) == 0) {
           std::vector<int64_t> missing, arrived;
           for (int64_t r = 0; r < a.nranks; ++r) (e->present[r] ? arrived : missing).push_back(r);
           std::ostringstream os;
-          os << "jax_blink: host rendezvous timed out after " << timeout_ms << " ms: " << where.str()
+          os << "jax_blink: host rendezvous "
+             << (exited.empty() ? "timed out after " + std::to_string(timeout_ms) + " ms"
+                                : std::string("given up"))
+             << ": " << where.str()
              << " (" << a.nranks << " ranks in the processes of this host): rank(s) "
              << DescribeRanks(missing) << " never arrived (arrived: " << DescribeRanks(arrived)
-             << ")" << ExitedText()
+             << ")" << (exited.empty() ? ExitedText() : exited)
              << ". A process may be stuck, have died, or be running a different program.";
           std::snprintf(e->abort_message, sizeof(e->abort_message), "%s", os.str().c_str());
           state.store(2, std::memory_order_release);
