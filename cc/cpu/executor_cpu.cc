@@ -552,8 +552,11 @@ std::string StepText(const RankSteps& rs, int32_t i) {
 // Runs the steps of one rank; the heart of the executor.
 class RankRunner {
  public:
+  // `stage`: the host transport's copy of the input in the arena, filled
+  // chunk by chunk as the rank sends them to other processes (null: none,
+  // or filled before joining).
   RankRunner(const ExecArgs& a, Slot& slot, uint32_t epoch, int64_t generation,
-             Clock::time_point deadline)
+             Clock::time_point deadline, char* stage = nullptr)
       : a_(a),
         s_(*a.schedule),
         rs_(s_.ranks[a.rank]),
@@ -576,7 +579,17 @@ class RankRunner {
         same_types_(!HasScratchAcc(s_.dtype)),
         inplace_(CpuInPlace(s_, a.in == a.out)),
         yield_ns_(GetExecTunables().yield_ns) {
-    if (a.transport == kTransportHost && same_types_) MarkPrivateChunks();
+    if (a.transport == kTransportHost) {
+      if (same_types_) MarkPrivateChunks();
+      remote_.assign(s_.nranks, 0);
+      for (int64_t r = 0; r < s_.nranks; ++r) {
+        remote_[r] = slot.info[r].process != slot.info[a.rank].process;
+      }
+      if (stage != nullptr) {
+        stage_ = stage;
+        staged_.assign(s_.nchunks, 0);
+      }
+    }
   }
 
   Status Run() {
@@ -757,6 +770,15 @@ class RankRunner {
     }
   }
   bool Private(int32_t chunk) const { return !private_.empty() && private_[chunk] != 0; }
+  // Rank `peer` lives in another process (host transport): it reads this
+  // rank's input from the arena, once the SEND that stages it is done.
+  bool Remote(int64_t peer) const { return !remote_.empty() && remote_[peer] != 0; }
+  void Stage(int32_t chunk) {
+    if (stage_ == nullptr || staged_[chunk]) return;
+    const int64_t at = (s_.chunk_offset[chunk] - s_.InputOffset(a_.rank)) * tsize_;
+    std::memcpy(stage_ + at, in_ + at, s_.chunk_length[chunk] * tsize_);
+    staged_[chunk] = 1;
+  }
   // Where chunk `chunk` (at element `off`) of this rank's accumulator lives.
   char* OwnAcc(int32_t chunk, int64_t off) const {
     if (Private(chunk)) {
@@ -817,10 +839,12 @@ class RankRunner {
       tr.MarkDone(i);
       // A value sent from the input is readable from the start (the input
       // never changes while the collective runs), so its receiver does not
-      // wait for this flag and need not be woken.
-      if (st.src_input) {
+      // wait for this flag and need not be woken; except a receiver in
+      // another process (host transport), which reads the copy staged now.
+      if (st.src_input && !Remote(st.peer)) {
         SetDone(i);
       } else {
+        if (st.src_input) Stage(st.chunk);
         Publish(i, st.peer);
       }
       return true;
@@ -837,7 +861,7 @@ class RankRunner {
         return false;
       }
     }
-    if (!st.src_input && !PeerDone(st.peer, st.match)) {
+    if ((!st.src_input || Remote(st.peer)) && !PeerDone(st.peer, st.match)) {
       blocked_ = i;
       blocked_guard_ = -1;
       return false;
@@ -882,7 +906,7 @@ class RankRunner {
     srcs[k++] = SourceOf(st);
     for (int32_t j = st.fuse_next; j != -1 && k < kMaxFuse;) {
       const Step& sj = rs_.steps[j];
-      if ((!sj.src_input && !PeerDone(sj.peer, sj.match)) ||
+      if (((!sj.src_input || Remote(sj.peer)) && !PeerDone(sj.peer, sj.match)) ||
           !tr.DepsDoneExcept(j, group, k)) {
         break;
       }
@@ -1036,6 +1060,9 @@ class RankRunner {
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
   std::vector<uint8_t> private_;  // MarkPrivateChunks (empty: none)
+  std::vector<uint8_t> remote_;   // per rank: in another process (empty: none)
+  char* stage_ = nullptr;         // see the constructor
+  std::vector<uint8_t> staged_;   // per chunk: copied to stage_
   Clock::time_point peers_checked_ = Clock::now();
 };
 
@@ -1139,31 +1166,6 @@ void DebugLog(const ExecArgs& a, const ExecResult& res, Clock::time_point t0, in
       res.status.ok() ? "ok" : "error: ", res.status.message.c_str());
 }
 
-// The byte ranges of rank `r`'s input that its SENDs from the input read
-// (merged where adjacent); one empty range when it sends none (an empty
-// list would mean all of it to HostJoin).
-std::vector<std::pair<int64_t, int64_t>> InputSentRanges(const Schedule& s, int64_t r) {
-  std::vector<uint8_t> sent(s.nchunks, 0);
-  for (const Step& st : s.ranks[r].steps) {
-    if (st.op == Op::kSend && st.src_input) sent[st.chunk] = 1;
-  }
-  const int64_t tsize = DTypeSize(s.dtype);
-  const int64_t lo = s.InputOffset(r);
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (int64_t c = 0; c < s.nchunks; ++c) {
-    if (!sent[c]) continue;
-    const int64_t b = (s.chunk_offset[c] - lo) * tsize;
-    const int64_t len = s.chunk_length[c] * tsize;
-    if (!ranges.empty() && ranges.back().first + ranges.back().second == b) {
-      ranges.back().second += len;
-    } else {
-      ranges.emplace_back(b, len);
-    }
-  }
-  if (ranges.empty()) ranges.emplace_back(0, 0);
-  return ranges;
-}
-
 // A rank of a call whose ranks live in several processes of this host: its
 // input is copied into its process's arena, its accumulator lives there, and
 // the ranks meet in the host's slot table (sync/host_rendezvous.h); the same
@@ -1186,10 +1188,12 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
                                : a.local_error;
   h.in = a.in;
   h.in_bytes = h.error.ok() ? a.in_count * static_cast<int64_t>(DTypeSize(s.dtype)) : 0;
-  // Peers read only the chunks the rank sends from its input; it reads its
-  // own input where XLA put it, unless the output overwrites it (aliased).
+  // Unless the output overwrites the input (aliased), the rank and its peers
+  // in this process read the input where XLA put it, and the rank copies
+  // into the arena only the chunks it sends to other processes, when it
+  // sends them (RankRunner::Stage).
   const bool aliased = a.in == a.out;
-  if (!aliased && h.error.ok()) h.in_ranges = InputSentRanges(s, a.rank);
+  h.stage_input = aliased;
   h.acc_bytes = s.count * static_cast<int64_t>(AccSize(s.dtype));
   const int64_t generation =
       a.generation >= 0 ? a.generation : HostReserve(h.site, a.group, a.rank);
@@ -1205,7 +1209,8 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
       // The rank writes only its own output; peers read its input's copy.
       ExecArgs staged = a;
       if (aliased) staged.in = slot.info[a.rank].in;
-      RankRunner runner(staged, slot, slot.epoch, generation, deadline);
+      RankRunner runner(staged, slot, slot.epoch, generation, deadline,
+                        aliased ? nullptr : static_cast<char*>(ticket.staging));
       res.status = runner.Run();
       if (!res.status.ok()) slot.Fail(a.rank, res.status);
       const ExecTunables& tun = GetExecTunables();

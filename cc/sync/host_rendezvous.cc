@@ -39,7 +39,8 @@ struct HostRankInfo {
   int64_t nranks = 0;
   int64_t total_steps = 0;
   uint64_t fingerprint = 0;
-  char error[192] = {};
+  uint64_t local_in = 0;  // the input as its own process sees it (0: read the copy)
+  char error[184] = {};
 };
 static_assert(sizeof(HostRankInfo) == 256, "HostRankInfo layout");
 
@@ -374,14 +375,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   if (off >= 0) {
     ticket->staging = st.self_base + off;
     ticket->staging_bytes = bytes;
-    if (a.in_ranges.empty()) {
-      if (a.in_bytes > 0) std::memcpy(ticket->staging, a.in, a.in_bytes);
-    } else {
-      for (const auto& [lo, len] : a.in_ranges) {
-        std::memcpy(static_cast<char*>(ticket->staging) + lo, static_cast<const char*>(a.in) + lo,
-                    len);
-      }
-    }
+    if (a.stage_input && a.in_bytes > 0) std::memcpy(ticket->staging, a.in, a.in_bytes);
   }
   const uint64_t h = Mix(Mix(Mix(0, a.site), a.group), generation);
   const int64_t index = static_cast<int64_t>(h % kHostEntries);
@@ -429,6 +423,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   mine.nranks = a.nranks;
   mine.total_steps = a.total_steps;
   mine.fingerprint = a.fingerprint;
+  mine.local_in = a.stage_input ? 0 : reinterpret_cast<uint64_t>(a.in);
   e->present[a.rank] = 1;
   ++e->arrived;
   const uint32_t epoch = e->epoch;
@@ -497,6 +492,9 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
                         hi.in_off >= 0;
     char* base = mapped ? st.bases[hi.process] : nullptr;
     ri.in = mapped ? base + hi.in_off : nullptr;
+    if (hi.process == st.slot && hi.local_in != 0) {  // a rank of this process
+      ri.in = reinterpret_cast<const void*>(hi.local_in);
+    }
     ri.acc = mapped ? base + hi.acc_off : nullptr;
     ri.acc_out = nullptr;
     ri.out = nullptr;  // only the rank itself writes its output

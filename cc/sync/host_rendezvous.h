@@ -25,7 +25,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -63,6 +62,8 @@ struct HostTicket {
   int64_t rank = -1;
   int64_t generation = -1;
   Slot view;  // the executor's Slot, over the entry's shared storage
+  // This rank's part of its process's arena: the input's copy (in_bytes,
+  // rounded up to 64), then the accumulator.
   void* staging = nullptr;
   int64_t staging_bytes = 0;
 };
@@ -79,11 +80,14 @@ struct HostRankArgs {
   int64_t count = 0;
   int32_t dtype = -1;
   Status error;       // a local error (still joins, so peers fail fast)
-  const void* in = nullptr;  // the rank's input: copied into the arena
+  const void* in = nullptr;  // the rank's input
   int64_t in_bytes = 0;
-  // The byte ranges of the input that peers read (the rest is not copied);
-  // empty: all of it.
-  std::vector<std::pair<int64_t, int64_t>> in_ranges;
+  // true: the input is copied into the arena before joining, and every peer
+  // reads the copy (its output overwrites it: XLA aliased them); false:
+  // peers in this process read `in` itself, and the rank copies the chunks
+  // that peers of other processes read into the arena as it sends them
+  // (cpu/executor_cpu.cc).
+  bool stage_input = true;
   int64_t acc_bytes = 0;     // the accumulator's size, in the arena
 };
 
