@@ -97,7 +97,7 @@ def child(sizes, reps, step_layers):
         mag = np.asarray(fns["lax"](placed(np.abs(x))).addressable_shards[0].data)
         wrong = {k: int(numerics.wrong_vs_reference(outs[k], outs["lax"], mag, n))
                  for k in fns if k != "lax"}
-        count = max(5, min(reps, int(4e8 // (size * 4 * jax.local_device_count()))))
+        count = max(10, min(reps, int(2e9 // (size * 4 * jax.local_device_count()))))
         med = timed(fns, (xs,), count)
         rows.append({"what": "psum", "size": size, "reps": count, "wrong": wrong,
                      **{f"{k}_ms": 1e3 * v for k, v in med.items()},
