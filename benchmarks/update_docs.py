@@ -47,8 +47,10 @@ def markdown_table(text: str, index: int) -> str:
 
 
 def _size(count) -> str:
+    """``1e6`` for 1000000, ``4e6`` for 4000000; other counts as they are."""
     digits = str(count)
-    return f"1e{len(digits) - 1}" if digits.strip("0") == "1" and count > 1 else digits
+    lead = digits.rstrip("0")
+    return f"{lead}e{len(digits) - 1}" if len(lead) == 1 and count >= 100 else digits
 
 
 def psum_cpu(data: dict) -> str:
@@ -85,8 +87,23 @@ def multiprocess(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def host_transport(data: dict) -> str:
+    """bench_host_transport.py's rows: per layout and size, jax_blink over the host transport,
+    lax.psum (gloo) and the path without the host transport, in ms and as ratios to lax."""
+    lines = ["| processes x devices | elements per device | jax_blink | lax.psum | blink / lax | "
+             "without the host transport / lax | wrong |", "|---|---|---|---|---|---|---|"]
+    for res in data["results"]:
+        for r in res["rows"]:
+            what = _size(r["size"]) if r["what"] == "psum" else r["what"]
+            old = f"{r['old_ms'] / r['lax_ms']:.2f}" if "old_ms" in r else "-"
+            lines.append(f"| {res['processes']} x {res['devices_per_process']} | {what} "
+                         f"| {r['blink_ms']:.3f} ms | {r['lax_ms']:.3f} ms "
+                         f"| {r['blink_ms'] / r['lax_ms']:.2f} | {old} | {r['wrong']['blink']} |")
+    return "\n".join(lines) + "\n"
+
+
 #: Renderers of results recorded as JSON only.
-RENDER = {"psum_cpu": psum_cpu, "multiprocess": multiprocess}
+RENDER = {"psum_cpu": psum_cpu, "multiprocess": multiprocess, "host_transport": host_transport}
 
 
 def table(source: str, which: str) -> str:
