@@ -94,8 +94,8 @@ def test_example_rejects_batch_not_divisible_by_devices(tmp_path):
 
 def test_two_processes_train_as_one_and_agree_with_lax(tmp_path):
     """--processes 2: two local processes of one jax.distributed job (4 CPU
-    devices each); the gradients' psum spans both and takes the hierarchical
-    path; the loss curve agrees with lax.psum's."""
+    devices each); the gradients' psum spans both and runs as one schedule over
+    their shared memory; the loss curve agrees with lax.psum's."""
     proc = _run("--compare", "--processes", "2", "--steps", "8", "--epochs", "1", "--width", "8",
                 "--batch-size", "64", "--out-dir", str(tmp_path), timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -103,5 +103,6 @@ def test_two_processes_train_as_one_and_agree_with_lax(tmp_path):
         result = json.load(f)
     assert result["env"]["processes"] == 2 and result["env"]["n_devices"] == 8
     assert result["loss_max_abs_diff"] < 1e-4
-    assert "hierarchical (2 processes x 4 devices" in result["jax_blink_explain"]
+    assert "one schedule over the shared memory of this host's processes: 2 processes" in \
+        result["jax_blink_explain"]
     assert result["runs"]["blink"]["collectives"]["jax_blink"] >= 2
