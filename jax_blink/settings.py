@@ -22,7 +22,7 @@ from typing import Optional
 __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S",
            "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
            "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
-           "cuda_enabled", "host_transport", "debug", "cache_dir", "executor"]
+           "cuda_enabled", "host_transport", "host_label", "debug", "cache_dir", "executor"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
 #: On 8 CPU devices jax_blink is faster at every size measured, down to one
@@ -201,6 +201,12 @@ def host_transport() -> bool:
     run as one schedule over shared memory (default), unless 0 (then they take the
     hierarchical path or lax, as across hosts)."""
     return _flag("JAX_BLINK_HOST_TRANSPORT", True)
+
+
+def host_label() -> str:
+    """``JAX_BLINK_HOST_KEY``: a label added to this process's host key; processes with
+    different labels never share memory, as if on different hosts (default: none)."""
+    return _env("JAX_BLINK_HOST_KEY") or ""
 
 
 def debug() -> bool:

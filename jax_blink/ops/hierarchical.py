@@ -108,7 +108,7 @@ def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
     groups = span.groups
     cross = (f"lax.p{op}{_where(span)}" if span.groups is None else
              f"lax.psum_scatter + lax.all_gather{_where(span)}")
-    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across processes "
+    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"{cross})")
     # each shard splits again across processes in the one-axis layout
     multiple = k * (hosts if groups is not None else 1)
@@ -173,7 +173,7 @@ def reduce_scatter(blocks: list, axes: tuple, span: Spanning, *, name: str, **ke
     local = span.local_axes if span.local_axes is not None else axes
     cross = span.cross_axes if span.cross_axes is not None else axes
     cross_groups = span.cross_groups
-    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across processes "
+    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"lax.psum_scatter{_where(span)})")
     shape, perm = _rank_order(axes, span)
     # row j of the in-process input: the blocks of the ranks at position j
@@ -196,7 +196,7 @@ def all_gather(blocks: list, axes: tuple, span: Spanning, *, name: str, **keywor
     k, hosts = span.per_process, span.nprocesses
     local = span.local_axes if span.local_axes is not None else axes
     cross = span.cross_axes if span.cross_axes is not None else axes
-    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across processes "
+    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"lax.all_gather{_where(span)})")
     across = [_LAX_ALL_GATHER(b[0], cross, axis_index_groups=span.cross_groups, tiled=True)
               .reshape(1, -1) for b in blocks]

@@ -70,7 +70,8 @@ class Hosts:
 
 def host_key() -> bytes:
     """16 bytes equal for processes that can map each other's arenas: the
-    same kernel boot, pid namespace and user."""
+    same kernel boot, pid namespace and user (and ``JAX_BLINK_HOST_KEY``'s
+    label, which keeps processes of one machine apart as if on other hosts)."""
     parts = []
     for path in ("/proc/sys/kernel/random/boot_id",):
         try:
@@ -83,6 +84,7 @@ def host_key() -> bytes:
     except OSError:
         parts.append("no pid namespace")
     parts.append(str(os.getuid()))
+    parts.append(settings.host_label())
     return hashlib.sha256("\0".join(parts).encode()).digest()[:16]
 
 

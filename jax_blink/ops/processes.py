@@ -54,18 +54,26 @@ class Spanning:
     groups of equal position across processes.
     """
 
-    nprocesses: int                    # processes among which each call's devices are split
-    per_process: int                   # devices of the call in each process
+    nprocesses: int                    # processes (hosts) among which each call's devices are split
+    per_process: int                   # devices of the call in each process (host)
     local_axes: Optional[tuple] = None
     cross_axes: Optional[tuple] = None
     groups: Optional[tuple] = None
     cross_groups: Optional[tuple] = None
+    #: "process", or "host" where the units are hosts whose processes share memory (the
+    #: in-host phases then run over the host transport)
+    unit: str = "process"
+
+    @property
+    def units(self) -> str:
+        return "processes" if self.unit == "process" else "hosts"
 
     def describe(self) -> str:
+        inside, across = ("in-process" if self.unit == "process" else "in-host"), self.units
         if self.local_axes is not None:
-            return (f"{self.nprocesses} processes x {self.per_process} devices: in-process "
-                    f"over {self.local_axes}, across processes over {self.cross_axes}")
-        return (f"{self.nprocesses} processes x {self.per_process} devices: in-process "
+            return (f"{self.nprocesses} {across} x {self.per_process} devices: {inside} "
+                    f"over {self.local_axes}, across {across} over {self.cross_axes}")
+        return (f"{self.nprocesses} {across} x {self.per_process} devices: {inside} "
                 f"groups {[list(g) for g in self.groups]}")
 
 
@@ -75,10 +83,9 @@ class HostLocal:
     as one schedule over all of a group's devices, over shared memory."""
 
     nprocesses: int   # processes of the largest group
-    host: int         # the host of the first group (jax_blink.ops.host.Hosts)
 
     def describe(self) -> str:
-        return f"{self.nprocesses} processes of host {self.host}"
+        return f"{self.nprocesses} processes"
 
 
 def process_of_positions(axis_sizes, devices) -> np.ndarray:
@@ -97,7 +104,7 @@ def layout(axes: tuple, groups=None) -> Union[None, HostLocal, Spanning, str]:
     found = _layout(*key)
     if found is None or not settings.host_transport() or jax.default_backend() != "cpu":
         return found
-    return _host_local(*key) or found
+    return _host_local(*key) or _host_spanning(*key) or found
 
 
 @functools.lru_cache(maxsize=256)
@@ -111,6 +118,22 @@ def _layout(names, sizes, axes, groups):
                 "which process owns which device is unknown (jax_blink assumes a mesh over "
                 "jax.devices() in order, as jax.make_mesh builds it)")
     return layout_of(process_of_positions(sizes, devices), names, axes, groups)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_spanning(names, sizes, axes, groups) -> Optional[Spanning]:
+    """The hierarchical layout with hosts as its units, when the call's devices span hosts
+    and every host's processes share memory: its in-host phases then run over the host
+    transport (:class:`HostLocal`). None where that does not apply."""
+    from jax_blink.ops.host import hosts
+
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    found = hosts()
+    if int(np.prod(sizes)) != len(devices) or found.reason is not None or groups is not None:
+        return None
+    owner = np.asarray(found.host_of)[process_of_positions(sizes, devices)]
+    span = layout_of(owner, names, axes, None)
+    return dataclasses.replace(span, unit="host") if isinstance(span, Spanning) else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -129,16 +152,14 @@ def _host_local(names, sizes, axes, groups) -> Optional[HostLocal]:
     table = np.transpose(owner, others + order).reshape(
         -1, int(np.prod([owner.shape[i] for i in order])))
     members = [list(g) for g in groups] if groups is not None else [list(range(table.shape[1]))]
-    first, most = None, 0
+    most = 0
     for row in table:
         for g in members:
             processes = sorted({int(p) for p in row[g]})
-            host = found.one_host(processes)
-            if host is None:
+            if found.one_host(processes) is None:
                 return None
-            first = host if first is None else first
             most = max(most, len(processes))
-    return HostLocal(most, first)
+    return HostLocal(most)
 
 
 def check_lowered_mesh(axis_context) -> None:

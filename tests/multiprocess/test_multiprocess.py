@@ -47,6 +47,17 @@ def test_host_transport_matches_lax(processes, devices):
         assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
 
 
+@pytest.mark.parametrize("processes, devices", [(4, 1), (4, 2)])
+def test_two_hosts_of_two_processes_take_the_hierarchical_path_with_shared_memory_inside(
+        processes, devices):
+    """Processes labelled as two hosts (JAX_BLINK_HOST_KEY): the three phases across the
+    hosts, each host's phases one schedule over its two processes' shared memory."""
+    results, _ = launch("hosts", processes, devices, timeout_s=600)
+    assert all(r.ok for r in results), report(results)
+    for r in results:
+        assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
+
+
 def _shm_names():
     try:
         return set(os.listdir("/dev/shm"))

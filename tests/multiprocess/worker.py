@@ -9,6 +9,8 @@ line ``CHECKS <n> FAILED <m>``; exits 1 if any failed.
                                  processes of this host as one schedule over shared memory
     python worker.py absent      process 1 never calls the collective
     python worker.py killed      process 1 is killed in the middle of a call
+    python worker.py hosts       two labelled hosts (JAX_BLINK_HOST_KEY) of NPROC/2 processes: the
+                                 hierarchical path across them, the host transport inside each
 """
 
 import os
@@ -25,6 +27,8 @@ from jax_blink import numerics
 from jax_blink.launch import initialize
 
 pid = initialize()
+if sys.argv[1:] == ["hosts"]:  # the first half of the processes on one (labelled) host
+    os.environ["JAX_BLINK_HOST_KEY"] = f"host{pid // (int(os.environ['JAX_BLINK_NUM_PROCESSES']) // 2)}"
 
 import jax  # noqa: E402  (after initialize: the device count is the job's)
 import jax.numpy as jnp  # noqa: E402
@@ -369,6 +373,35 @@ def host():
     grads()
 
 
+def two_hosts():
+    """Processes 0..NPROC/2-1 and the rest labelled as two hosts: a collective over every
+    device takes the hierarchical path across the hosts, its in-host phases over the host
+    transport."""
+    one = "i"
+    for k, dtype in enumerate(("float32", "int32", "bfloat16", "float64")):
+        x = data(dtype, (N, 37), k)
+        run(f"hosts psum {dtype}", lambda v: jax_blink.psum(v, one), lambda v: lax.psum(v, one),
+            MESH1, P("i"), P(), x)
+    explained("across hosts", f"hierarchical (2 hosts x {N // 2} devices", "in-host groups")
+    run("hosts pmean", lambda v: jax_blink.pmean(v, one), lambda v: lax.pmean(v, one),
+        MESH1, P("i"), P(), data("float32", (N, 11), 3))
+    x = data("float32", (N, N * 3, 2), 20)
+    os.environ["JAX_BLINK_ALGO"] = "blink"  # the hierarchical path at every size
+    run("hosts psum_scatter", lambda v: jax_blink.psum_scatter(v, one, scatter_dimension=1, tiled=True),
+        lambda v: lax.psum_scatter(v, one, scatter_dimension=1, tiled=True), MESH1, P("i"), P("i"), x)
+    run("hosts all_gather", lambda v: jax_blink.all_gather(v, one, axis=1, tiled=True),
+        lambda v: lax.all_gather(v, one, axis=1, tiled=True), MESH1, P("i"), P("i"), x, exact=True)
+    del os.environ["JAX_BLINK_ALGO"]
+    root = 5 % N
+    run("hosts broadcast", lambda v: jax_blink.broadcast(v, one, root=root),
+        lambda v: jnp.broadcast_to(lax.all_gather(v, one, tiled=True)[root], v.shape),
+        MESH1, P("i"), P("i"), data("float32", (N, 37), 10), exact=True)
+    # the in-host phases ran over shared memory (the last recorded decisions: all_gather's)
+    run("hosts psum again", lambda v: jax_blink.psum(v, one), lambda v: lax.psum(v, one),
+        MESH1, P("i"), P(), data("float32", (N, 1000), 4))
+    explained("in-host phases", "one schedule over the shared memory of this host's processes")
+
+
 def killed():
     """Process 1 is killed (SIGKILL) inside a psum: its rank has joined the call and waits
     for process 0's, which arrives a second later. The other ranks fail with an error that
@@ -424,13 +457,13 @@ def absent(after_one=False, dies=False):
 
 
 if __name__ == "__main__":
-    {"cases": cases, "host": host, "killed": killed, "absent": absent,
+    {"cases": cases, "host": host, "hosts": two_hosts, "killed": killed, "absent": absent,
      "absent-later": lambda: absent(after_one=True),
      "dies": lambda: absent(after_one=True, dies=True)}[sys.argv[1]]()
     for f in failures:
         print("FAIL", f, flush=True)
     print(f"CHECKS {checks} FAILED {len(failures)}", flush=True)
     sys.stdout.flush()
-    if sys.argv[1] in ("cases", "host"):
+    if sys.argv[1] in ("cases", "host", "hosts"):
         jax.distributed.shutdown()
     sys.exit(1 if failures else 0)

@@ -78,6 +78,7 @@ VARIABLES = {
     "JAX_BLINK_DEBUG": (settings.debug, {}),
     "JAX_BLINK_CUDA": (settings.cuda_enabled, {}),
     "JAX_BLINK_HOST_TRANSPORT": (settings.host_transport, {}),
+    "JAX_BLINK_HOST_KEY": (settings.host_label, {v: v for v in WHOLE}),  # any label
     "JAX_BLINK_ALGO": (settings.algo, {}),
 }
 
