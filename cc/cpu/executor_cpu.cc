@@ -346,9 +346,12 @@ struct Kernels {
         }
         return x;
       };
+      // (the pointers past K may be null: offset only the K in use)
+      const A* const srcs[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
       int64_t i = 0;
       for (; i + W <= n; i += W) {
-        const A* ss[8] = {s0 + i, s1 + i, s2 + i, s3 + i, s4 + i, s5 + i, s6 + i, s7 + i};
+        const A* ss[8] = {};
+        for (int j = 0; j < K; ++j) ss[j] = srcs[j] + i;  // unrolled
         MM::Store(d + i, fold(b + i, ss));
       }
       if (i < n) {  // the tail through the same vector code
@@ -356,7 +359,6 @@ struct Kernels {
         A xb[W] = {};
         A xs[K][W] = {};
         const A* ss[8] = {};
-        const A* const srcs[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
         std::memcpy(xb, b + i, r * sizeof(A));
         for (int j = 0; j < K; ++j) {
           std::memcpy(xs[j], srcs[j] + i, r * sizeof(A));
