@@ -33,6 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _jobs  # noqa: E402
 import _machine  # noqa: E402
 
 
@@ -179,12 +180,9 @@ def main(argv=None):
         else:
             rs = run_local(command, p, devices_per_process=d, timeout_s=1800)
             outs = [(r.ok, r.stdout, r.stderr) for r in rs]
-        line = next((ln for ln in outs[0][1].splitlines() if ln.startswith("RESULT ")), None)
-        if line is None or not all(ok for ok, _, _ in outs):
-            for i, (ok, out, err) in enumerate(outs):
-                print(f"--- process {i} (ok {ok})\n{out[-2000:]}\n{err[-3000:]}")
+        res = _jobs.result(outs)
+        if res is None:
             return 1
-        res = json.loads(line[len("RESULT "):])
         results.append(res)
         print(f"\n{p} processes x {d} CPU devices, float32, medians")
         print(f"{'what':>10} {'elements':>10} {'blink ms':>9} {'lax ms':>9} {'old ms':>9} "

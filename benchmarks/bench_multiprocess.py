@@ -28,6 +28,9 @@ import json
 import os
 import platform
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _jobs  # noqa: E402
 import time
 
 COLLECTIVE = {"psum_scatter": "reduce_scatter", "all_gather": "allgather"}  # psum, broadcast: always hierarchical
@@ -139,13 +142,9 @@ def main(argv=None):
                         *map(str, sizes), "--reps", str(args.reps), "--ops", *args.ops], p,
                        devices_per_process=d, timeout_s=1800,
                        env=dict(os.environ, JAX_BLINK_HOST_TRANSPORT="0"))
-        line = next((ln for ln in rs[0].stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None or not all(r.ok for r in rs):
-            for r in rs:
-                print(f"--- process {r.process_id} (exit {r.returncode})\n{r.stdout[-2000:]}"
-                      f"\n{r.stderr[-3000:]}")
+        res = _jobs.result([(r.ok, r.stdout, r.stderr) for r in rs])
+        if res is None:
             return 1
-        res = json.loads(line[len("RESULT "):])
         results.append(res)
         print(f"\n{p} processes x {d} CPU devices, over ('host', 'local'), float32")
         print(f"{'op':>13} {'elements/device':>16} {'bytes/device':>13} {'jax_blink runs':>15} "
