@@ -1208,7 +1208,9 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
     Slot& slot = ticket.view;
     res.status = CheckConsistent(slot, Where(a, generation));
     if (res.status.ok()) {
-      // The rank writes only its own output; peers read its input's copy.
+      // The rank writes only its own output. Aliased, it and its peers read
+      // the copy of its input staged before joining; else the input itself,
+      // and peers of other processes the chunks Stage() copies.
       ExecArgs staged = a;
       if (aliased) staged.in = slot.info[a.rank].in;
       RankRunner runner(staged, slot, slot.epoch, generation, deadline,

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -73,6 +74,7 @@ constexpr int64_t kStagingOffset = RoundUp(kFlagsOffset + kHostEntries * kFlagBy
 constexpr int64_t kStagingBytes = int64_t{64} << 30;
 constexpr int64_t kArenaBytes = kStagingOffset + kStagingBytes;
 constexpr uint64_t kMagic = 0x6a61785f626c6e6bull;  // "jax_blnk"
+constexpr unsigned kMfdCloexec = 1;  // MFD_CLOEXEC (linux/memfd.h)
 // The first bytes of the staging region of slot 0's arena hold kMagic.
 
 struct HostState {
@@ -236,7 +238,8 @@ Status HostArena(HostProcess* self) {
   std::lock_guard<std::mutex> lk(st.mu);
 #if defined(__linux__)
   if (st.self_fd < 0) {
-    const int fd = static_cast<int>(syscall(SYS_memfd_create, "jax_blink_arena", 0));
+    // close-on-exec: a program this process starts must not keep the arena alive
+    const int fd = static_cast<int>(syscall(SYS_memfd_create, "jax_blink_arena", kMfdCloexec));
     if (fd < 0) {
       return Status::Internal(std::string("jax_blink host transport: memfd_create failed: ") +
                               std::strerror(errno));
@@ -307,6 +310,13 @@ Status HostAttach(int64_t slot, const std::vector<HostProcess>& processes) {
       unmap();
       return Status::Internal("jax_blink host transport: cannot open the arena of process " +
                               std::to_string(p) + " of this host (" + path + "): " + why);
+    }
+    struct stat info;
+    if (fstat(fd, &info) != 0 || info.st_size != kArenaBytes) {  // mapping it would fault
+      close(fd);
+      unmap();
+      return Status::Internal("jax_blink host transport: " + path +
+                              " is not a jax_blink arena (the process list is stale)");
     }
     Status mapped = MapArena(fd, &bases[p], "the arena of process " + std::to_string(p));
     close(fd);  // the mapping keeps the memory file
