@@ -23,7 +23,7 @@ behind when the job ends, by a crash included).
 Only processes of one job learn each other's descriptors, so two jobs on one
 host never meet. ``process_allgather`` cannot run inside a trace, so the
 gathers run on a helper thread (jax's trace state is per thread), bounded by
-the call's timeout.
+``JAX_BLINK_TIMEOUT_S``.
 """
 
 from __future__ import annotations
