@@ -6,6 +6,7 @@ in-process paths, the lax fallbacks and what explain() says), and the faults:
 a process that never calls, a process killed inside a call."""
 
 import os
+import re
 import sys
 import time
 
@@ -110,5 +111,7 @@ def test_a_process_that_never_calls_fails_host_discovery_not_a_hang():
     jax_blink's error saying what each process must do."""
     results, seconds = launch("absent", 2, 2, timeout_s=240)
     assert all(r.returncode is not None for r in results), report(results)
-    assert "finding which processes share a host failed" in results[0].stdout, report(results)
+    # gloo's context fails after about 30 s; jax_blink's own bound is JAX_BLINK_TIMEOUT_S (60 s)
+    assert re.search("finding which processes share a host (failed|timed out)",
+                     results[0].stdout), report(results)
     assert seconds < 240
