@@ -575,17 +575,20 @@ class RankRunner {
         in_(static_cast<const char*>(a.in)),
         spin_(GetExecTunables().spin),
         nt_bytes_(GetExecTunables().nt_bytes),
-        // Across processes a peer's output is not visible: senders never
-        // push (the receiver may keep the chunk in its output, below).
-        push_(GetExecTunables().push && a.transport != kTransportHost),
+        push_(GetExecTunables().push),
         same_types_(!HasScratchAcc(s_.dtype)),
         inplace_(CpuInPlace(s_, a.in == a.out)),
         yield_ns_(GetExecTunables().yield_ns) {
     if (a.transport == kTransportHost) {
-      if (same_types_) MarkPrivateChunks();
       remote_.assign(s_.nranks, 0);
       for (int64_t r = 0; r < s_.nranks; ++r) {
         remote_[r] = slot.info[r].process != slot.info[a.rank].process;
+      }
+      if (same_types_) {  // this rank's and its same-process peers' private chunks
+        private_.assign(s_.nranks * s_.nchunks, 0);
+        for (int64_t r = 0; r < s_.nranks; ++r) {
+          if (!remote_[r]) MarkPrivateChunks(r, &private_[r * s_.nchunks]);
+        }
       }
       if (stage != nullptr) {
         stage_ = stage;
@@ -722,12 +725,13 @@ class RankRunner {
       if (np == kMaxPush) continue;
       const Step& rcv = s_.ranks[snd.peer].steps[snd.match];
       if (rcv.op != Op::kRecvCopy) continue;
+      if (Remote(snd.peer)) continue;  // its memory here is the arena only: it pulls
       if (!tr.DepsDoneExcept(si, group, n)) continue;
       if (!PeerRecvReady(snd.peer, snd.match)) continue;
       if (!Claim(snd.peer, snd.match)) continue;
       sends[np] = si;
-      dsts[np].p = AccAt(snd.peer, off);
-      dsts[np].nt = UseStreamStores(snd.peer, rcv, off);
+      dsts[np].p = AccOf(snd.peer, snd.chunk, off);
+      dsts[np].nt = StreamTo(snd.peer, rcv, off);
       ++np;
     }
     // Sends of the chunk that are not direct successors would read it too.
@@ -755,23 +759,35 @@ class RankRunner {
     }
   }
 
-  // Host transport: the chunks of this rank's accumulator that no peer
-  // reads (written here, never sent from the accumulator, inside the output
-  // range) live in its output buffer, so they need no copy at the end; the
-  // others live in the arena, where peers read them.
-  void MarkPrivateChunks() {
-    private_.assign(s_.nchunks, 0);
-    const int64_t lo = s_.OutputOffset(a_.rank);
+  // Host transport: the chunks of rank r's accumulator that no peer reads
+  // (written there, never sent from the accumulator, inside the output
+  // range) live in r's output buffer, so they need no copy at the end, and
+  // only peers of r's process (which see that buffer) push into them; the
+  // others live in the arena, where every peer reads them.
+  void MarkPrivateChunks(int64_t r, uint8_t* marks) const {
+    const RankSteps& rs = s_.ranks[r];
+    const int64_t lo = s_.OutputOffset(r);
     for (int64_t c = 0; c < s_.nchunks; ++c) {
       const int64_t off = s_.chunk_offset[c];
-      private_[c] = rs_.chunk_written[c] && off >= lo &&
-                    off + s_.chunk_length[c] <= lo + s_.out_count;
+      marks[c] = rs.chunk_written[c] && off >= lo && off + s_.chunk_length[c] <= lo + s_.out_count;
     }
-    for (const Step& st : rs_.steps) {
-      if (st.op == Op::kSend && !st.src_input) private_[st.chunk] = 0;
+    for (const Step& st : rs.steps) {
+      if (st.op == Op::kSend && !st.src_input) marks[st.chunk] = 0;
     }
   }
-  bool Private(int32_t chunk) const { return !private_.empty() && private_[chunk] != 0; }
+  bool Private(int64_t r, int32_t chunk) const {
+    return !private_.empty() && private_[r * s_.nchunks + chunk] != 0;
+  }
+  bool Private(int32_t chunk) const { return Private(a_.rank, chunk); }
+  // Where chunk `chunk` (at element `off`) of the accumulator of rank `r`
+  // (this rank, or a peer of this process) lives.
+  char* AccOf(int64_t r, int32_t chunk, int64_t off) const {
+    if (Private(r, chunk)) {
+      char* out = r == a_.rank ? static_cast<char*>(a_.out) : static_cast<char*>(slot_.info[r].out);
+      return out + (off - s_.OutputOffset(r)) * asize_;
+    }
+    return AccAt(r, off);
+  }
   // Rank `peer` lives in another process (host transport): it reads this
   // rank's input from the arena, once the SEND that stages it is done.
   bool Remote(int64_t peer) const { return !remote_.empty() && remote_[peer] != 0; }
@@ -781,21 +797,17 @@ class RankRunner {
     std::memcpy(stage_ + at, in_ + at, s_.chunk_length[chunk] * tsize_);
     staged_[chunk] = 1;
   }
-  // Where chunk `chunk` (at element `off`) of this rank's accumulator lives.
-  char* OwnAcc(int32_t chunk, int64_t off) const {
-    if (Private(chunk)) {
-      return static_cast<char*>(a_.out) + (off - s_.OutputOffset(a_.rank)) * asize_;
-    }
-    return AccAt(a_.rank, off);
-  }
-  // A final value written into this rank's output, read by nobody soon.
-  bool OwnStream(const Step& st, int64_t off) const {
-    if (Private(st.chunk)) {
-      return !st.sent_after && nt_bytes_ > 0 &&
+  char* OwnAcc(int32_t chunk, int64_t off) const { return AccOf(a_.rank, chunk, off); }
+  // A final value written by `recv` of rank `r` into its output, read by
+  // nobody soon.
+  bool StreamTo(int64_t r, const Step& recv, int64_t off) const {
+    if (Private(r, recv.chunk)) {
+      return !recv.sent_after && nt_bytes_ > 0 &&
              s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
     }
-    return UseStreamStores(a_.rank, st, off);
+    return UseStreamStores(r, recv, off);
   }
+  bool OwnStream(const Step& st, int64_t off) const { return StreamTo(a_.rank, st, off); }
 
   // Where element `off` of rank `rank`'s accumulator lives: in its output
   // buffer for its output range when RankInfo::acc_out is set (a
@@ -1061,7 +1073,7 @@ class RankRunner {
   const int64_t yield_ns_;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
-  std::vector<uint8_t> private_;  // MarkPrivateChunks (empty: none)
+  std::vector<uint8_t> private_;  // per rank x chunk: MarkPrivateChunks (empty: none)
   std::vector<uint8_t> remote_;   // per rank: in another process (empty: none)
   char* stage_ = nullptr;         // see the constructor
   std::vector<uint8_t> staged_;   // per chunk: copied to stage_
@@ -1189,6 +1201,7 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
   h.error = a.local_error.ok() ? CheckBuffers(s, a.dtype, a.in_count, a.out_count, a.in, a.out)
                                : a.local_error;
   h.in = a.in;
+  h.out = a.out;
   h.in_bytes = h.error.ok() ? a.in_count * static_cast<int64_t>(DTypeSize(s.dtype)) : 0;
   // Unless the output overwrites the input (aliased), the rank and its peers
   // in this process read the input where XLA put it, and the rank copies

@@ -41,7 +41,8 @@ struct HostRankInfo {
   int64_t total_steps = 0;
   uint64_t fingerprint = 0;
   uint64_t local_in = 0;  // the input as its own process sees it (0: read the copy)
-  char error[184] = {};
+  uint64_t local_out = 0;  // the output as its own process sees it
+  char error[176] = {};
 };
 static_assert(sizeof(HostRankInfo) == 256, "HostRankInfo layout");
 
@@ -434,6 +435,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   mine.total_steps = a.total_steps;
   mine.fingerprint = a.fingerprint;
   mine.local_in = a.stage_input ? 0 : reinterpret_cast<uint64_t>(a.in);
+  mine.local_out = reinterpret_cast<uint64_t>(a.out);
   e->present[a.rank] = 1;
   ++e->arrived;
   const uint32_t epoch = e->epoch;
@@ -507,7 +509,8 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
     }
     ri.acc = mapped ? base + hi.acc_off : nullptr;
     ri.acc_out = nullptr;
-    ri.out = nullptr;  // only the rank itself writes its output
+    // the output of a rank of another process is not visible here
+    ri.out = hi.process == st.slot ? reinterpret_cast<void*>(hi.local_out) : nullptr;
     ri.count = hi.count;
     ri.dtype = hi.dtype;
     ri.nranks = hi.nranks;

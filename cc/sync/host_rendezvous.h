@@ -81,6 +81,7 @@ struct HostRankArgs {
   int32_t dtype = -1;
   Status error;       // a local error (still joins, so peers fail fast)
   const void* in = nullptr;  // the rank's input
+  void* out = nullptr;       // and output (peers of its process push into it)
   int64_t in_bytes = 0;
   // true: the input is copied into the arena before joining, and every peer
   // reads the copy (its output overwrites it: XLA aliased them); false:
