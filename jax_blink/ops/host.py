@@ -73,12 +73,11 @@ def host_key() -> bytes:
     same kernel boot, pid namespace and user (and ``JAX_BLINK_HOST_KEY``'s
     label, which keeps processes of one machine apart as if on other hosts)."""
     parts = []
-    for path in ("/proc/sys/kernel/random/boot_id",):
-        try:
-            with open(path) as f:
-                parts.append(f.read().strip())
-        except OSError:
-            parts.append(f"no {path}: {os.uname().nodename}")
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        parts.append(f"no boot id: {os.uname().nodename}")
     try:
         parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
     except OSError:

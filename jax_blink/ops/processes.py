@@ -112,12 +112,31 @@ def _layout(names, sizes, axes, groups):
     """:func:`layout` of a mesh over ``jax.devices()`` (fixed for the job),
     computed once per mesh, axes and groups: a multi-process psum asks for
     the same layout once per phase and per trace."""
-    devices = sorted(jax.devices(), key=lambda d: d.id)
-    if int(np.prod(sizes)) != len(devices):
-        return (f"the mesh has {int(np.prod(sizes))} devices of the job's {len(devices)}, so "
-                "which process owns which device is unknown (jax_blink assumes a mesh over "
+    devices = _mesh_devices(sizes)
+    if devices is None:
+        return (f"the mesh has {int(np.prod(sizes))} devices of the job's {jax.device_count()}, "
+                "so which process owns which device is unknown (jax_blink assumes a mesh over "
                 "jax.devices() in order, as jax.make_mesh builds it)")
     return layout_of(process_of_positions(sizes, devices), names, axes, groups)
+
+
+def _mesh_devices(sizes):
+    """``jax.devices()`` in id order, the mesh's devices as jax.make_mesh lays them out; None
+    when the mesh holds another number of devices (then :func:`_layout` says why)."""
+    devices = sorted(jax.devices(), key=lambda d: d.id)
+    return devices if int(np.prod(sizes)) == len(devices) else None
+
+
+def _rank_table(owner, names, axes, groups):
+    """``(table, members)``: the owners of a call's devices, a row per combination of the
+    other mesh axes and a column per rank over ``axes``, and the call's groups of ranks (all
+    of them when ``groups`` is None)."""
+    order = [names.index(a) for a in axes]
+    others = [i for i in range(len(names)) if i not in order]
+    table = np.transpose(owner, others + order).reshape(
+        -1, int(np.prod([owner.shape[i] for i in order])))
+    members = [list(g) for g in groups] if groups is not None else [list(range(table.shape[1]))]
+    return table, members
 
 
 @functools.lru_cache(maxsize=256)
@@ -127,9 +146,9 @@ def _host_spanning(names, sizes, axes, groups) -> Optional[Spanning]:
     transport (:class:`HostLocal`). None where that does not apply."""
     from jax_blink.ops.host import hosts
 
-    devices = sorted(jax.devices(), key=lambda d: d.id)
+    devices = _mesh_devices(sizes)
     found = hosts()
-    if int(np.prod(sizes)) != len(devices) or found.reason is not None or groups is not None:
+    if devices is None or found.reason is not None or groups is not None:
         return None
     owner = np.asarray(found.host_of)[process_of_positions(sizes, devices)]
     span = layout_of(owner, names, axes, None)
@@ -142,16 +161,11 @@ def _host_local(names, sizes, axes, groups) -> Optional[HostLocal]:
     whose transport is ready, else None."""
     from jax_blink.ops.host import hosts
 
-    devices = sorted(jax.devices(), key=lambda d: d.id)
-    if int(np.prod(sizes)) != len(devices):
+    devices = _mesh_devices(sizes)
+    if devices is None:
         return None  # _layout says why
     found = hosts()
-    owner = process_of_positions(sizes, devices)
-    order = [names.index(a) for a in axes]
-    others = [i for i in range(len(names)) if i not in order]
-    table = np.transpose(owner, others + order).reshape(
-        -1, int(np.prod([owner.shape[i] for i in order])))
-    members = [list(g) for g in groups] if groups is not None else [list(range(table.shape[1]))]
+    table, members = _rank_table(process_of_positions(sizes, devices), names, axes, groups)
     most = 0
     for row in table:
         for g in members:
@@ -196,18 +210,13 @@ def check_lowered_mesh(axis_context) -> None:
 def layout_of(owner: np.ndarray, names: tuple, axes: tuple, groups=None):
     """:func:`layout` for a mesh with axes ``names`` whose position ``p`` is
     owned by process ``owner[p]``."""
-    order = [names.index(a) for a in axes]
-    others = [i for i in range(len(names)) if i not in order]
-    # rows: one per combination of the other axes; columns: the rank over axes
-    table = np.transpose(owner, others + order).reshape(
-        -1, int(np.prod([owner.shape[i] for i in order])))
-    members = [tuple(g) for g in groups] if groups is not None else [tuple(range(table.shape[1]))]
-    if all(len(set(row[list(g)])) == 1 for row in table for g in members):
+    table, members = _rank_table(owner, names, axes, groups)
+    if all(len(set(row[g])) == 1 for row in table for g in members):
         return None  # every group inside one process
     if groups is not None:
         return ("axis_index_groups whose devices span processes: the hierarchical path takes "
                 "whole axes only")
-    return _spanning(axes, [owner.shape[i] for i in order], table)
+    return _spanning(axes, [owner.shape[names.index(a)] for a in axes], table)
 
 
 def _spanning(axes, axis_sizes, table) -> Union[Spanning, str]:
