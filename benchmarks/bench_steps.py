@@ -204,6 +204,10 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--no-resnet", action="store_true")
     args = ap.parse_args()
+    try:  # before the runs, not after them: a bad --out is said at once
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {args.out}: {e.strerror or e}")
     tag = "amd-epyc-2core" if "EPYC" in machine()["cpu"] else machine()["cpu"].split()[0].lower()
     rows, devices = run_steps(MLPS, rounds=args.rounds)
     if not args.no_resnet:
