@@ -391,11 +391,19 @@ class _Simulation:
         affected = set()
         for a in arcs:
             affected |= self.arc_flows[a]
+        share = {}  # capacity per unit of data share, of each arc these flows cross
         for fid in affected:
             flow = self.flows[fid]
             farcs, remaining, rate, t_last = flow[0], flow[1], flow[2], flow[3]
+            fair = math.inf
+            for a in farcs:
+                if a not in share:
+                    share[a] = self.capacity[a] / self.arc_weight[a]
+                fair = min(fair, share[a])
+            new_rate = flow[6] * fair
+            if new_rate == rate:  # its bottleneck is elsewhere: its end event still holds
+                continue
             remaining -= rate * (now - t_last)
-            new_rate = flow[6] * min(self.capacity[a] / self.arc_weight[a] for a in farcs)
             flow[1], flow[2], flow[3] = max(remaining, 0.0), new_rate, now
             flow[4] += 1
             self.push(now + flow[1] / new_rate, "flow_end", (fid, flow[4]))
