@@ -28,7 +28,7 @@ python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_suppo
 status=0
 # (tests/conftest.py makes jax start its CUDA backend beside the 8 CPU devices)
 timeout 420 python3 -m pytest -q --maxfail=15 -p no:cacheprovider \
-  tests/executor/test_cuda.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
+  tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" != 0 ]; then
   echo "gpu_check: the CUDA tests failed or did not finish (pytest exit $rc)" | tee -a "$out/test_cuda.log"

@@ -91,20 +91,6 @@ py::dict WorkerThreads() {
   return d;
 }
 
-py::tuple HostArenaPy() {
-  HostProcess self;
-  Status st = HostArena(&self);
-  if (!st.ok()) throw std::runtime_error(st.message);
-  return py::make_tuple(self.pid, self.fd);
-}
-
-void HostAttachPy(int64_t slot, const std::vector<std::pair<int64_t, int64_t>>& processes) {
-  std::vector<HostProcess> ps;
-  for (const auto& [pid, fd] : processes) ps.push_back(HostProcess{pid, fd});
-  Status st = HostAttach(slot, ps);
-  if (!st.ok()) throw std::runtime_error(st.message);
-}
-
 RendezvousStats GlobalRendezvousStats() { return Rendezvous::Global().Stats(); }
 
 const CpuExecutorApi kCpuExecutorApi = {CpuExecutorApiAbi(), &ExecuteCpu,

@@ -10,11 +10,14 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/schedule.h"
 #include "ffi/handlers.h"
+#include "sync/host_rendezvous.h"
 
 namespace jax_blink {
 
@@ -26,6 +29,22 @@ inline pybind11::dict FfiTargets(XLA_FFI_Handler* instantiate, XLA_FFI_Handler* 
   pybind11::dict d;
   d[kTargetName] = stages;
   return d;
+}
+
+// host_arena(): this process's arena for the host transport, (pid, fd).
+inline pybind11::tuple HostArenaPy() {
+  HostProcess self;
+  Status st = HostArena(&self);
+  if (!st.ok()) throw std::runtime_error(st.message);
+  return pybind11::make_tuple(self.pid, self.fd);
+}
+
+// host_attach(slot, [(pid, fd), ...]): maps the arenas of the host's processes.
+inline void HostAttachPy(int64_t slot, const std::vector<std::pair<int64_t, int64_t>>& processes) {
+  std::vector<HostProcess> ps;
+  for (const auto& [pid, fd] : processes) ps.push_back(HostProcess{pid, fd});
+  Status st = HostAttach(slot, ps);
+  if (!st.ok()) throw std::runtime_error(st.message);
 }
 
 // {name: {"type_id": capsule, "type_info": capsule}}

@@ -46,6 +46,12 @@ struct HostRankInfo {
 };
 static_assert(sizeof(HostRankInfo) == 256, "HostRankInfo layout");
 
+// A rank's opaque blob (HostRankArgs::blob).
+struct HostBlob {
+  int64_t bytes = 0;
+  char data[kHostBlobBytes] = {};
+};
+
 // The shared part of one host slot.
 struct alignas(64) HostEntry {
   std::atomic<uint32_t> lock;  // guards the fields up to `info`
@@ -62,6 +68,7 @@ struct alignas(64) HostEntry {
   SlotWords words;
   SharedFailure failure;
   HostRankInfo info[kHostMaxRanks];
+  HostBlob blobs[kHostMaxRanks];
   Bell bells[kHostMaxRanks];
 };
 
@@ -378,6 +385,14 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   const int64_t bytes = RoundUp(in_bytes + a.acc_bytes, kPage);
   const int64_t off = a.error.ok() ? AcquireStaging(bytes) : -1;
   Status local = a.error;
+  const bool blob_fits = a.blob_bytes >= 0 && a.blob_bytes <= kHostBlobBytes &&
+                         (a.blob_bytes == 0 || a.blob != nullptr);
+  if (local.ok() && !blob_fits) {  // still joins, so that its peers fail at once
+    local = Status::InvalidArgument("jax_blink host transport: rank " + std::to_string(a.rank) +
+                                    " publishes " + std::to_string(a.blob_bytes) +
+                                    " bytes for its peers; at most " +
+                                    std::to_string(kHostBlobBytes) + " fit");
+  }
   if (local.ok() && off < 0) {
     local = Status::Internal("jax_blink host transport: " + std::to_string(bytes) +
                              " bytes do not fit in the rest of this process's " +
@@ -436,6 +451,8 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   mine.fingerprint = a.fingerprint;
   mine.local_in = a.stage_input ? 0 : reinterpret_cast<uint64_t>(a.in);
   mine.local_out = reinterpret_cast<uint64_t>(a.out);
+  e->blobs[a.rank].bytes = blob_fits ? a.blob_bytes : 0;
+  if (blob_fits && a.blob_bytes > 0) std::memcpy(e->blobs[a.rank].data, a.blob, a.blob_bytes);
   e->present[a.rank] = 1;
   ++e->arrived;
   const uint32_t epoch = e->epoch;
@@ -497,6 +514,11 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   Slot& v = ticket->view;
   v.AttachShared(a.nranks, epoch, FlagsOf(index), e->bells, &e->words, &e->failure);
   v.peers_gone = &PeersGone;
+  ticket->blobs.assign(a.nranks, std::string());
+  for (int64_t r = 0; r < a.nranks; ++r) {
+    const HostBlob& b = e->blobs[r];
+    ticket->blobs[r].assign(b.data, static_cast<size_t>(std::clamp<int64_t>(b.bytes, 0, kHostBlobBytes)));
+  }
   for (int64_t r = 0; r < a.nranks; ++r) {
     const HostRankInfo& hi = e->info[r];
     RankInfo& ri = v.info[r];

@@ -42,6 +42,9 @@ struct HostProcess {
 inline constexpr int64_t kHostMaxRanks = 64;
 inline constexpr int64_t kHostMaxSteps = int64_t{1} << 18;  // steps of one schedule, all ranks
 inline constexpr int64_t kHostEntries = 1024;
+// What a rank may publish besides its buffers, opaque to the rendezvous
+// (the CUDA transport's IPC records: cuda/cuda_ipc.h).
+inline constexpr int64_t kHostBlobBytes = 512;
 
 // This process's arena, created on first use: (pid, fd). Internal error
 // when the system refuses the memory file.
@@ -66,6 +69,8 @@ struct HostTicket {
   // rounded up to 64), then the accumulator.
   void* staging = nullptr;
   int64_t staging_bytes = 0;
+  // Each rank's blob (HostRankArgs::blob), copied out once all have joined.
+  std::vector<std::string> blobs;
 };
 
 // What a rank publishes at HostJoin.
@@ -90,6 +95,11 @@ struct HostRankArgs {
   // (cpu/executor_cpu.cc).
   bool stage_input = true;
   int64_t acc_bytes = 0;     // the accumulator's size, in the arena
+  // Bytes every peer receives in HostTicket::blobs (at most kHostBlobBytes;
+  // more is InvalidArgument): how a rank hands its peers what only it can
+  // make, such as the IPC handles of its device buffers.
+  const void* blob = nullptr;
+  int64_t blob_bytes = 0;
 };
 
 // Takes the call's generation on the calling thread (as Rendezvous::Reserve).

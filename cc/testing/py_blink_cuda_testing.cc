@@ -19,10 +19,12 @@
 
 #include "core/schedule.h"
 #include "core/status.h"
+#include "cuda/cuda_ipc.h"
 #include "cuda/cuda_transport.h"
 #include "ffi/py_common.h"
 #include "stream/join_enqueue.h"
 #include "stream/stream_exec.h"
+#include "sync/ipc_record.h"
 #include "sync/rendezvous.h"
 
 namespace py = pybind11;
@@ -303,12 +305,88 @@ double TimeKernel(int dtype, int64_t count, int64_t iters, bool from_input, bool
   return ms / 1e3 / static_cast<double>(iters);
 }
 
+// CUDA IPC between processes (cuda/cuda_ipc.h): buffers and events this
+// process exported for its peers, kept until ipc_close().
+struct IpcExports {
+  std::vector<DevBuf> buffers;
+  std::vector<cudaEvent_t> events;
+};
+IpcExports& Exports() {
+  static IpcExports* e = new IpcExports();
+  return *e;
+}
+
+void ThrowIfError(const Status& st) {
+  if (!st.ok()) throw std::runtime_error(st.Text());
+}
+
+// A buffer of `nbytes` bytes ((i * 31 + seed) mod 256) that starts 256 bytes
+// into its allocation (as XLA's sub-allocated buffers do), an interprocess
+// event recorded after it was written, and the record a rank publishes.
+py::bytes IpcExportTestBuffer(int device, int64_t nbytes, int seed) {
+  constexpr int64_t kOffset = 256;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  DevBuf buf(static_cast<size_t>(nbytes + kOffset));
+  std::vector<uint8_t> host(static_cast<size_t>(nbytes));
+  for (int64_t i = 0; i < nbytes; ++i) host[i] = static_cast<uint8_t>((i * 31 + seed) & 0xff);
+  char* data = static_cast<char*>(buf.p) + kOffset;
+  Check(cudaMemcpy(data, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  cudaEvent_t event = nullptr;
+  Check(cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming),
+        "cudaEventCreateWithFlags");
+  Exports().events.push_back(event);
+  Check(cudaEventRecord(event, 0), "cudaEventRecord");
+  IpcRankRecord record;
+  ThrowIfError(FillIpcIdentity(&record));
+  ThrowIfError(ExportIpcBuffer(data, nbytes, &record));
+  ThrowIfError(ExportIpcEvent(event, &record));
+  Exports().buffers.push_back(std::move(buf));
+  return py::bytes(EncodeIpcRecord(record));
+}
+
+// The bytes of buffer 0 of the record `rank` published, read on `device`
+// through the opened handle after waiting on the opened event.
+py::bytes IpcReadPeer(int device, const py::bytes& blob, int64_t rank) {
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  IpcRankRecord record;
+  ThrowIfError(DecodeIpcRecord(std::string(blob), rank, &record));
+  void* data = nullptr;
+  cudaEvent_t event = nullptr;
+  ThrowIfError(OpenIpcBuffer(record, 0, rank, &data));
+  ThrowIfError(OpenIpcEvent(record, rank, &event));
+  std::string host(static_cast<size_t>(record.buffers[0].bytes), '\0');
+  cudaStream_t stream = nullptr;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaError_t e = cudaStreamWaitEvent(stream, event, 0);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(host.data(), data, host.size(), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  Check(e, "reading a peer's buffer");
+  return py::bytes(host);
+}
+
+void IpcClose() {
+  CloseIpcPeers();
+  for (cudaEvent_t event : Exports().events) cudaEventDestroy(event);
+  Exports().events.clear();
+  Exports().buffers.clear();
+}
+
 }  // namespace
 }  // namespace jax_blink
 
 PYBIND11_MODULE(_blink_cuda_testing, m) {
   using namespace jax_blink;
   m.doc() = "jax_blink CUDA executor test harness: N simulated ranks on one GPU, timers";
+  m.def("ipc_export_test_buffer", &IpcExportTestBuffer, py::arg("device"), py::arg("nbytes"),
+        py::arg("seed"),
+        "Test harness: a device buffer of nbytes bytes ((i * 31 + seed) % 256) and an "
+        "interprocess event, exported: returns the CUDA IPC record a rank publishes.");
+  m.def("ipc_read_peer", &IpcReadPeer, py::arg("device"), py::arg("record"), py::arg("rank"),
+        "Test harness: opens the buffer and event of a record another process published and "
+        "returns the buffer's bytes.");
+  m.def("ipc_close", &IpcClose, "Closes what ipc_read_peer opened and frees what "
+        "ipc_export_test_buffer made.");
   m.def("run_schedule", &RunSchedule, py::arg("schedule"), py::arg("inputs"),
         py::arg("direct") = true, py::arg("repeat") = 1, py::arg("device") = 0,
         "Runs every rank of `schedule` on one GPU (N simulated ranks, each with its own "

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/schedule.h"
@@ -27,6 +28,8 @@
 #include "ffi/py_common.h"
 #include "stream/join_enqueue.h"
 #include "stream/stream_exec.h"
+#include "sync/host_rendezvous.h"
+#include "sync/ipc_record.h"
 #include "sync/rendezvous.h"
 #include "testing/stream_emulator.h"
 
@@ -438,6 +441,96 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   return result;
 }
 
+// Every rank of the call publishes `blob` through the host transport's
+// rendezvous (this module's own arena and attachment) and receives all
+// ranks' blobs: how ranks in different processes hand each other their CUDA
+// IPC records. Raises RuntimeError with 'KIND: message' for a rank's error.
+std::vector<py::bytes> HostExchange(int64_t site, int64_t group, int64_t rank, int64_t nranks,
+                                    const std::string& blob, int64_t timeout_ms) {
+  HostRankArgs a;
+  a.site = site;
+  a.op_id = site;
+  a.group = group;
+  a.rank = rank;
+  a.nranks = nranks;
+  a.stage_input = false;
+  a.blob = blob.data();
+  a.blob_bytes = static_cast<int64_t>(blob.size());
+  if (rank < 0 || rank >= nranks) throw py::value_error("rank must be in [0, nranks)");
+  HostTicket ticket;
+  Status st;
+  {
+    py::gil_scoped_release release;
+    const int64_t generation = HostReserve(site, group, rank);
+    st = HostJoin(a, generation, Clock::now() + std::chrono::milliseconds(timeout_ms), timeout_ms,
+                  &ticket);
+    for (int64_t r = 0; st.ok() && r < nranks; ++r) {  // a peer's own error, as the executor does
+      if (!ticket.view.info[r].error.ok()) st = ticket.view.info[r].error.Prefixed(
+          "rank " + std::to_string(r) + ": ");
+    }
+    HostLeave(&ticket);
+  }
+  if (!st.ok()) throw std::runtime_error(st.Text());
+  std::vector<py::bytes> out;
+  for (const std::string& b : ticket.blobs) out.emplace_back(b);
+  return out;
+}
+
+std::string HandleBytes(const py::bytes& b) {
+  std::string s = b;
+  if (static_cast<int64_t>(s.size()) != kIpcHandleBytes) {
+    throw py::value_error("an IPC handle has " + std::to_string(kIpcHandleBytes) + " bytes");
+  }
+  return s;
+}
+
+// ipc_record_encode(pid, uuid, event, buffers): the record a rank would
+// publish, from its fields (buffers: [(handle, offset, bytes, alloc_bytes)]).
+py::bytes IpcRecordEncode(int64_t pid, const py::bytes& uuid, const py::object& event,
+                          const std::vector<std::tuple<py::bytes, int64_t, int64_t, int64_t>>& buffers) {
+  IpcRankRecord r;
+  r.pid = pid;
+  const std::string u = uuid;
+  if (u.size() != sizeof(r.device_uuid)) throw py::value_error("a device UUID has 16 bytes");
+  std::memcpy(r.device_uuid, u.data(), u.size());
+  if (!event.is_none()) {
+    std::memcpy(r.event, HandleBytes(event.cast<py::bytes>()).data(), kIpcHandleBytes);
+    r.has_event = 1;
+  }
+  if (static_cast<int64_t>(buffers.size()) > kIpcMaxBuffers) {
+    throw py::value_error("at most " + std::to_string(kIpcMaxBuffers) + " buffers");
+  }
+  for (const auto& [handle, offset, bytes, alloc] : buffers) {
+    IpcBufferRecord& b = r.buffers[r.num_buffers++];
+    std::memcpy(b.handle, HandleBytes(handle).data(), kIpcHandleBytes);
+    b.offset = offset;
+    b.bytes = bytes;
+    b.alloc_bytes = alloc;
+  }
+  return py::bytes(EncodeIpcRecord(r));
+}
+
+// ipc_record_decode(record, rank): its fields, checked as a peer checks them.
+py::dict IpcRecordDecode(const py::bytes& record, int64_t rank) {
+  IpcRankRecord r;
+  Status st = DecodeIpcRecord(std::string(record), rank, &r);
+  if (!st.ok()) throw py::value_error(st.message);
+  py::dict d;
+  d["pid"] = r.pid;
+  d["uuid"] = py::bytes(reinterpret_cast<const char*>(r.device_uuid), sizeof(r.device_uuid));
+  d["event"] = r.has_event ? py::object(py::bytes(reinterpret_cast<const char*>(r.event),
+                                                  kIpcHandleBytes))
+                           : py::object(py::none());
+  py::list buffers;
+  for (int32_t i = 0; i < r.num_buffers; ++i) {
+    const IpcBufferRecord& b = r.buffers[i];
+    buffers.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(b.handle), kIpcHandleBytes),
+                                  b.offset, b.bytes, b.alloc_bytes));
+  }
+  d["buffers"] = buffers;
+  return d;
+}
+
 }  // namespace
 }  // namespace jax_blink
 
@@ -487,6 +580,23 @@ PYBIND11_MODULE(_blink_testing, m) {
         "'races': [str], 'stats': "
         "{str: int}}; raises ValueError for bad arguments, RuntimeError for "
         "an emulator error.");
+  m.def("host_arena", &HostArenaPy,
+        "This module's arena for the host transport (its own state, apart from _blink_ext's): "
+        "(pid, fd).");
+  m.def("host_attach", &HostAttachPy, py::arg("slot"), py::arg("processes"),
+        "Maps the arenas of the host's processes [(pid, fd), ...] (this module's state).");
+  m.def("host_exchange", &HostExchange, py::arg("site"), py::arg("group"), py::arg("rank"),
+        py::arg("nranks"), py::arg("blob"), py::arg("timeout_ms") = 10000,
+        "Test harness: rank `rank` of `nranks` (in this and the other attached processes) "
+        "publishes `blob` through the host rendezvous and returns every rank's blob; "
+        "RuntimeError 'KIND: message' for a rank's error or a timeout.");
+  m.def("ipc_record_encode", &IpcRecordEncode, py::arg("pid"), py::arg("uuid"),
+        py::arg("event"), py::arg("buffers"),
+        "The CUDA IPC record (sync/ipc_record.h) of these fields, as a rank publishes it.");
+  m.def("ipc_record_decode", &IpcRecordDecode, py::arg("record"), py::arg("rank"),
+        "A published CUDA IPC record's fields, checked as a peer checks them (ValueError "
+        "naming the rank and what is wrong).");
+  m.attr("HOST_BLOB_BYTES") = kHostBlobBytes;
   m.attr("OMIT_ENTRY_WAITS") = static_cast<int>(kOmitEntryWaits);
   m.attr("OMIT_DEP_WAITS") = static_cast<int>(kOmitDepWaits);
   m.attr("OMIT_GUARDS") = static_cast<int>(kOmitGuards);

@@ -1,0 +1,194 @@
+// CUDA IPC between the processes of one host; see cuda_ipc.h.
+#include "cuda/cuda_ipc.h"
+
+#include <cuda.h>  // types only: the driver entry point is found at run time
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "cuda/cuda_transport.h"
+
+namespace jax_blink {
+namespace {
+
+using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// cuMemGetAddressRange, looked up through the runtime (the module does not
+// link libcuda, so importing it needs no driver).
+Status AddressRange(const void* ptr, CUdeviceptr* base, size_t* size) {
+  static AddressRangeFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      p = nullptr;
+    }
+    return reinterpret_cast<AddressRangeFn>(p);
+  }();
+  if (fn == nullptr) {
+    return Status::Internal("jax_blink CUDA IPC: the driver has no cuMemGetAddressRange");
+  }
+  const CUresult r = fn(base, size, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) {
+    return Status::InvalidArgument("jax_blink CUDA IPC: " +
+                                   std::to_string(reinterpret_cast<uintptr_t>(ptr)) +
+                                   " is not device memory (cuMemGetAddressRange error " +
+                                   std::to_string(static_cast<int>(r)) + ")");
+  }
+  return Status();
+}
+
+struct Opened {
+  std::mutex mu;
+  std::map<std::pair<int64_t, std::string>, char*> buffers;          // (pid, handle) -> base
+  std::map<std::pair<int64_t, std::string>, cudaEvent_t> events;     // (pid, handle) -> event
+};
+
+Opened& Peers() {
+  static Opened* o = new Opened();  // leaked: closed by CloseIpcPeers, not at exit
+  return *o;
+}
+
+std::string HandleKey(const uint8_t* handle) {
+  return std::string(reinterpret_cast<const char*>(handle), kIpcHandleBytes);
+}
+
+Status FromPeer(const IpcRankRecord& peer, int64_t rank) {
+  if (peer.pid == static_cast<int64_t>(getpid())) {
+    return Status::InvalidArgument("jax_blink CUDA IPC: rank " + std::to_string(rank) +
+                                   " is in this process: its buffers are read directly, not "
+                                   "opened");
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status FillIpcIdentity(IpcRankRecord* record) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  cudaDeviceProp prop;
+  if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, device);
+  if (e != cudaSuccess) return Status::Internal(CudaErrorText("jax_blink CUDA IPC: device", e));
+  record->pid = static_cast<int64_t>(getpid());
+  static_assert(sizeof(prop.uuid.bytes) == sizeof(record->device_uuid), "UUID size");
+  std::memcpy(record->device_uuid, prop.uuid.bytes, sizeof(record->device_uuid));
+  return Status();
+}
+
+Status ExportIpcBuffer(const void* ptr, int64_t bytes, IpcRankRecord* record) {
+  if (record->num_buffers >= kIpcMaxBuffers) {
+    return Status::InvalidArgument("jax_blink CUDA IPC: a record holds at most " +
+                                   std::to_string(kIpcMaxBuffers) + " buffers");
+  }
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  Status found = AddressRange(ptr, &base, &size);
+  if (!found.ok()) return found;
+  IpcBufferRecord& buf = record->buffers[record->num_buffers];
+  buf.offset = static_cast<int64_t>(reinterpret_cast<CUdeviceptr>(ptr) - base);
+  buf.bytes = bytes;
+  buf.alloc_bytes = static_cast<int64_t>(size);
+  if (bytes < 0 || buf.offset + bytes > buf.alloc_bytes) {
+    return Status::InvalidArgument("jax_blink CUDA IPC: a buffer of " + std::to_string(bytes) +
+                                   " bytes runs past its allocation");
+  }
+  cudaIpcMemHandle_t handle;
+  const cudaError_t e = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
+  if (e != cudaSuccess) {
+    return Status::Internal(CudaErrorText(
+        "jax_blink CUDA IPC: the allocation holding the buffer cannot be shared "
+        "(cudaIpcGetMemHandle; memory of the virtual memory API needs a shareable handle type)",
+        e));
+  }
+  static_assert(sizeof(handle) == kIpcHandleBytes, "cudaIpcMemHandle_t size");
+  std::memcpy(buf.handle, &handle, kIpcHandleBytes);
+  ++record->num_buffers;
+  return Status();
+}
+
+Status ExportIpcEvent(cudaEvent_t event, IpcRankRecord* record) {
+  cudaIpcEventHandle_t handle;
+  const cudaError_t e = cudaIpcGetEventHandle(&handle, event);
+  if (e != cudaSuccess) {
+    return Status::Internal(CudaErrorText(
+        "jax_blink CUDA IPC: cudaIpcGetEventHandle (the event needs cudaEventInterprocess | "
+        "cudaEventDisableTiming)", e));
+  }
+  static_assert(sizeof(handle) == kIpcHandleBytes, "cudaIpcEventHandle_t size");
+  std::memcpy(record->event, &handle, kIpcHandleBytes);
+  record->has_event = 1;
+  return Status();
+}
+
+Status OpenIpcBuffer(const IpcRankRecord& peer, int32_t index, int64_t rank, void** ptr) {
+  Status from = FromPeer(peer, rank);
+  if (!from.ok()) return from;
+  if (index < 0 || index >= peer.num_buffers) {
+    return Status::InvalidArgument("jax_blink CUDA IPC: rank " + std::to_string(rank) +
+                                   " published " + std::to_string(peer.num_buffers) +
+                                   " buffers, not buffer " + std::to_string(index));
+  }
+  const IpcBufferRecord& buf = peer.buffers[index];
+  Opened& o = Peers();
+  std::lock_guard<std::mutex> lk(o.mu);
+  const auto key = std::make_pair(peer.pid, HandleKey(buf.handle));
+  auto it = o.buffers.find(key);
+  if (it == o.buffers.end()) {
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, buf.handle, kIpcHandleBytes);
+    void* base = nullptr;
+    const cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      return Status::Internal(CudaErrorText(
+          ("jax_blink CUDA IPC: cannot open a buffer of rank " + std::to_string(rank) +
+           " (process " + std::to_string(peer.pid) + ")").c_str(), e));
+    }
+    it = o.buffers.emplace(key, static_cast<char*>(base)).first;
+  }
+  *ptr = it->second + buf.offset;
+  return Status();
+}
+
+Status OpenIpcEvent(const IpcRankRecord& peer, int64_t rank, cudaEvent_t* event) {
+  Status from = FromPeer(peer, rank);
+  if (!from.ok()) return from;
+  if (!peer.has_event) {
+    return Status::InvalidArgument("jax_blink CUDA IPC: rank " + std::to_string(rank) +
+                                   " published no event");
+  }
+  Opened& o = Peers();
+  std::lock_guard<std::mutex> lk(o.mu);
+  const auto key = std::make_pair(peer.pid, HandleKey(peer.event));
+  auto it = o.events.find(key);
+  if (it == o.events.end()) {
+    cudaIpcEventHandle_t handle;
+    std::memcpy(&handle, peer.event, kIpcHandleBytes);
+    cudaEvent_t opened = nullptr;
+    const cudaError_t e = cudaIpcOpenEventHandle(&opened, handle);
+    if (e != cudaSuccess) {
+      return Status::Internal(CudaErrorText(
+          ("jax_blink CUDA IPC: cannot open the event of rank " + std::to_string(rank)).c_str(),
+          e));
+    }
+    it = o.events.emplace(key, opened).first;
+  }
+  *event = it->second;
+  return Status();
+}
+
+void CloseIpcPeers() {
+  Opened& o = Peers();
+  std::lock_guard<std::mutex> lk(o.mu);
+  for (auto& [key, base] : o.buffers) cudaIpcCloseMemHandle(base);
+  for (auto& [key, event] : o.events) cudaEventDestroy(event);
+  o.buffers.clear();
+  o.events.clear();
+}
+
+}  // namespace jax_blink
