@@ -1213,6 +1213,9 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
   const int64_t generation =
       a.generation >= 0 ? a.generation : HostReserve(h.site, a.group, a.rank);
   res.generation = generation;
+  if (h.error.ok()) {  // as in-process: the output is this process's own memory
+    AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype), GetExecTunables().hugepage_bytes);
+  }
   HostTicket ticket;
   res.status = HostJoin(h, generation, deadline, timeout_ms, &ticket);
   const int64_t wait_us =
