@@ -33,6 +33,8 @@ from jax_blink.ops import decide as _decide
 from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
 from jax_blink.ops.primitive import bind_collective
 from jax_blink.ops.processes import HostLocal, layout
+from jax_blink.topo import Topology
+from jax_blink.topo.presets import shm_processes
 
 __all__ = ["run", "carried_as"]
 
@@ -113,6 +115,8 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         span = layout(axes, groups)
         if isinstance(span, HostLocal):
             transport, processes = 1, span.nprocesses  # the ranks meet in shared memory
+            if topology is None and span.ranks_process is not None and not settings.topology_source():
+                topology = Topology.from_links(*shm_processes(span.ranks_process))
             host_note = (" (one schedule over the shared memory of this host's processes: "
                          f"{span.describe()})")
         elif span is not None:
@@ -208,7 +212,6 @@ def _group_topologies(topology, nranks_axis, groups):
     if groups is None:
         return [topology]
     if isinstance(topology, str):
-        from jax_blink.topo import Topology
         topology = Topology.preset(topology)
     if topology is None:
         topology = _decide.topology_for(None, nranks_axis)

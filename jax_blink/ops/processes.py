@@ -83,6 +83,12 @@ class HostLocal:
     as one schedule over all of a group's devices, over shared memory."""
 
     nprocesses: int   # processes of the largest group
+    # The process (0, 1, ... in order of first appearance) of each rank over the
+    # reduced axes, the same in every row of the mesh, where some process holds
+    # several of them; else None. The call is then planned on
+    # topo.presets.shm_processes of it (trees reduce within a process before
+    # crossing), not on shm:N.
+    ranks_process: Optional[tuple] = None
 
     def describe(self) -> str:
         return f"{self.nprocesses} processes"
@@ -173,7 +179,9 @@ def _host_local(names, sizes, axes, groups) -> Optional[HostLocal]:
             if found.one_host(processes) is None:
                 return None
             most = max(most, len(processes))
-    return HostLocal(most)
+    labels = {tuple(list(dict.fromkeys(row.tolist())).index(p) for p in row.tolist()) for row in table}
+    shared = len(labels) == 1 and len(set(next(iter(labels)))) < table.shape[1]
+    return HostLocal(most, next(iter(labels)) if shared else None)
 
 
 def check_lowered_mesh(axis_context) -> None:

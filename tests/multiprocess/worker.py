@@ -317,7 +317,10 @@ def host():
             lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), x)
         run(f"host psum {dtype} over {one}", lambda v: jax_blink.psum(v, one),
             lambda v: lax.psum(v, one), MESH1, P("i"), P(), x.reshape(N, 37))
-    explained("host transport", "shared memory of this host's processes", f"shm:{N}")
+    # several devices per process: trees packed on the processes' memories (reduce inside a
+    # process before crossing); one each: shm:N
+    explained("host transport", "shared memory of this host's processes",
+              f"plan on shm:{N} in {NPROC} processes" if LOCAL > 1 else f"plan on shm:{N}:")
     for op in ("pmax", "pmin"):
         for dtype in ("float32", "int32", "bfloat16"):
             x = data(dtype, (NPROC, LOCAL, 19), 7)
