@@ -446,8 +446,11 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
 // ranks' blobs: how ranks in different processes hand each other their CUDA
 // IPC records. Raises RuntimeError with 'KIND: message' for a rank's error.
 std::vector<py::bytes> HostExchange(int64_t site, int64_t group, int64_t rank, int64_t nranks,
-                                    const std::string& blob, int64_t timeout_ms) {
+                                    const std::string& blob, int64_t timeout_ms,
+                                    int64_t total_steps, int64_t acc_bytes) {
   HostRankArgs a;
+  a.total_steps = total_steps;
+  a.acc_bytes = acc_bytes;
   a.site = site;
   a.op_id = site;
   a.group = group;
@@ -587,9 +590,12 @@ PYBIND11_MODULE(_blink_testing, m) {
         "Maps the arenas of the host's processes [(pid, fd), ...] (this module's state).");
   m.def("host_exchange", &HostExchange, py::arg("site"), py::arg("group"), py::arg("rank"),
         py::arg("nranks"), py::arg("blob"), py::arg("timeout_ms") = 10000,
+        py::arg("total_steps") = 0, py::arg("acc_bytes") = 0,
         "Test harness: rank `rank` of `nranks` (in this and the other attached processes) "
         "publishes `blob` through the host rendezvous and returns every rank's blob; "
-        "RuntimeError 'KIND: message' for a rank's error or a timeout.");
+        "RuntimeError 'KIND: message' for a rank's error or a timeout. total_steps and "
+        "acc_bytes: what a schedule would ask of the host slot (its steps, the rank's "
+        "accumulator in the arena), for the limits' errors.");
   m.def("ipc_record_encode", &IpcRecordEncode, py::arg("pid"), py::arg("uuid"),
         py::arg("event"), py::arg("buffers"),
         "The CUDA IPC record (sync/ipc_record.h) of these fields, as a rank publishes it.");

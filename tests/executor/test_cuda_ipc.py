@@ -4,7 +4,7 @@ through the host transport's rendezvous, open each other's buffer and event
 (cc/cuda/cuda_ipc.h) and read the peer's bytes, checked exactly.
 
 Needs an NVIDIA GPU and the CUDA modules; without them it skips with the reason. The
-exchange itself is tested without a GPU by tests/executor/test_ipc_exchange.py. What one
+exchange itself is tested without a GPU by tests/executor/test_host_exchange.py. What one
 GPU cannot show: opening a handle made on another GPU (peer access between two devices)."""
 
 import json

@@ -1,7 +1,9 @@
-"""The CUDA IPC handle exchange without a GPU: ranks in several processes of one host
-publish their IPC records (cc/sync/ipc_record.h) through the host transport's rendezvous
-(cc/sync/host_rendezvous.h, HostRankArgs::blob) and every rank receives every record
-exactly. Making and opening real handles needs a GPU: tests/executor/test_cuda_ipc.py.
+"""The host transport's rendezvous between processes, without the executor: the CUDA IPC
+handle exchange (ranks in several processes of one host publish their IPC records,
+cc/sync/ipc_record.h, through cc/sync/host_rendezvous.h's HostRankArgs::blob, and every
+rank receives every record exactly) and the limits of a host slot (ranks, steps, staging),
+each a clear error. Making and opening real handles needs a GPU:
+tests/executor/test_cuda_ipc.py.
 
 Each worker process uses ``jax_blink._blink_testing`` (its own arena and attachment, as
 ``_blink_ext`` has in production) and runs its ranks on threads; processes meet only
@@ -28,7 +30,7 @@ out = {}
 def run(rank):
     try:
         blobs = t.host_exchange(7, 0, rank, job["nranks"], bytes.fromhex(job["blobs"][str(rank)]),
-                                job["timeout_ms"])
+                                job["timeout_ms"], job.get("steps", 0), job["acc"].get(str(rank), 0))
         out[rank] = {"blobs": [b.hex() for b in blobs]}
     except RuntimeError as e:
         out[rank] = {"error": str(e)}
@@ -51,9 +53,10 @@ def record(testing, rank, pid=4242):
                                       (bytes([rank + 9]) * 64, 0, 64, 64)])
 
 
-def exchange(layout, blobs, timeout_ms=5000, wait_s=30, nranks=None):
+def exchange(layout, blobs, timeout_ms=5000, wait_s=30, nranks=None, steps=0, acc=None):
     """Runs ``layout`` (the ranks of each process) over the host rendezvous of ``nranks``
-    ranks (default: all of ``layout``'s), each rank publishing ``blobs[rank]``; returns
+    ranks (default: all of ``layout``'s), each rank publishing ``blobs[rank]`` (with
+    ``steps`` schedule steps and ``acc[rank]`` accumulator bytes); returns
     {rank: {"blobs": [hex]} or {"error": str}} and the seconds it took."""
     nranks = nranks or sum(len(ranks) for ranks in layout)
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
@@ -64,7 +67,8 @@ def exchange(layout, blobs, timeout_ms=5000, wait_s=30, nranks=None):
         start = time.monotonic()
         for slot, (p, ranks) in enumerate(zip(procs, layout)):
             p.stdin.write(json.dumps({"slot": slot, "processes": arenas, "ranks": ranks,
-                                      "nranks": nranks, "timeout_ms": timeout_ms,
+                                      "nranks": nranks, "timeout_ms": timeout_ms, "steps": steps,
+                                      "acc": {str(r): b for r, b in (acc or {}).items()},
                                       "blobs": {str(r): blobs[r].hex() for r in ranks}}) + "\n")
             p.stdin.flush()
         results = {}
@@ -146,3 +150,17 @@ def test_a_buffer_outside_its_allocation_is_refused(testing):
         testing.ipc_record_decode(beyond, 5)
     assert testing.ipc_record_decode(testing.ipc_record_encode(9, bytes(16), None, [(bytes(64), 4095, 1, 4096)]),
                                      5)["event"] is None
+
+
+def test_more_ranks_or_steps_than_a_host_slot_holds_are_refused(testing):
+    many = exchange([[0]], [b""], nranks=65)[0]
+    assert "INVALID_ARGUMENT" in many[0]["error"] and "at most 64 ranks" in many[0]["error"]
+    steps = exchange([[0], [1]], [b"", b""], steps=(1 << 18) + 1)[0]
+    for r in (0, 1):
+        assert "262144 steps" in steps[r]["error"] and "fewer chunks" in steps[r]["error"]
+
+
+def test_an_accumulator_beyond_the_staging_arena_fails_every_rank_at_once(testing):
+    results, seconds = exchange([[0], [1]], [b"", b""], acc={1: 65 << 30}, timeout_ms=20000)
+    assert "do not fit in the rest of this process's 64 GiB staging arena" in results[1]["error"]
+    assert "rank 1" in results[0]["error"] and seconds < 10  # not at the 20 s timeout
