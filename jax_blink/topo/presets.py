@@ -161,8 +161,8 @@ def shm_processes(process_of) -> PresetSpec:
     half that to the host's memory (one more switch): a chunk that crosses processes is
     copied into its sender's shared arena and read from there (the host transport,
     ``cc/sync/host_rendezvous.h``), two memory passes instead of one. Trees packed on it
-    reduce within a process before crossing (measured: 2 processes x 4 devices, 4e6
-    float32, 8.6-10.3 ms against 12.2-12.7 ms on ``shm:8``).
+    reduce within a process before crossing (2 processes x 4 CPU devices, 4e6 float32:
+    8.9-10.5 ms against 9.3-13.1 ms on ``shm:8``, in alternating runs on 2 cores).
 
     Examples
     --------
