@@ -27,18 +27,6 @@ from reference import NP_DTYPES, assert_bit_identical, check_sum, lowered, make_
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cuda():
-    """The single-GPU harness (jax_blink._blink_cuda_testing), where a GPU is."""
-    try:
-        from jax_blink import _blink_cuda
-    except ImportError as e:
-        pytest.skip(f"no NVIDIA GPU: the CUDA module jax_blink._blink_cuda is not built ({e})")
-    if _blink_cuda.device_count() < 1:
-        pytest.skip("no NVIDIA GPU: _blink_cuda is built but sees no CUDA device")
-    return _ffi.load_cuda_testing()
-
-
 def planned(preset, count, dtype, chunks=None):
     """A planner schedule for a preset machine (the product path)."""
     plan = jax_blink.plan(jax_blink.Topology.preset(preset))

@@ -14,7 +14,6 @@ import sys
 import numpy as np
 import pytest
 
-from jax_blink import _ffi
 
 pytestmark = pytest.mark.gpu
 
@@ -37,17 +36,6 @@ t.host_exchange(12, 0, rank, 2, b"", 20000)  # the peer has read: close and free
 cuda.ipc_close()
 print(json.dumps(out), flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    try:
-        from jax_blink import _blink_cuda
-    except ImportError as e:
-        pytest.skip(f"no NVIDIA GPU: the CUDA module jax_blink._blink_cuda is not built ({e})")
-    if _blink_cuda.device_count() < 1:
-        pytest.skip("no NVIDIA GPU: _blink_cuda is built but sees no CUDA device")
-    return _ffi.load_cuda_testing()
 
 
 def pattern(nbytes, seed):
