@@ -391,22 +391,26 @@ class _Simulation:
         affected = set()
         for a in arcs:
             affected |= self.arc_flows[a]
+        flows, capacity, weight, events = self.flows, self.capacity, self.arc_weight, self.events
         share = {}  # capacity per unit of data share, of each arc these flows cross
         for fid in affected:
-            flow = self.flows[fid]
-            farcs, remaining, rate, t_last = flow[0], flow[1], flow[2], flow[3]
+            flow = flows[fid]
             fair = math.inf
-            for a in farcs:
-                if a not in share:
-                    share[a] = self.capacity[a] / self.arc_weight[a]
-                fair = min(fair, share[a])
+            for a in flow[0]:
+                v = share.get(a)
+                if v is None:
+                    v = share[a] = capacity[a] / weight[a]
+                if v < fair:
+                    fair = v
             new_rate = flow[6] * fair
+            rate = flow[2]
             if new_rate == rate:  # its bottleneck is elsewhere: its end event still holds
                 continue
-            remaining -= rate * (now - t_last)
-            flow[1], flow[2], flow[3] = max(remaining, 0.0), new_rate, now
+            remaining = flow[1] - rate * (now - flow[3])
+            flow[1], flow[2], flow[3] = 0.0 if 0.0 > remaining else remaining, new_rate, now
             flow[4] += 1
-            self.push(now + flow[1] / new_rate, "flow_end", (fid, flow[4]))
+            self.seq += 1  # as push(), inline: this is the simulator's inner loop
+            heapq.heappush(events, (now + flow[1] / new_rate, self.seq, "flow_end", (fid, flow[4])))
 
     def finish(self, gid, now):
         self.done_at[gid] = now
