@@ -58,6 +58,28 @@ std::string HandleKey(const uint8_t* handle) {
   return std::string(reinterpret_cast<const char*>(handle), kIpcHandleBytes);
 }
 
+// What `cache` holds for the handle `handle` of process `pid`, opened (with
+// `open(handle, &value)`, a CUDA call) and kept on first use, under the lock
+// of Peers(); `what` names it in the error.
+template <class Handle, class Value, class Open>
+Status OpenCached(std::map<std::pair<int64_t, std::string>, Value>& cache, int64_t pid,
+                  const uint8_t* handle, const std::string& what, Open&& open, Value* value) {
+  const auto key = std::make_pair(pid, HandleKey(handle));
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    Handle h;
+    std::memcpy(&h, handle, kIpcHandleBytes);
+    Value opened{};
+    const cudaError_t e = open(h, &opened);
+    if (e != cudaSuccess) {
+      return Status::Internal(CudaErrorText(("jax_blink CUDA IPC: cannot open " + what).c_str(), e));
+    }
+    it = cache.emplace(key, opened).first;
+  }
+  *value = it->second;
+  return Status();
+}
+
 Status FromPeer(const IpcRankRecord& peer, int64_t rank) {
   if (peer.pid == static_cast<int64_t>(getpid())) {
     return Status::InvalidArgument("jax_blink CUDA IPC: rank " + std::to_string(rank) +
@@ -137,21 +159,19 @@ Status OpenIpcBuffer(const IpcRankRecord& peer, int32_t index, int64_t rank, voi
   const IpcBufferRecord& buf = peer.buffers[index];
   Opened& o = Peers();
   std::lock_guard<std::mutex> lk(o.mu);
-  const auto key = std::make_pair(peer.pid, HandleKey(buf.handle));
-  auto it = o.buffers.find(key);
-  if (it == o.buffers.end()) {
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, buf.handle, kIpcHandleBytes);
-    void* base = nullptr;
-    const cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-      return Status::Internal(CudaErrorText(
-          ("jax_blink CUDA IPC: cannot open a buffer of rank " + std::to_string(rank) +
-           " (process " + std::to_string(peer.pid) + ")").c_str(), e));
-    }
-    it = o.buffers.emplace(key, static_cast<char*>(base)).first;
-  }
-  *ptr = it->second + buf.offset;
+  char* base = nullptr;
+  Status opened = OpenCached<cudaIpcMemHandle_t>(
+      o.buffers, peer.pid, buf.handle,
+      "a buffer of rank " + std::to_string(rank) + " (process " + std::to_string(peer.pid) + ")",
+      [](cudaIpcMemHandle_t h, char** p) {
+        void* v = nullptr;
+        const cudaError_t e = cudaIpcOpenMemHandle(&v, h, cudaIpcMemLazyEnablePeerAccess);
+        *p = static_cast<char*>(v);
+        return e;
+      },
+      &base);
+  if (!opened.ok()) return opened;
+  *ptr = base + buf.offset;
   return Status();
 }
 
@@ -164,22 +184,9 @@ Status OpenIpcEvent(const IpcRankRecord& peer, int64_t rank, cudaEvent_t* event)
   }
   Opened& o = Peers();
   std::lock_guard<std::mutex> lk(o.mu);
-  const auto key = std::make_pair(peer.pid, HandleKey(peer.event));
-  auto it = o.events.find(key);
-  if (it == o.events.end()) {
-    cudaIpcEventHandle_t handle;
-    std::memcpy(&handle, peer.event, kIpcHandleBytes);
-    cudaEvent_t opened = nullptr;
-    const cudaError_t e = cudaIpcOpenEventHandle(&opened, handle);
-    if (e != cudaSuccess) {
-      return Status::Internal(CudaErrorText(
-          ("jax_blink CUDA IPC: cannot open the event of rank " + std::to_string(rank)).c_str(),
-          e));
-    }
-    it = o.events.emplace(key, opened).first;
-  }
-  *event = it->second;
-  return Status();
+  return OpenCached<cudaIpcEventHandle_t>(
+      o.events, peer.pid, peer.event, "the event of rank " + std::to_string(rank),
+      [](cudaIpcEventHandle_t h, cudaEvent_t* ev) { return cudaIpcOpenEventHandle(ev, h); }, event);
 }
 
 void CloseIpcPeers() {

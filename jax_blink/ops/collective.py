@@ -34,7 +34,6 @@ from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, type
 from jax_blink.ops.primitive import bind_collective
 from jax_blink.ops.processes import HostLocal, layout
 from jax_blink.topo import Topology
-from jax_blink.topo.presets import shm_processes
 
 __all__ = ["run", "carried_as"]
 
@@ -115,8 +114,8 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         span = layout(axes, groups)
         if isinstance(span, HostLocal):
             transport, processes = 1, span.nprocesses  # the ranks meet in shared memory
-            if topology is None and span.ranks_process is not None and not settings.topology_source():
-                topology = Topology.from_links(*shm_processes(span.ranks_process))
+            if topology is None and span.ranks_process is not None:
+                topology = _decide.topology_for(None, nranks_axis, span.ranks_process)
             host_note = (" (one schedule over the shared memory of this host's processes: "
                          f"{span.describe()})")
         elif span is not None:

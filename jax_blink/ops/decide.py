@@ -35,6 +35,7 @@ from jax_blink.sim import nccl as nccl_model, simulate, tune
 from jax_blink.sim.closed_form import busiest_arc_s
 from jax_blink.sim.baselines import chain as _chain, double_binary_tree, ring_allreduce
 from jax_blink.topo import Topology, TopologyError, load_topology
+from jax_blink.topo.presets import shm_processes
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
            "topology_for", "schedule_for", "launch_s", "record", "recent", "lax_equivalent",
@@ -164,10 +165,12 @@ def _detected_allocation(nranks):
     return topo, None
 
 
-def topology_for(value, nranks: int) -> Topology:
+def topology_for(value, nranks: int, ranks_process=None) -> Topology:
     """The topology of ``nranks`` reduced devices: ``value`` (a Topology or a
     preset name), else ``JAX_BLINK_TOPOLOGY``, else on GPUs the detected
-    allocation, else ``shm:N``."""
+    allocation, else ``shm:N``, or where ``ranks_process`` gives each rank's
+    process (ranks in several processes of one host, some holding several)
+    ``shm:N in P processes`` (:func:`jax_blink.topo.presets.shm_processes`)."""
     where = "topology="
     if value is None:
         source = settings.topology_source()
@@ -183,6 +186,8 @@ def topology_for(value, nranks: int) -> Topology:
                 value = Topology.preset(f"shm:{nranks}")
                 record(f"topology: shm:{nranks} ({why}; pass topology= or set "
                        "JAX_BLINK_TOPOLOGY)")
+        elif ranks_process is not None:
+            value = Topology.from_links(*shm_processes(ranks_process))
         else:
             value = Topology.preset(f"shm:{nranks}")
     elif isinstance(value, str):
