@@ -5,12 +5,17 @@
 #
 #   bash benchmarks/gpu_check.sh [OUTDIR]
 #
-# Logs and JSON results go to OUTDIR (default ./gpu_check_out).
+# Logs and JSON results go to OUTDIR (default ./gpu_check_out). TEST_TIMEOUT and
+# BENCH_TIMEOUT (seconds, default 420 and 300) bound the tests and each benchmark, so
+# that the whole check fits a short lease of a GPU machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu_check_out}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PJRT_NPROC=64
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+start=$SECONDS
+stamp() { echo "gpu_check: $1 at +$((SECONDS - start)) s"; }
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv
@@ -27,18 +32,21 @@ python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_suppo
 
 status=0
 # (tests/conftest.py makes jax start its CUDA backend beside the 8 CPU devices)
-timeout 420 python3 -m pytest -q --maxfail=15 -p no:cacheprovider \
+stamp "built"
+timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q --maxfail=15 -p no:cacheprovider \
   tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" != 0 ]; then
   echo "gpu_check: the CUDA tests failed or did not finish (pytest exit $rc)" | tee -a "$out/test_cuda.log"
   status=1
 fi
+stamp "tested"
 git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
 
 bench() {  # name, then bench_cuda.py arguments
   local name="$1"; shift
-  JAX_PLATFORMS=cuda,cpu timeout 300 python3 benchmarks/bench_cuda.py --out "$out/$name.json" "$@" 2>&1
+  stamp "$name"
+  JAX_PLATFORMS=cuda,cpu timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_cuda.py --out "$out/$name.json" "$@" 2>&1
 }
 bench bench_cuda_f32 --chunks 1 2 4 8 16 32
 bench bench_cuda_f32_planner
@@ -53,4 +61,5 @@ for f in bench_cuda_f32 bench_cuda_f32_planner bench_cuda_bf16 bench_cuda_f32_st
     status=1
   fi
 done
+stamp "done"
 exit $status
