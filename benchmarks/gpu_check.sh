@@ -34,8 +34,9 @@ status=0
 # (tests/conftest.py makes jax start its CUDA backend beside the 8 CPU devices)
 stamp "built"
 timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -q --maxfail=15 -p no:cacheprovider \
-  tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py 2>&1 | tail -60 | tee "$out/test_cuda.log"
-rc=${PIPESTATUS[0]}
+  -rfEs tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py > "$out/test_cuda.log" 2>&1
+rc=$?
+grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/test_cuda.log" | tail -40
 if [ "$rc" != 0 ]; then
   echo "gpu_check: the CUDA tests failed or did not finish (pytest exit $rc)" | tee -a "$out/test_cuda.log"
   status=1

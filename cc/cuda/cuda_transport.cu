@@ -33,14 +33,30 @@ struct F16Traits {
   using A = float;
   static constexpr bool kSame = false;
   __device__ static A ToAcc(T x) { return __half2float(x); }
-  __device__ static T FromAcc(A x) { return __float2half_rn(x); }
+  // A NaN narrows as core/half.h's FloatToHalf does (quiet, sign kept), not
+  // to CUDA's canonical 0x7fff: a broadcast or copy that passes through the
+  // accumulator must give the CPU executor's bits.
+  __device__ static T FromAcc(A x) {
+    if (x != x) {
+      return __ushort_as_half(
+          static_cast<unsigned short>(0x7e00u | ((__float_as_uint(x) >> 16) & 0x8000u)));
+    }
+    return __float2half_rn(x);
+  }
 };
 struct BF16Traits {
   using T = __nv_bfloat16;
   using A = float;
   static constexpr bool kSame = false;
   __device__ static A ToAcc(T x) { return __bfloat162float(x); }
-  __device__ static T FromAcc(A x) { return __float2bfloat16_rn(x); }
+  // NaN: core/half.h's FloatToBF16 (payload truncated, quiet bit set).
+  __device__ static T FromAcc(A x) {
+    if (x != x) {
+      return __ushort_as_bfloat16(
+          static_cast<unsigned short>((__float_as_uint(x) >> 16) | 0x40u));
+    }
+    return __float2bfloat16_rn(x);
+  }
 };
 
 // V elements loaded/stored as one aligned vector (16 bytes for A).
