@@ -53,10 +53,15 @@ bench bench_cuda_f32 --chunks 1 2 4 8 16 32
 bench bench_cuda_f32_planner
 bench bench_cuda_bf16 --dtype bfloat16
 bench bench_cuda_f32_staged --staged
-bench bench_cuda_1mb --mbytes 1 --chunks 1 2 4
+# 1 MB is host-bound: three runs, for the executor's cost model (tests/test_cost_model.py)
+bench bench_cuda_1mb --mbytes 1 --chunks 1 2 4 8
+bench bench_cuda_1mb_run2 --mbytes 1 --chunks 1 2 4 8
+bench bench_cuda_1mb_run3 --mbytes 1 --chunks 1 2 4 8
+bench bench_cuda_16mb --mbytes 16 --chunks 1 2 4 8 16
 bench bench_cuda_hgx --preset hgx-h100
 
-for f in bench_cuda_f32 bench_cuda_f32_planner bench_cuda_bf16 bench_cuda_f32_staged bench_cuda_1mb bench_cuda_hgx; do
+for f in bench_cuda_f32 bench_cuda_f32_planner bench_cuda_bf16 bench_cuda_f32_staged bench_cuda_1mb \
+         bench_cuda_1mb_run2 bench_cuda_1mb_run3 bench_cuda_16mb bench_cuda_hgx; do
   if [ ! -s "$out/$f.json" ]; then
     echo "gpu_check: $f wrote no results" >&2
     status=1

@@ -32,7 +32,15 @@ struct F16Traits {
   using T = __half;
   using A = float;
   static constexpr bool kSame = false;
-  __device__ static A ToAcc(T x) { return __half2float(x); }
+  // A NaN widens as core/half.h's HalfToFloat does (sign and payload kept):
+  // the hardware conversion may return a canonical NaN, which loses the sign.
+  __device__ static A ToAcc(T x) {
+    const unsigned int h = __half_as_ushort(x);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) {
+      return __uint_as_float(((h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
+    }
+    return __half2float(x);
+  }
   // A NaN narrows as core/half.h's FloatToHalf does (quiet, sign kept), not
   // to CUDA's canonical 0x7fff: a broadcast or copy that passes through the
   // accumulator must give the CPU executor's bits.
