@@ -102,8 +102,34 @@ def host_transport(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cuda(data: dict) -> str:
+    """gpu_check.sh's bench_cuda.py results (``runs``: one JSON per benchmark): each
+    allreduce with its plan, time, bus bandwidth, ratio to the copy bound and host costs;
+    where a benchmark was repeated (``NAME``, ``NAME_run2``, ...) the times of every run."""
+    lines = ["| run | plan | trees x chunks | time | busbw per rank | x copy bound | "
+             "API calls per rank | host enqueue per rank | workspace per rank |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    runs = data["runs"]
+    for name in sorted(runs, key=lambda k: (-runs[k]["bytes_per_rank"], k)):
+        b = runs[name]
+        if "_run" in name:
+            continue
+        repeats = [runs[k] for k in sorted(runs) if k.startswith(name + "_run")]
+        what = (f"{b['bytes_per_rank'] / 1e6:g} MB {b['dtype']}" + (", staged reads" if b["staged"] else "")
+                + (", model's chunks" if name.endswith("_planner") else ""))
+        for i, r in enumerate(b["allreduce"]):
+            times = [r["seconds"]] + [x["allreduce"][i]["seconds"] for x in repeats]
+            lines.append(
+                f"| {what} | {b['preset']} | {r['trees']} x {r['chunks']} "
+                f"| {' / '.join(f'{t * 1e3:.3f}' for t in times)} ms | {r['busbw_gbps']:.1f} GB/s "
+                f"| {r['ratio_to_copy_bound']:.2f} | {r['api_calls_per_rank']:.0f} "
+                f"| {r['enqueue_us_per_rank']:.0f} us | {r['workspace_bytes_per_rank'] / 1e6:.0f} MB |")
+    return "\n".join(lines) + "\n"
+
+
 #: Renderers of results recorded as JSON only.
-RENDER = {"psum_cpu": psum_cpu, "multiprocess": multiprocess, "host_transport": host_transport}
+RENDER = {"psum_cpu": psum_cpu, "multiprocess": multiprocess, "host_transport": host_transport,
+          "cuda": cuda}
 
 
 def table(source: str, which: str) -> str:

@@ -5,6 +5,7 @@ tests replay benchmarks/results/psum_cpu_amd-epyc-2core.json."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jax_blink.planning import cost
@@ -44,41 +45,102 @@ def test_the_auto_choice_follows_the_recorded_winner_where_it_is_clear():
 
 
 # --------------------------------------------------------------- the CUDA executor
-CUDA_RESULTS = RESULTS.parent / "cuda_h100.json"
+#: Where each GPU's recorded runs are: (file, the sections holding a 1 MB benchmark, its names).
+CUDA_RUNS = {
+    "h100": ("cuda_h100.json", [("runs",), ("earlier_run_same_session",), ("third_run_spin_yield_barrier",)],
+             ["bench_cuda_1mb"]),
+    "h200": ("cuda_h200.json", [("runs",), ("earlier_runs_same_session", "first"),
+                                ("earlier_runs_same_session", "second")],
+             ["bench_cuda_1mb", "bench_cuda_1mb_run2", "bench_cuda_1mb_run3"]),
+}
 
 
-def cuda_runs_1mb():
-    """``{chunks per tree: [seconds of each recorded run]}``: 1 MB float32, 8 ranks on one H100."""
-    data, runs = json.loads(CUDA_RESULTS.read_text()), {}
-    for section in ("runs", "earlier_run_same_session", "third_run_spin_yield_barrier"):
-        for row in data[section]["bench_cuda_1mb"]["allreduce"]:
-            runs.setdefault(row["chunks"], []).append(row["seconds"])
+def cuda_runs_1mb(gpu):
+    """``{chunks per tree: [seconds of each recorded run]}``: 1 MB float32, 8 ranks on one GPU."""
+    name, sections, benches = CUDA_RUNS[gpu]
+    data, runs = json.loads((RESULTS.parent / name).read_text()), {}
+    for path in sections:
+        section = data
+        for key in path:
+            section = section[key]
+        for bench in benches:
+            for row in section.get(bench, {}).get("allreduce", []):
+                runs.setdefault(row["chunks"], []).append(row["seconds"])
     return runs
 
 
-def predicted_1mb(chunks):
-    """The CUDA executor's model for the recorded 1 MB call (the schedule bench_cuda.py
-    lowered; the transfer on one H100 is a few microseconds, below the host's cost)."""
+def lowered(count, chunks):
+    """The schedule bench_cuda.py runs: shm:8, ``count`` float32 per rank."""
     from jax_blink import Topology, plan
 
-    schedule = plan(Topology.preset("shm:8")).lower(1_000_000, "float32", chunks=chunks,
-                                                    launch_s=cost.CUDA_LAUNCH_SECONDS)
-    return cost.CUDA_STREAM.seconds(0.0, schedule)
+    return plan(Topology.preset("shm:8")).lower(count, "float32", chunks=chunks,
+                                                launch_s=cost.CUDA_LAUNCH_SECONDS)
 
 
-def test_the_cuda_model_is_the_median_of_the_recorded_one_chunk_runs():
-    runs = cuda_runs_1mb()
-    assert len(runs[1]) == 3
-    median = sorted(runs[1])[1]
-    assert predicted_1mb(1) == pytest.approx(median, rel=0.25)
+def busiest_rank_steps(chunks):
+    """Steps of the busiest rank in the schedule bench_cuda.py runs at 1 MB."""
+    return max(len(r) for r in lowered(250_000, chunks).steps)
 
 
-def test_the_cuda_model_lies_within_the_spread_of_every_recorded_1mb_run():
-    """More chunks: the recorded runs spread 1.5-6x between runs (one GPU's eight host
-    threads interleave their CUDA calls differently each time), so no model is within 25%
-    of each run; the prediction lies within the runs' range, widened by 25%."""
-    for chunks, seconds in cuda_runs_1mb().items():
+def predicted_1mb(chunks):
+    """The CUDA executor's model for the recorded 1 MB call (the transfer on one GPU is a
+    few microseconds, below the host's cost)."""
+    return cost.CUDA_STREAM.call_seconds(0.0, busiest_rank_steps(chunks))
+
+
+def test_the_recorded_runs_are_there():
+    assert sorted(len(v) for v in cuda_runs_1mb("h100").values()) == [3, 3, 3]
+    assert sorted(len(v) for v in cuda_runs_1mb("h200").values()) == [3, 5, 5, 5]
+
+
+def test_the_cuda_costs_are_the_fit_to_every_recorded_run():
+    """call_s + steps * step_s, least squares in relative error over every run of both GPUs,
+    is what planning.cost holds (to its rounding)."""
+    rows = [(busiest_rank_steps(c), t) for gpu in CUDA_RUNS
+            for c, seconds in cuda_runs_1mb(gpu).items() for t in seconds]
+    assert len(rows) == 27
+    a = np.array([[1 / t, steps / t] for steps, t in rows])
+    (call_s, step_s), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
+    assert cost.CUDA_CALL_SECONDS == pytest.approx(call_s, rel=0.02)
+    assert cost.CUDA_LAUNCH_SECONDS == pytest.approx(step_s, rel=0.02)
+
+
+def test_the_cuda_model_predicts_every_h200_run_within_25_percent():
+    for chunks, seconds in cuda_runs_1mb("h200").items():
+        for t in seconds:
+            assert predicted_1mb(chunks) == pytest.approx(t, rel=0.25), (chunks, t)
+
+
+def test_the_cuda_model_predicts_the_h200_sweep_up_to_16mb_within_25_percent():
+    """Out of the fit: 4 and 16 MB per rank are host-bound too (the transfer on one GPU is
+    tens of microseconds). 64 MB is not replayed: there the transfer on the GPU shared by
+    eight ranks shows, and no topology models eight ranks in one GPU's memory."""
+    sweep = json.loads((RESULTS.parent / "cuda_h200.json").read_text())["sweep_iters50"]
+    checked = 0
+    for name in ("d4", "d16a", "d16b", "d16c"):
+        run = sweep[name]
+        for row in run["allreduce"]:
+            schedule = lowered(run["bytes_per_rank"] // 4, row["chunks"])
+            assert cost.CUDA_STREAM.seconds(0.0, schedule) == pytest.approx(row["seconds"], rel=0.25), \
+                (name, row["chunks"])
+            checked += 1
+    assert checked == 19
+
+
+def test_the_cuda_model_lies_within_the_spread_of_every_recorded_h100_run():
+    """The H100 runs spread 1.5-6x between runs (one GPU's eight host threads interleave
+    their CUDA calls differently each time), so no model is within 25% of each; the
+    prediction lies within the runs' range, widened by 25%."""
+    for chunks, seconds in cuda_runs_1mb("h100").items():
         assert 0.75 * min(seconds) <= predicted_1mb(chunks) <= 1.25 * max(seconds), (chunks, seconds)
+
+
+def test_the_replay_rejects_a_model_off_by_half():
+    """The 25% check can fail: the same runs against a model with half the step cost."""
+    halved = cost.ExecutorCost("halved", call_s=cost.CUDA_CALL_SECONDS, step_s=cost.CUDA_LAUNCH_SECONDS / 2)
+    misses = [t for chunks, seconds in cuda_runs_1mb("h200").items() for t in seconds
+              if abs(halved.call_seconds(0.0, busiest_rank_steps(chunks)) - t) > 0.25 * t]
+    assert misses
 
 
 # --------------------------------------------------------------- across processes of one host

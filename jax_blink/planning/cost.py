@@ -35,18 +35,20 @@ __all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_HOST_ALLREDUCE_US", "CPU_CROSS
 #: one chunk per tree up to ~4 MB per device and few above; the simulator,
 #: which uses the same table, therefore models shared memory as slow.
 LATENCY_US = {"nvlink": 0.7, "pcie": 1.0, "net": 5.0, "shm": 2000.0}
-#: Host cost (seconds) of one pipeline step on the CUDA executor, added to the
-#: link latency: a step is about two CUDA API calls (a kernel or copy, and an
-#: event record or wait) at ~3.3 us each, measured with 8 ranks enqueueing
-#: concurrently on one H100 (``benchmarks/bench_cuda.py --mbytes 1``).
-CUDA_LAUNCH_SECONDS = 7e-6
-#: The CUDA stream executor's fixed cost of one call beyond its steps' host
-#: enqueueing: on one H100, 8 ranks, 1 MB float32 per rank at one chunk per
-#: tree took 0.27, 0.36 and 0.61 ms in three runs
-#: (``benchmarks/results/cuda_h100.json``, commit 804a2f3; the transfer itself
-#: is a few microseconds there), median 0.36 ms, less its 28 steps per rank at
-#: CUDA_LAUNCH_SECONDS (tests/test_cost_model.py replays the runs).
-CUDA_CALL_SECONDS = 0.36e-3 - 28 * CUDA_LAUNCH_SECONDS
+#: The CUDA stream executor's host costs, fitted to every recorded 1 MB float32
+#: allreduce of 8 ranks on one GPU (the transfer is a few microseconds there, so
+#: the call is host-bound): one H100 (``benchmarks/results/cuda_h100.json``,
+#: commit 804a2f3, 3 runs at 1, 2 and 4 chunks per tree) and one H200
+#: (``cuda_h200.json``, commit a2510fd, 5 runs at 1, 2 and 4 chunks and 3 at 8).
+#: A call takes CUDA_CALL_SECONDS plus CUDA_LAUNCH_SECONDS per step of the
+#: busiest rank (28 steps per chunk per tree there), least squares in relative
+#: error over all 27 runs: 4.1 us per step (about two API calls, a kernel or
+#: copy and an event record or wait) and 0.22 ms per call. Every H200 run lies
+#: within 25% of it (the H100 runs spread 1.5-6x between runs, so no model
+#: does); tests/test_cost_model.py refits and replays them.
+CUDA_LAUNCH_SECONDS = 4.1e-6
+#: The CUDA stream executor's fixed cost of one call beyond its steps (above).
+CUDA_CALL_SECONDS = 0.22e-3
 
 
 @dataclasses.dataclass(frozen=True)
