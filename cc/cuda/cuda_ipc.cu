@@ -134,7 +134,7 @@ Status ExportIpcBuffer(const void* ptr, int64_t bytes, IpcRankRecord* record) {
   return Status();
 }
 
-Status ExportIpcEvent(cudaEvent_t event, IpcRankRecord* record) {
+Status ExportIpcEventHandle(cudaEvent_t event, uint8_t* out) {
   cudaIpcEventHandle_t handle;
   const cudaError_t e = cudaIpcGetEventHandle(&handle, event);
   if (e != cudaSuccess) {
@@ -143,9 +143,14 @@ Status ExportIpcEvent(cudaEvent_t event, IpcRankRecord* record) {
         "cudaEventDisableTiming)", e));
   }
   static_assert(sizeof(handle) == kIpcHandleBytes, "cudaIpcEventHandle_t size");
-  std::memcpy(record->event, &handle, kIpcHandleBytes);
-  record->has_event = 1;
+  std::memcpy(out, &handle, kIpcHandleBytes);
   return Status();
+}
+
+Status ExportIpcEvent(cudaEvent_t event, IpcRankRecord* record) {
+  Status st = ExportIpcEventHandle(event, record->event);
+  if (st.ok()) record->has_event = 1;
+  return st;
 }
 
 Status OpenIpcBuffer(const IpcRankRecord& peer, int32_t index, int64_t rank, void** ptr) {
@@ -175,18 +180,23 @@ Status OpenIpcBuffer(const IpcRankRecord& peer, int32_t index, int64_t rank, voi
   return Status();
 }
 
-Status OpenIpcEvent(const IpcRankRecord& peer, int64_t rank, cudaEvent_t* event) {
+Status OpenIpcEventHandle(const IpcRankRecord& peer, const uint8_t* handle, int64_t rank,
+                          cudaEvent_t* event) {
   Status from = FromPeer(peer, rank);
   if (!from.ok()) return from;
+  Opened& o = Peers();
+  std::lock_guard<std::mutex> lk(o.mu);
+  return OpenCached<cudaIpcEventHandle_t>(
+      o.events, peer.pid, handle, "an event of rank " + std::to_string(rank),
+      [](cudaIpcEventHandle_t h, cudaEvent_t* ev) { return cudaIpcOpenEventHandle(ev, h); }, event);
+}
+
+Status OpenIpcEvent(const IpcRankRecord& peer, int64_t rank, cudaEvent_t* event) {
   if (!peer.has_event) {
     return Status::InvalidArgument("jax_blink CUDA IPC: rank " + std::to_string(rank) +
                                    " published no event");
   }
-  Opened& o = Peers();
-  std::lock_guard<std::mutex> lk(o.mu);
-  return OpenCached<cudaIpcEventHandle_t>(
-      o.events, peer.pid, peer.event, "the event of rank " + std::to_string(rank),
-      [](cudaIpcEventHandle_t h, cudaEvent_t* ev) { return cudaIpcOpenEventHandle(ev, h); }, event);
+  return OpenIpcEventHandle(peer, peer.event, rank, event);
 }
 
 void CloseIpcPeers() {

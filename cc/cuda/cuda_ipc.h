@@ -32,8 +32,11 @@ Status FillIpcIdentity(IpcRankRecord* record);
 // Appends the device buffer [ptr, ptr + bytes) to `record`'s buffers.
 Status ExportIpcBuffer(const void* ptr, int64_t bytes, IpcRankRecord* record);
 
-// Puts the IPC handle of `event` (made with cudaEventInterprocess |
-// cudaEventDisableTiming) into `record`.
+// The IPC handle of `event` (made with cudaEventInterprocess |
+// cudaEventDisableTiming), kIpcHandleBytes bytes into `handle`.
+Status ExportIpcEventHandle(cudaEvent_t event, uint8_t* handle);
+
+// Puts the IPC handle of `event` into `record`.
 Status ExportIpcEvent(cudaEvent_t event, IpcRankRecord* record);
 
 // Buffer `index` of the record `rank` published, as a device pointer in this
@@ -43,6 +46,11 @@ Status OpenIpcBuffer(const IpcRankRecord& peer, int32_t index, int64_t rank, voi
 
 // The event of the record `rank` published, opened here (cached).
 Status OpenIpcEvent(const IpcRankRecord& peer, int64_t rank, cudaEvent_t* event);
+
+// Another event handle of the process that published `peer` (rank `rank`),
+// opened here (cached; closed by CloseIpcPeers).
+Status OpenIpcEventHandle(const IpcRankRecord& peer, const uint8_t* handle, int64_t rank,
+                          cudaEvent_t* event);
 
 // Closes every allocation and event this process opened.
 void CloseIpcPeers();

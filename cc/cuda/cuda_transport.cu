@@ -314,7 +314,7 @@ CudaTransport::~CudaTransport() {
   }
   for (int32_t id = 0; id < events_.size(); ++id) {
     const EventRec* r = events_.Get(id);
-    if (r != nullptr && r->event) {
+    if (r != nullptr && r->event && r->owned) {
       cudaSetDevice(r->device);
       cudaEventDestroy(r->event);
     }
@@ -359,7 +359,8 @@ std::string CudaTransport::CreateEvent(int device, EventId* ev) {
   std::string err = Use(device);
   if (!err.empty()) return err;
   cudaEvent_t x = nullptr;
-  cudaError_t e = cudaEventCreateWithFlags(&x, cudaEventDisableTiming);
+  cudaError_t e = cudaEventCreateWithFlags(
+      &x, cudaEventDisableTiming | (interprocess_events_ ? cudaEventInterprocess : 0u));
   if (e != cudaSuccess) return CudaErrorText("cudaEventCreate", e);
   *ev = events_.Put(EventRec{x, device});
   if (*ev < 0) {
@@ -385,9 +386,20 @@ void CudaTransport::DestroyStream(StreamId s) {
 void CudaTransport::DestroyEvent(EventId e) {
   const EventRec* r = events_.Get(e);
   if (r == nullptr || !r->event) return;
-  cudaSetDevice(r->device);
-  cudaEventDestroy(r->event);
+  if (r->owned) {
+    cudaSetDevice(r->device);
+    cudaEventDestroy(r->event);
+  }
   events_.Erase(e);
+}
+
+EventId CudaTransport::AdoptEvent(int device, cudaEvent_t event) {
+  return events_.Put(EventRec{event, device, /*owned=*/false});
+}
+
+cudaEvent_t CudaTransport::EventOf(EventId e) {
+  const EventRec* r = events_.Get(e);
+  return r == nullptr ? nullptr : r->event;
 }
 
 bool CudaTransport::PeerReadable(int reader, int owner) {

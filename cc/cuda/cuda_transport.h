@@ -87,7 +87,10 @@ class StableTable {
 // Thread-safe: the rank threads of a collective share one transport.
 class CudaTransport : public StreamTransport {
  public:
-  CudaTransport() = default;
+  // interprocess_events: the events it creates can be exported to other
+  // processes (cudaEventInterprocess; for ranks whose peers live there).
+  explicit CudaTransport(bool interprocess_events = false)
+      : interprocess_events_(interprocess_events) {}
   ~CudaTransport() override;
   CudaTransport(const CudaTransport&) = delete;
   CudaTransport& operator=(const CudaTransport&) = delete;
@@ -95,6 +98,11 @@ class CudaTransport : public StreamTransport {
   // The id of a caller-owned stream on `device` (the same id for the same
   // handle; never destroyed here).
   StreamId Adopt(int device, cudaStream_t stream);
+  // The id of an event this transport does not own (one opened from another
+  // process's IPC handle; never destroyed here), or -1 when the table is full.
+  EventId AdoptEvent(int device, cudaEvent_t event);
+  // The CUDA event of id `e` (null for an unknown id).
+  cudaEvent_t EventOf(EventId e);
 
   std::string CreateStream(int device, StreamId* s) override;
   std::string CreateEvent(int device, EventId* e) override;
@@ -121,6 +129,7 @@ class CudaTransport : public StreamTransport {
   struct EventRec {
     cudaEvent_t event = nullptr;
     int device = -1;
+    bool owned = true;
   };
   // Makes `device` current on this thread; returns "" or an error.
   std::string Use(int device);
@@ -131,6 +140,7 @@ class CudaTransport : public StreamTransport {
 
   StableTable<StreamRec> streams_;
   StableTable<EventRec> events_;
+  const bool interprocess_events_;
   std::mutex mu_;  // guards the maps below
   std::map<cudaStream_t, StreamId> adopted_;
   std::map<std::pair<int, int>, bool> peer_;  // (reader, owner) -> readable

@@ -345,12 +345,26 @@ size_t StreamRankExecutor::WorkspaceBytes(const Schedule& s, const StreamPlan& p
   return bytes;
 }
 
+void StreamRankExecutor::PeerBuffers(const Schedule& s, const StreamRank& me, void* workspace,
+                                     const void** in, void** acc) {
+  // The workspace starts with the separate accumulator, then the input's
+  // snapshot (WorkspaceBytes' order).
+  char* ws = static_cast<char*>(workspace);
+  const bool separate_acc = HasScratchAcc(s.dtype) || s.out_count != s.count;
+  const bool alias = s.count > 0 && me.in == me.out;
+  *acc = separate_acc ? ws : me.out;
+  const size_t acc_bytes =
+      separate_acc ? AlignUp(static_cast<size_t>(s.count) * AccSize(s.dtype)) : 0;
+  *in = alias ? ws + acc_bytes : me.in;
+}
+
 Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, int64_t rank,
                                    const StreamRank& me, void* workspace,
                                    const std::vector<StreamPeer>& peers,
                                    const std::vector<uint8_t>& staged,
                                    Clock::time_point deadline,
-                                   const std::atomic<uint32_t>* failed) {
+                                   const std::atomic<uint32_t>* failed,
+                                   StreamPublish publish) {
   const auto t0 = Clock::now();
   stats_ = StreamExecStats();
   const int64_t n = s.nranks;
@@ -386,9 +400,14 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
     used += AlignUp(bytes);
     return p;
   };
-  char* acc = separate_acc ? carve(count * asize) : static_cast<char*>(me.out);
+  const void* peer_in = nullptr;
+  void* peer_acc = nullptr;
+  PeerBuffers(s, me, workspace, &peer_in, &peer_acc);
+  char* acc = static_cast<char*>(peer_acc);
+  const char* in = static_cast<const char*>(peer_in);
   const size_t in_bytes = static_cast<size_t>(s.in_count) * tsize;
-  const char* in = alias ? carve(in_bytes) : static_cast<const char*>(me.in);
+  if (separate_acc) carve(count * asize);
+  if (alias) carve(in_bytes);
   char* out = static_cast<char*>(me.out);
   const int dev = me.device;
 
@@ -412,10 +431,11 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
       const StreamPlan::Gate& g = gates[k];
       const StreamPeer& p = peers[g.owner];
       const uint64_t target = p.base + static_cast<uint64_t>(g.progress);
-      if (p.view->progress.load(std::memory_order_acquire) >= target) continue;
+      const std::atomic<uint64_t>& progress = p.progress ? *p.progress : p.view->progress;
+      if (progress.load(std::memory_order_acquire) >= target) continue;
       const auto w0 = Clock::now();
       for (uint32_t spin = 1;; ++spin) {
-        if (p.view->progress.load(std::memory_order_acquire) >= target) break;
+        if (progress.load(std::memory_order_acquire) >= target) break;
         if (spin < 128) {
           CpuRelax();
         } else {
@@ -452,6 +472,10 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
   // another stream, snapshot an aliased input, copy the chunks that no RECV
   // writes, mark the inputs ready, and publish.
   const uint64_t base = peers[rank].base;
+  auto advance = [&](uint64_t progress) {
+    view_.progress.store(base + progress, std::memory_order_release);
+    if (publish.at != nullptr) publish.at->store(publish.base + progress, std::memory_order_release);
+  };
   if (last_caller_ >= 0 && last_caller_ != me.stream) {
     ++stats_.waits;
     JB_TRY(tp_->Wait(me.stream, view_.events[StreamPlan::kDoneEvent]));
@@ -469,7 +493,7 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
   JB_TRY(record(StreamPlan::kStartEvent, me.stream));
   view_.in = in;
   view_.acc = acc;
-  view_.progress.store(base + 1, std::memory_order_release);
+  advance(1);
 
   StreamOperand ops[kMaxFuse + 1];
   for (int32_t k = 0; k < static_cast<int32_t>(P.items.size()); ++k) {
@@ -515,7 +539,7 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
       }
     }
     if (item.event >= 0) JB_TRY(record(item.event, st));
-    view_.progress.store(base + static_cast<uint64_t>(k) + 2, std::memory_order_release);
+    advance(static_cast<uint64_t>(k) + 2);
   }
 
   // Exit, on the caller stream: wait for every stream that touches this

@@ -206,9 +206,20 @@ struct StreamPeerView {
 };
 
 // A peer as one call sees it: its view and its progress at the call's start
-// (from the rendezvous).
+// (from the rendezvous). `progress`, when set, is where the peer's progress is
+// read instead of view->progress: a peer in another process publishes it in
+// shared memory (StreamPublish), and `view` is then this process's proxy of
+// it (its buffers and events opened here).
 struct StreamPeer {
   const StreamPeerView* view = nullptr;
+  uint64_t base = 0;
+  const std::atomic<uint64_t>* progress = nullptr;
+};
+
+// Where a rank also publishes its progress for peers in other processes:
+// `at` gets base + the progress it stores in its view (see StreamPeer).
+struct StreamPublish {
+  std::atomic<uint64_t>* at = nullptr;
   uint64_t base = 0;
 };
 
@@ -247,25 +258,36 @@ class StreamRankExecutor {
   static size_t WorkspaceBytes(const Schedule& s, const StreamPlan& plan, int64_t rank,
                                const std::vector<uint8_t>& staged, bool alias);
 
+  // What peers read of rank `me` in a call with `workspace` (the pointers
+  // its view will hold): the input as peers read it (a snapshot in the
+  // workspace when the output aliases the input) and the accumulator.
+  static void PeerBuffers(const Schedule& s, const StreamRank& me, void* workspace,
+                          const void** in, void** acc);
+
+  // Creates the rank's link streams and events for `plan` on `device` (once;
+  // Enqueue calls it too). After it, view().events are the events peers wait
+  // on, which a rank exports to peers in other processes before the call.
+  std::string Prepare(const StreamPlan& plan, int64_t rank, int device);
+
   // Enqueues rank `rank` of `s` on its streams (see the file comment).
   // peers[q] for every rank q (peers[rank] is this executor). staged[p]:
   // reads from peer p go through staging. workspace: WorkspaceBytes() bytes
   // on me.device (null when 0). Waits at most until `deadline` for peers to
   // enqueue (else DeadlineExceeded), and stops early when *failed becomes
-  // non-zero. Returns ok or an error (a transport's error is Internal);
+  // non-zero. `publish`: also publish the progress there (peers in other
+  // processes). Returns ok or an error (a transport's error is Internal);
   // never synchronises with the device.
   Status Enqueue(const Schedule& s, const StreamPlan& plan, int64_t rank,
                  const StreamRank& me, void* workspace,
                  const std::vector<StreamPeer>& peers,
                  const std::vector<uint8_t>& staged,
                  std::chrono::steady_clock::time_point deadline,
-                 const std::atomic<uint32_t>* failed);
+                 const std::atomic<uint32_t>* failed, StreamPublish publish = {});
 
   const StreamExecStats& stats() const { return stats_; }
 
  private:
   void Release();
-  std::string Prepare(const StreamPlan& plan, int64_t rank, int device);
 
   StreamTransport* tp_;
   StreamPeerView view_;

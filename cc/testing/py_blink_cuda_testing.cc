@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -24,7 +26,9 @@
 #include "ffi/py_common.h"
 #include "stream/join_enqueue.h"
 #include "stream/stream_exec.h"
+#include "sync/host_rendezvous.h"
 #include "sync/ipc_record.h"
+#include "sync/join.h"
 #include "sync/rendezvous.h"
 
 namespace py = pybind11;
@@ -365,6 +369,191 @@ py::bytes IpcReadPeer(int device, const py::bytes& blob, int64_t rank) {
   return py::bytes(host);
 }
 
+// ---- Ranks in several processes on one GPU, over CUDA IPC -------------------
+// One rank per process: the stream executor runs the rank's part against
+// peers of other processes whose buffers and events it opened through CUDA
+// IPC, meeting them through the host rendezvous (sync/host_rendezvous.h),
+// which carries each rank's IPC record (its input and accumulator) and its
+// shared block below.
+
+// What a rank shares with the ranks of other processes, in its part of its
+// process's host arena (the host rendezvous copies it there before the rank
+// joins): the progress it publishes (StreamPublish), then the IPC handles of
+// its events, which its peers open and wait on.
+struct IpcSharedBlock {
+  std::atomic<uint64_t> progress{0};
+  int64_t nevents = 0;
+  uint8_t pad[48] = {};
+};
+static_assert(sizeof(IpcSharedBlock) == 64, "the handles start 64 bytes in");
+
+Status IpcRunCall(const Schedule& s, const StreamPlan& plan, int64_t rank, int device,
+                  const StreamRank& me, void* ws, int64_t site, int64_t timeout_ms,
+                  CudaTransport& tp, StreamRankExecutor& ex) {
+  const int64_t n = s.nranks;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  const int64_t generation = HostReserve(site, 0, rank);
+  std::string e = ex.Prepare(plan, rank, device);
+  if (!e.empty()) return Status::Internal(e);
+  // The shared block, and the record of the input and accumulator.
+  const int64_t nevents = static_cast<int64_t>(ex.view().events.size());
+  std::vector<uint8_t> block(sizeof(IpcSharedBlock) + nevents * kIpcHandleBytes, 0);
+  new (block.data()) IpcSharedBlock();
+  reinterpret_cast<IpcSharedBlock*>(block.data())->nevents = nevents;
+  Status local;
+  for (int64_t k = 0; local.ok() && k < nevents; ++k) {
+    local = ExportIpcEventHandle(tp.EventOf(ex.view().events[k]),
+                                 block.data() + sizeof(IpcSharedBlock) + k * kIpcHandleBytes);
+  }
+  const void* peer_in = nullptr;
+  void* peer_acc = nullptr;
+  StreamRankExecutor::PeerBuffers(s, me, ws, &peer_in, &peer_acc);
+  IpcRankRecord mine;
+  if (local.ok()) local = FillIpcIdentity(&mine);
+  if (local.ok()) local = ExportIpcBuffer(peer_in, s.in_count * DTypeSize(s.dtype), &mine);
+  if (local.ok()) local = ExportIpcBuffer(peer_acc, s.count * AccSize(s.dtype), &mine);
+  const std::string blob = EncodeIpcRecord(mine);
+  HostRankArgs a;
+  a.site = site;
+  a.op_id = site;
+  a.rank = rank;
+  a.nranks = n;
+  a.fingerprint = s.fingerprint;
+  a.count = s.count;
+  a.dtype = static_cast<int32_t>(s.dtype);
+  a.error = local;  // still joins, so that peers fail at once
+  a.in = block.data();
+  a.in_bytes = static_cast<int64_t>(block.size());
+  a.stage_input = true;
+  a.blob = blob.data();
+  a.blob_bytes = static_cast<int64_t>(blob.size());
+  HostTicket ticket;
+  Status st = HostJoin(a, generation, deadline, timeout_ms, &ticket);
+  std::vector<EventId> adopted;
+  if (st.ok()) {
+    const std::string where = CallSiteText(site, 0, generation);
+    st = CheckConsistent(ticket.view, where);
+    // Proxies of the peers: their buffers and events opened here.
+    std::vector<StreamPeerView> proxy(n);
+    std::vector<StreamPeer> peers(n);
+    for (int64_t q = 0; st.ok() && q < n; ++q) {
+      if (q == rank) {
+        peers[q] = {&ex.view(), ex.next_base(), nullptr};
+        continue;
+      }
+      IpcRankRecord rec;
+      st = DecodeIpcRecord(ticket.blobs[q], q, &rec);
+      if (st.ok() && std::memcmp(rec.device_uuid, mine.device_uuid, sizeof(mine.device_uuid))) {
+        st = Status::InvalidArgument("rank " + std::to_string(q) +
+                                     " is on another GPU: this harness runs ranks of one GPU");
+      }
+      void* in_q = nullptr;
+      if (st.ok()) st = OpenIpcBuffer(rec, 0, q, &in_q);
+      if (st.ok()) st = OpenIpcBuffer(rec, 1, q, &proxy[q].acc);
+      proxy[q].in = in_q;
+      proxy[q].device = device;
+      auto* shared = static_cast<IpcSharedBlock*>(const_cast<void*>(ticket.view.info[q].in));
+      const auto* handles = reinterpret_cast<const uint8_t*>(shared + 1);
+      for (int64_t k = 0; st.ok() && k < shared->nevents; ++k) {
+        cudaEvent_t ev = nullptr;
+        st = OpenIpcEventHandle(rec, handles + k * kIpcHandleBytes, q, &ev);
+        const EventId id = st.ok() ? tp.AdoptEvent(device, ev) : -1;
+        if (st.ok() && id < 0) st = Status::Internal("too many events");
+        if (st.ok()) {
+          adopted.push_back(id);
+          proxy[q].events.push_back(id);
+        }
+      }
+      peers[q] = {&proxy[q], 0, &shared->progress};
+    }
+    if (st.ok()) {
+      auto* self = static_cast<IpcSharedBlock*>(ticket.staging);
+      const std::vector<uint8_t> staged(n, 0);  // one GPU: every peer is read in place
+      st = ex.Enqueue(s, plan, rank, me, ws, peers, staged, deadline, &ticket.view.failed(),
+                      StreamPublish{&self->progress, 0});
+      if (!st.ok()) ticket.view.Fail(rank, st.Prefixed("jax_blink: " + where + ": "));
+      const Status all = ticket.view.Finish(deadline + std::chrono::milliseconds(timeout_ms));
+      if (!all.ok()) st = all;
+    } else {
+      ticket.view.Fail(rank, st);
+      ticket.view.Finish(deadline + std::chrono::milliseconds(timeout_ms));
+    }
+  }
+  if (ticket.entry >= 0) HostLeave(&ticket);
+  for (EventId id : adopted) tp.DestroyEvent(id);  // not owned: only forgotten
+  return st;
+}
+
+// Rank `rank` of `schedule`, this process's only rank, over CUDA IPC: `calls`
+// collectives; returns the output of the last. The peers run it in their
+// processes, attached to this one (host_attach).
+py::array IpcRunRank(const py::object& schedule, int64_t rank, const py::array& input,
+                     int64_t site, int64_t calls, int64_t timeout_ms, int device) {
+  Schedule s = ScheduleFromPython(schedule);
+  const size_t tsize = DTypeSize(s.dtype);
+  if (rank < 0 || rank >= s.nranks) throw py::value_error("rank must be in [0, nranks)");
+  if (!(input.flags() & py::array::c_style) || static_cast<size_t>(input.itemsize()) != tsize ||
+      input.size() != s.in_count) {
+    throw py::value_error("input must be a C-contiguous array of " + std::to_string(s.in_count) +
+                          " " + DTypeName(s.dtype) + " elements");
+  }
+  if (calls < 1) throw py::value_error("calls must be >= 1");
+  StreamPlan plan;
+  std::string e = plan.Build(s);
+  if (!e.empty()) throw std::runtime_error(e);
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  // Buffers 256 bytes into their allocations, as XLA's sub-allocated ones.
+  constexpr size_t kOffset = 256;
+  const size_t in_bytes = s.in_count * tsize, out_bytes = s.out_count * tsize;
+  DevBuf in_alloc(in_bytes + kOffset), out_alloc(out_bytes + kOffset);
+  char* in = static_cast<char*>(in_alloc.p) + kOffset;
+  char* out = static_cast<char*>(out_alloc.p) + kOffset;
+  Check(cudaMemcpy(in, input.data(), in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  Check(cudaMemset(out, 0xA5, out_bytes), "cudaMemset");  // poison
+  cudaStream_t stream;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  CudaTransport tp(/*interprocess_events=*/true);
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    auto ex = std::make_unique<StreamRankExecutor>(&tp);
+    const StreamRank me{device, in, out, tp.Adopt(device, stream)};
+    const size_t ws_bytes = StreamRankExecutor::WorkspaceBytes(
+        s, plan, rank, std::vector<uint8_t>(s.nranks, 0), /*alias=*/false);
+    DevBuf ws(ws_bytes + kOffset);
+    void* ws_p = ws_bytes > 0 ? static_cast<char*>(ws.p) + kOffset : nullptr;
+    for (int64_t k = 0; k < calls && st.ok(); ++k) {
+      st = IpcRunCall(s, plan, rank, device, me, ws_p, site, timeout_ms, tp, *ex);
+    }
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    if (st.ok() && synced != cudaSuccess) st = Status::Internal(CudaErrorText("sync", synced));
+    // Every process has finished with every other's memory and events before
+    // any closes or frees them.
+    HostRankArgs done;
+    done.site = site;
+    done.op_id = site;
+    done.rank = rank;
+    done.nranks = s.nranks;
+    HostTicket ticket;
+    const Status met = HostJoin(done, HostReserve(site, 0, rank),
+                                Clock::now() + std::chrono::milliseconds(timeout_ms), timeout_ms,
+                                &ticket);
+    if (ticket.entry >= 0) HostLeave(&ticket);
+    if (st.ok()) st = met;
+    CloseIpcPeers();
+    ex.reset();  // its streams and events
+  }
+  if (!st.ok()) {
+    cudaStreamDestroy(stream);
+    throw std::runtime_error(st.Text());
+  }
+  py::module_ np = py::module_::import("numpy");
+  py::array o = np.attr("empty")(s.out_count, input.dtype());
+  Check(cudaMemcpy(o.mutable_data(), out, out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  cudaStreamDestroy(stream);
+  return o;
+}
+
 void IpcClose() {
   CloseIpcPeers();
   for (cudaEvent_t event : Exports().events) cudaEventDestroy(event);
@@ -385,6 +574,16 @@ PYBIND11_MODULE(_blink_cuda_testing, m) {
   m.def("ipc_read_peer", &IpcReadPeer, py::arg("device"), py::arg("record"), py::arg("rank"),
         "Test harness: opens the buffer and event of a record another process published and "
         "returns the buffer's bytes.");
+  m.def("host_arena", &HostArenaPy,
+        "This process's host arena (pid, fd), for host_attach in every process of the test.");
+  m.def("host_attach", &HostAttachPy, py::arg("slot"), py::arg("processes"),
+        "Maps the arenas of the host's processes ([(pid, fd), ...]; `slot` is this one).");
+  m.def("ipc_run_rank", &IpcRunRank, py::arg("schedule"), py::arg("rank"), py::arg("input"),
+        py::arg("site"), py::arg("calls") = 1, py::arg("timeout_ms") = 20000,
+        py::arg("device") = 0,
+        "Runs rank `rank` of `schedule` in this process (its only rank) with the stream "
+        "executor, its peers in the other attached processes on the same GPU, their buffers "
+        "and events opened through CUDA IPC; `calls` collectives, returns the last output.");
   m.def("ipc_close", &IpcClose, "Closes what ipc_read_peer opened and frees what "
         "ipc_export_test_buffer made.");
   m.def("run_schedule", &RunSchedule, py::arg("schedule"), py::arg("inputs"),

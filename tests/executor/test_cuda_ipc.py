@@ -66,3 +66,92 @@ def test_two_processes_on_one_gpu_read_each_others_buffer(cuda, nbytes):
         assert got == pattern(nbytes, 1 - rank)
         assert got != pattern(nbytes, rank) or nbytes == 0  # the check tells the two buffers apart
         assert "is in this process" in out["own"]  # a process never opens its own handle
+
+
+# ------------------------------------------------ the stream executor across processes
+_RUN_WORKER = r"""
+import json, sys
+import numpy as np
+from jax_blink import _ffi
+cuda = _ffi.load_cuda_testing()
+rank, job_dir = int(sys.argv[1]), sys.argv[2]
+print(json.dumps(list(cuda.host_arena())), flush=True)
+job = json.loads(sys.stdin.readline())
+cuda.host_attach(rank, [tuple(p) for p in job["processes"]])
+errors = {}
+for i, case in enumerate(job["cases"]):
+    sched = open(f"{job_dir}/{case}_sched{rank}.bin", "rb").read()
+    x = np.fromfile(f"{job_dir}/{case}_in{rank}.bin", dtype=job["np_dtype"])
+    try:
+        out = cuda.ipc_run_rank(sched, rank, x, site=i + 1, calls=job["calls"], timeout_ms=20000)
+        out.tofile(f"{job_dir}/{case}_out{rank}.bin")
+    except RuntimeError as e:
+        errors[case] = str(e)
+print(json.dumps(errors), flush=True)
+"""
+
+
+def run_across_processes(tmp_path, nprocs, cases, np_dtype, calls=2):
+    """Runs each case ({name: [schedule of each rank]}, inputs written beforehand) with one
+    rank per process; returns each process's {case: error message}."""
+    for name, schedules in cases.items():
+        for r, s in enumerate(schedules):
+            (tmp_path / f"{name}_sched{r}.bin").write_bytes(s.encode())
+    procs = [subprocess.Popen([sys.executable, "-c", _RUN_WORKER, str(r), str(tmp_path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(nprocs)]
+    try:
+        arenas = [json.loads(p.stdout.readline()) for p in procs]
+        job = {"processes": arenas, "cases": list(cases), "np_dtype": np_dtype, "calls": calls}
+        for p in procs:
+            p.stdin.write(json.dumps(job) + "\n")
+            p.stdin.flush()
+        errors = []
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err
+            errors.append(json.loads(out.splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return errors
+
+
+@pytest.mark.parametrize("nprocs, dtype, op", [(2, "float32", "sum"), (3, "bfloat16", "sum"),
+                                               (3, "float16", "max"), (4, "int32", "sum")])
+def test_the_stream_executor_runs_ranks_of_several_processes_over_cuda_ipc(cuda, tmp_path, nprocs,
+                                                                          dtype, op):
+    """One rank per process on one GPU: every collective (trees and rings) against numpy, the
+    peers' inputs, accumulators and events opened through CUDA IPC, two calls in a row."""
+    from reference import check_outputs, make_inputs, v2_schedules
+
+    schedules = v2_schedules(nprocs, nprocs * 1001, dtype, op, chunks=3)
+    cases, inputs = {}, {}
+    for name, s in schedules.items():
+        case = name.replace(":", "_")
+        cases[case] = [s] * nprocs
+        inputs[case] = make_inputs(dtype, s.nranks, s.in_count, seed=len(name), specials=op != "sum")
+        for r, x in enumerate(inputs[case]):
+            x.tofile(tmp_path / f"{case}_in{r}.bin")
+    np_dtype = inputs[case][0].dtype
+    raw = "uint16" if dtype == "bfloat16" else np_dtype.name
+    errors = run_across_processes(tmp_path, nprocs, cases, raw)
+    assert errors == [{}] * nprocs
+    for case, (s, *_) in cases.items():
+        outs = [np.fromfile(tmp_path / f"{case}_out{r}.bin", dtype=raw).view(np_dtype)
+                for r in range(nprocs)]
+        check_outputs(s, inputs[case], outs)
+
+
+def test_processes_that_run_different_schedules_fail_with_a_clear_error(cuda, tmp_path):
+    from reference import make_inputs, v2_schedules
+
+    a = v2_schedules(2, 2002, "float32", "sum", chunks=2)["trees:allreduce"]
+    b = v2_schedules(2, 2002, "float32", "sum", chunks=3)["trees:allreduce"]
+    for r, x in enumerate(make_inputs("float32", 2, a.in_count)):
+        x.tofile(tmp_path / f"mismatch_in{r}.bin")
+    errors = run_across_processes(tmp_path, 2, {"mismatch": [a, b]}, "float32", calls=1)
+    for e in errors:
+        assert "mismatch" in e and "schedule" in e["mismatch"], e
