@@ -80,7 +80,7 @@ job = json.loads(sys.stdin.readline())
 cuda.host_attach(rank, [tuple(p) for p in job["processes"]])
 errors = {}
 for i, case in enumerate(job["cases"]):
-    sched = open(f"{job_dir}/{case}_sched{rank}.bin", "rb").read()
+    sched = np.fromfile(f"{job_dir}/{case}_sched{rank}.bin", dtype=np.int64)
     x = np.fromfile(f"{job_dir}/{case}_in{rank}.bin", dtype=job["np_dtype"])
     try:
         out = cuda.ipc_run_rank(sched, rank, x, site=i + 1, calls=job["calls"], timeout_ms=20000)
@@ -96,7 +96,7 @@ def run_across_processes(tmp_path, nprocs, cases, np_dtype, calls=2):
     rank per process; returns each process's {case: error message}."""
     for name, schedules in cases.items():
         for r, s in enumerate(schedules):
-            (tmp_path / f"{name}_sched{r}.bin").write_bytes(s.encode())
+            np.asarray(s.encode(), dtype=np.int64).tofile(tmp_path / f"{name}_sched{r}.bin")
     procs = [subprocess.Popen([sys.executable, "-c", _RUN_WORKER, str(r), str(tmp_path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in range(nprocs)]
