@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <barrier>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -205,8 +206,11 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
                         const py::object& peer, bool direct, bool alias,
                         int64_t repeat, uint64_t seed, uint32_t omit,
                         const std::vector<int64_t>& skip_ranks, int64_t bad_count_rank,
-                        int64_t timeout_ms) {
+                        int64_t timeout_ms, bool proxies) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  if (proxies && (!skip_ranks.empty() || bad_count_rank >= 0)) {
+    throw py::value_error("proxies runs every rank with good buffers");
+  }
   const Schedule s = ScheduleFromPython(schedule);
   const int64_t n = s.nranks;
   const size_t tsize = DTypeSize(s.dtype);
@@ -320,6 +324,56 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
   static std::atomic<int64_t> next_run{int64_t{1} << 48};
   const int64_t run_id = next_run.fetch_add(1);
   std::vector<std::string> errs(n);
+  // proxies: the meeting of ranks in several processes (the CUDA IPC
+  // harness's), in one: a rank reads its peers through proxies of their
+  // views (their buffers by PeerBuffers, their events) and their progress
+  // where they publish it (StreamPublish), never through their executors.
+  struct Published {
+    const void* in = nullptr;
+    void* acc = nullptr;
+    std::vector<EventId> events;
+  };
+  std::vector<Published> published(n);
+  std::unique_ptr<std::atomic<uint64_t>[]> shared(new std::atomic<uint64_t>[n]);
+  std::barrier meet(n);
+  std::atomic<uint32_t> proxy_failed{0};
+  auto proxied_call = [&](int64_t r, const WorkspaceFn& workspace) -> std::string {
+    const StreamRank& R = ranks[r];
+    std::vector<uint8_t> staged(n, 0);
+    for (int64_t q = 0; q < n; ++q) {
+      staged[q] = q != r && (!direct || !em.PeerReadable(R.device, ranks[q].device));
+    }
+    std::string e = ex[r]->Prepare(plan, r, R.device);
+    void* w = nullptr;
+    const size_t bytes = StreamRankExecutor::WorkspaceBytes(s, plan, r, staged, alias);
+    if (e.empty() && bytes > 0) e = workspace(bytes, &w);
+    StreamRankExecutor::PeerBuffers(s, R, w, &published[r].in, &published[r].acc);
+    published[r].events = ex[r]->view().events;
+    shared[r].store(0, std::memory_order_relaxed);
+    if (!e.empty()) proxy_failed.store(1);
+    meet.arrive_and_wait();  // every rank published, its counter reset
+    std::vector<StreamPeerView> proxy(n);
+    std::vector<StreamPeer> peers(n);
+    for (int64_t q = 0; q < n; ++q) {
+      if (q == r) {
+        peers[q] = {&ex[r]->view(), ex[r]->next_base(), nullptr};
+        continue;
+      }
+      proxy[q].device = ranks[q].device;
+      proxy[q].in = published[q].in;
+      proxy[q].acc = published[q].acc;
+      proxy[q].events = published[q].events;
+      peers[q] = {&proxy[q], 0, &shared[q]};
+    }
+    if (e.empty() && proxy_failed.load() == 0) {
+      e = ex[r]->Enqueue(s, plan, r, R, w, peers, staged,
+                         Clock::now() + std::chrono::milliseconds(timeout_ms), &proxy_failed,
+                         StreamPublish{&shared[r], 0}).Text();
+      if (!e.empty()) proxy_failed.store(1);
+    }
+    meet.arrive_and_wait();  // nobody reads a counter the next call resets
+    return e;
+  };
   {
     py::gil_scoped_release nogil;
     std::vector<std::thread> threads;
@@ -341,6 +395,11 @@ py::dict EmulateStreams(const py::object& schedule, const py::sequence& inputs,
           errs[r] = write_input(r, k > 0, k > 0 ? "caller reads out, writes next in"
                                                 : "caller writes in");
           if (!errs[r].empty()) break;
+          if (proxies) {
+            errs[r] = proxied_call(r, workspace);
+            xs[r] = ex[r]->stats();
+            continue;
+          }
           const StreamRank& R = ranks[r];
           const int64_t bad = r == bad_count_rank ? 1 : 0;
           RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), R.in, R.out,
@@ -566,6 +625,7 @@ PYBIND11_MODULE(_blink_testing, m) {
         py::arg("alias") = false, py::arg("repeat") = 1, py::arg("seed") = 0,
         py::arg("omit") = 0, py::arg("skip_ranks") = std::vector<int64_t>(),
         py::arg("bad_count_rank") = -1, py::arg("timeout_ms") = 10000,
+        py::arg("proxies") = false,
         "Test harness: runs the GPU executor's enqueueing (StreamRankExecutor, a "
         "thread per rank meeting through JoinAndEnqueue as in the CUDA FFI "
         "handler) over the host stream emulator with its race checker. inputs: "
@@ -578,7 +638,10 @@ PYBIND11_MODULE(_blink_testing, m) {
         "(same data) between them. seed: the emulator's execution order. "
         "omit: StreamOmit bits (OMIT_*) dropping waits, for tests. skip_ranks "
         "never join, bad_count_rank publishes a wrong element count, "
-        "timeout_ms bounds the waits. Returns {'outputs': [array], 'errors': "
+        "timeout_ms bounds the waits. proxies: the ranks meet as ranks of several "
+        "processes do over CUDA IPC (the CUDA harness's ipc_run_rank): each reads its "
+        "peers through proxies of their views and their progress where they publish it. "
+        "Returns {'outputs': [array], 'errors': "
         "[None, an error ('KIND: message' as run_ranks), or 'skipped' per rank], "
         "'races': [str], 'stats': "
         "{str: int}}; raises ValueError for bad arguments, RuntimeError for "

@@ -413,3 +413,37 @@ def test_workspace_is_what_the_dtype_staging_and_aliasing_need(dtype, direct, al
     else:
         assert res["stats"]["max_workspace_bytes"] > want
         assert res["stats"]["staged_links"] == n * (n - 1)
+
+
+# ------------------------------------------- ranks of several processes (CUDA IPC)
+@pytest.mark.parametrize("alias", [False, True], ids=["separate", "alias"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranks_meeting_through_proxies_of_their_views_are_race_free(dtype, alias, seed):
+    """The meeting of ranks in several processes (tests/executor/test_cuda_ipc.py runs it
+    over CUDA IPC on a GPU): each rank reads its peers only through proxies (their buffers
+    as PeerBuffers gives them, their events) and their progress where they publish it.
+    No races, the numpy sum, the CPU executor's bits, call after call."""
+    itemsize = np.dtype(NP_DTYPES[dtype]).itemsize
+    for sched in [lowered(5, 3001, dtype, chunks=3),
+                  encode(baseline("nccl-ring", topology("dgx1-v100", (0, 3, 5, 6)), 2000 * itemsize,
+                                  dtype))]:
+        n = info(sched)["nranks"]
+        inputs = make_inputs(dtype, n, info(sched)["count"], seed=seed)
+        check(sched, inputs, proxies=True, alias=alias, repeat=2, seed=seed,
+              devices=[r % 2 for r in range(n)])
+
+
+def test_the_proxied_meeting_stages_reads_where_peers_cannot_read_each_other():
+    sched = lowered(4, 2000, "float16", chunks=2)
+    res = check(sched, make_inputs("float16", 4, 2000), proxies=True, direct=False,
+                devices=[0, 1, 2, 3])
+    assert res["stats"]["staged_links"] > 0
+
+
+def test_the_proxied_meeting_catches_a_missing_wait():
+    """The race checker still sees what proxies hide: dropping the dependency waits races."""
+    sched = lowered(5, 300, "float32", chunks=3)
+    res = harness.emulate_streams(sched, make_inputs("float32", 5, 300), proxies=True,
+                                  omit=harness.OMIT_DEP_WAITS)
+    assert res["races"]
