@@ -60,8 +60,11 @@ bench bench_cuda_1mb_run3 --mbytes 1 --chunks 1 2 4 8
 bench bench_cuda_16mb --mbytes 16 --chunks 1 2 4 8 16
 bench bench_cuda_hgx --preset hgx-h100
 
+stamp "bench_cuda_ipc"
+timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_cuda_ipc.py --out "$out/bench_cuda_ipc.json" 2>&1
+
 for f in bench_cuda_f32 bench_cuda_f32_planner bench_cuda_bf16 bench_cuda_f32_staged bench_cuda_1mb \
-         bench_cuda_1mb_run2 bench_cuda_1mb_run3 bench_cuda_16mb bench_cuda_hgx; do
+         bench_cuda_1mb_run2 bench_cuda_1mb_run3 bench_cuda_16mb bench_cuda_hgx bench_cuda_ipc; do
   if [ ! -s "$out/$f.json" ]; then
     echo "gpu_check: $f wrote no results" >&2
     status=1

@@ -487,8 +487,8 @@ Status IpcRunCall(const Schedule& s, const StreamPlan& plan, int64_t rank, int d
 // Rank `rank` of `schedule`, this process's only rank, over CUDA IPC: `calls`
 // collectives; returns the output of the last. The peers run it in their
 // processes, attached to this one (host_attach).
-py::array IpcRunRank(const py::object& schedule, int64_t rank, const py::array& input,
-                     int64_t site, int64_t calls, int64_t timeout_ms, int device) {
+py::object IpcRunRank(const py::object& schedule, int64_t rank, const py::array& input,
+                      int64_t site, int64_t calls, int64_t timeout_ms, int device, bool timed) {
   Schedule s = ScheduleFromPython(schedule);
   const size_t tsize = DTypeSize(s.dtype);
   if (rank < 0 || rank >= s.nranks) throw py::value_error("rank must be in [0, nranks)");
@@ -514,6 +514,7 @@ py::array IpcRunRank(const py::object& schedule, int64_t rank, const py::array& 
   Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   CudaTransport tp(/*interprocess_events=*/true);
   Status st;
+  double seconds = 0;
   {
     py::gil_scoped_release nogil;
     auto ex = std::make_unique<StreamRankExecutor>(&tp);
@@ -522,10 +523,12 @@ py::array IpcRunRank(const py::object& schedule, int64_t rank, const py::array& 
         s, plan, rank, std::vector<uint8_t>(s.nranks, 0), /*alias=*/false);
     DevBuf ws(ws_bytes + kOffset);
     void* ws_p = ws_bytes > 0 ? static_cast<char*>(ws.p) + kOffset : nullptr;
+    const auto t0 = Clock::now();
     for (int64_t k = 0; k < calls && st.ok(); ++k) {
       st = IpcRunCall(s, plan, rank, device, me, ws_p, site, timeout_ms, tp, *ex);
     }
     const cudaError_t synced = cudaStreamSynchronize(stream);
+    seconds = std::chrono::duration<double>(Clock::now() - t0).count() / calls;
     if (st.ok() && synced != cudaSuccess) st = Status::Internal(CudaErrorText("sync", synced));
     // Every process has finished with every other's memory and events before
     // any closes or frees them.
@@ -551,7 +554,11 @@ py::array IpcRunRank(const py::object& schedule, int64_t rank, const py::array& 
   py::array o = np.attr("empty")(s.out_count, input.dtype());
   Check(cudaMemcpy(o.mutable_data(), out, out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   cudaStreamDestroy(stream);
-  return o;
+  if (!timed) return o;
+  py::dict d;
+  d["output"] = o;
+  d["seconds"] = seconds;
+  return d;
 }
 
 void IpcClose() {
@@ -580,10 +587,12 @@ PYBIND11_MODULE(_blink_cuda_testing, m) {
         "Maps the arenas of the host's processes ([(pid, fd), ...]; `slot` is this one).");
   m.def("ipc_run_rank", &IpcRunRank, py::arg("schedule"), py::arg("rank"), py::arg("input"),
         py::arg("site"), py::arg("calls") = 1, py::arg("timeout_ms") = 20000,
-        py::arg("device") = 0,
+        py::arg("device") = 0, py::arg("timed") = false,
         "Runs rank `rank` of `schedule` in this process (its only rank) with the stream "
         "executor, its peers in the other attached processes on the same GPU, their buffers "
-        "and events opened through CUDA IPC; `calls` collectives, returns the last output.");
+        "and events opened through CUDA IPC; `calls` collectives, returns the last output "
+        "(timed: {'output', 'seconds': wall time per call, the calls back to back and a "
+        "final sync, each call exporting its handles and meeting its peers anew}).");
   m.def("ipc_close", &IpcClose, "Closes what ipc_read_peer opened and frees what "
         "ipc_export_test_buffer made.");
   m.def("run_schedule", &RunSchedule, py::arg("schedule"), py::arg("inputs"),
