@@ -10,9 +10,10 @@ rendezvous) and P rank threads in one process (``time_schedule``).
 
 Reported per (P, size): seconds per call each way (across processes: the
 slowest rank's wall time per call, ``iters`` calls back to back then a sync;
-every call exports its handles and meets its peers anew, so this is an upper
-bound on what a cached path would cost) and the ratio, and the elements of the
-last output that differ from numpy's sum (must be 0). Needs an NVIDIA GPU.
+a rank exports its handles once, and every call meets its peers through the
+host rendezvous and reads their event handles anew) and the ratio, and the
+elements of the last output that differ from numpy's sum (must be 0). Needs
+an NVIDIA GPU.
 """
 
 import argparse
