@@ -127,9 +127,20 @@ def cuda(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cuda_ipc(data: dict) -> str:
+    """bench_cuda_ipc.py's rows: P ranks as processes over CUDA IPC against P rank threads of
+    one process, on one GPU."""
+    lines = ["| processes | MB per rank | P rank threads, one process | P processes, CUDA IPC | "
+             "ratio | wrong |", "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['processes']} | {r['bytes_per_rank'] / 1e6:g} | {r['in_process_s'] * 1e3:.3f} ms "
+                     f"| {r['across_processes_s'] * 1e3:.3f} ms | {r['ratio']:.2f} | {r['wrong']} |")
+    return "\n".join(lines) + "\n"
+
+
 #: Renderers of results recorded as JSON only.
 RENDER = {"psum_cpu": psum_cpu, "multiprocess": multiprocess, "host_transport": host_transport,
-          "cuda": cuda}
+          "cuda": cuda, "cuda_ipc": cuda_ipc}
 
 
 def table(source: str, which: str) -> str:
