@@ -474,7 +474,9 @@ Status StreamRankExecutor::Enqueue(const Schedule& s, const StreamPlan& plan, in
   const uint64_t base = peers[rank].base;
   auto advance = [&](uint64_t progress) {
     view_.progress.store(base + progress, std::memory_order_release);
-    if (publish.at != nullptr) publish.at->store(publish.base + progress, std::memory_order_release);
+    if (publish.at != nullptr) {
+      publish.at->store(publish.base + progress, std::memory_order_release);
+    }
   };
   if (last_caller_ >= 0 && last_caller_ != me.stream) {
     ++stats_.waits;
