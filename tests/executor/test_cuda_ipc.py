@@ -42,25 +42,34 @@ def pattern(nbytes, seed):
     return ((np.arange(nbytes, dtype=np.int64) * 31 + seed) % 256).astype(np.uint8).tobytes()
 
 
-@pytest.mark.parametrize("nbytes", [1, 4099, 8 << 20])
-def test_two_processes_on_one_gpu_read_each_others_buffer(cuda, nbytes):
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(r), str(nbytes)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+def run_workers(script, nprocs, *args, timeout=240, **job):
+    """Starts `script` in `nprocs` processes (argv: its rank, then `args`), hands every one
+    the arenas of all (they print theirs first) with `job`, and returns what each printed
+    last, as JSON; every process is reaped."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), *map(str, args)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(nprocs)]
     try:
         arenas = [json.loads(p.stdout.readline()) for p in procs]
         for p in procs:
-            p.stdin.write(json.dumps({"processes": arenas}) + "\n")
+            p.stdin.write(json.dumps({"processes": arenas, **job}) + "\n")
             p.stdin.flush()
         outs = []
         for p in procs:
-            out, err = p.communicate(timeout=120)
+            out, err = p.communicate(timeout=timeout)
             assert p.returncode == 0, err
             outs.append(json.loads(out.splitlines()[-1]))
+        return outs
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("nbytes", [1, 4099, 8 << 20])
+def test_two_processes_on_one_gpu_read_each_others_buffer(cuda, nbytes):
+    outs = run_workers(_WORKER, 2, nbytes, timeout=120)
     for rank, out in enumerate(outs):
         got = bytes.fromhex(out["peer"])
         assert got == pattern(nbytes, 1 - rank)
@@ -97,26 +106,8 @@ def run_across_processes(tmp_path, nprocs, cases, np_dtype, calls=2):
     for name, schedules in cases.items():
         for r, s in enumerate(schedules):
             np.asarray(s.encode(), dtype=np.int64).tofile(tmp_path / f"{name}_sched{r}.bin")
-    procs = [subprocess.Popen([sys.executable, "-c", _RUN_WORKER, str(r), str(tmp_path)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(nprocs)]
-    try:
-        arenas = [json.loads(p.stdout.readline()) for p in procs]
-        job = {"processes": arenas, "cases": list(cases), "np_dtype": np_dtype, "calls": calls}
-        for p in procs:
-            p.stdin.write(json.dumps(job) + "\n")
-            p.stdin.flush()
-        errors = []
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err
-            errors.append(json.loads(out.splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    return errors
+    return run_workers(_RUN_WORKER, nprocs, tmp_path, cases=list(cases), np_dtype=np_dtype,
+                       calls=calls)
 
 
 @pytest.mark.parametrize("nprocs, dtype, op", [(2, "float32", "sum"), (3, "bfloat16", "sum"),
