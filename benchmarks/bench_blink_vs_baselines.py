@@ -121,8 +121,9 @@ def markdown(results, crossovers, info, model, seconds):
         "Every baseline is scored at its fastest chunking (`sim.tune_baseline`, the search Blink's "
         "plans get). The last two columns take the view psum's decision takes on GPUs: Blink tuned "
         "for and run by the CUDA executor (its transfer plus `planning.cost.CUDA_STREAM`: a per-call "
-        "cost calibrated on one H100 and a per-step host cost) against NCCL as its own tuner predicts "
-        "it (`sim.nccl`, NCCL's `src/graph/tuning.cc`); `#NCCL faster` counts the allocations where "
+        "cost and a per-step host cost fitted to one H100's and one H200's runs) against NCCL as "
+        "its own tuner predicts it (`sim.nccl`, NCCL's `src/graph/tuning.cc`); `#NCCL faster` "
+        "counts the allocations where "
         "that model is faster, which psum hands to `lax.psum`.",
         "",
         "| preset | size | allocations | vs ring geomean | vs ring max (allocation) | vs best baseline geomean | "
