@@ -405,9 +405,8 @@ Status IpcRunCall(const Schedule& s, const StreamPlan& plan, int64_t rank, int d
   const int64_t n = s.nranks;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   const int64_t generation = HostReserve(site, 0, rank);
-  std::string e = ex.Prepare(plan, rank, device);
-  if (!e.empty()) return Status::Internal(e);
-  if (cache.block.empty()) {  // the shared block, and the record of the input and accumulator
+  const std::string prepared = ex.Prepare(plan, rank, device);
+  if (prepared.empty() && cache.block.empty()) {  // the shared block, and the record of the input and accumulator
     const int64_t nevents = static_cast<int64_t>(ex.view().events.size());
     cache.block.assign(sizeof(IpcSharedBlock) + nevents * kIpcHandleBytes, 0);
     new (cache.block.data()) IpcSharedBlock();
@@ -429,7 +428,8 @@ Status IpcRunCall(const Schedule& s, const StreamPlan& plan, int64_t rank, int d
   const IpcRankRecord& mine = cache.mine;
   const std::vector<uint8_t>& block = cache.block;
   const std::string& blob = cache.blob;
-  const Status& local = cache.exported;
+  // A local error still joins, so that peers fail at once.
+  const Status local = prepared.empty() ? cache.exported : Status::Internal(prepared);
   HostRankArgs a;
   a.site = site;
   a.op_id = site;
@@ -438,7 +438,7 @@ Status IpcRunCall(const Schedule& s, const StreamPlan& plan, int64_t rank, int d
   a.fingerprint = s.fingerprint;
   a.count = s.count;
   a.dtype = static_cast<int32_t>(s.dtype);
-  a.error = local;  // still joins, so that peers fail at once
+  a.error = local;
   a.in = block.data();
   a.in_bytes = static_cast<int64_t>(block.size());
   a.stage_input = true;
