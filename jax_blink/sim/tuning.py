@@ -225,11 +225,7 @@ def estimate_seconds(plan, chunks, size_bytes: int, executor=None, model: SimMod
     model = model or SimModel()
     graph = plan.topology.link_graph(plan.link_kinds)
     total = sum(t.weight for t in plan.trees)
-    arcs = [_tree_arcs(tree, plan.collective, graph) for tree in plan.trees]
-    busy = collections.Counter()  # seconds each arc carries data for, over every tree
-    for tree, used in zip(plan.trees, arcs):
-        for a in used:
-            busy[a] += size_bytes * tree.weight / total / (graph.capacity_gbps[a] * _GB)
+    arcs, busy = _arc_loads(plan, size_bytes, graph)
     steps = [0] * plan.topology.n
     transfer = 0.0
     for tree, used, k in zip(plan.trees, arcs, chunks):
@@ -250,6 +246,28 @@ def estimate_seconds(plan, chunks, size_bytes: int, executor=None, model: SimMod
     return executor.call_seconds(transfer, max(steps))
 
 
+def transfer_floor_s(plan, size_bytes: int) -> float:
+    """A lower bound on the simulated transfer of any lowering of ``plan``: the
+    seconds its busiest link needs for the bytes every tree puts on it (each
+    tree's share by weight). The simulator shares a link's capacity among its
+    flows, so no lowering moves those bytes faster (tests/sim checks the bound
+    against simulations of every preset)."""
+    _, busy = _arc_loads(plan, size_bytes, plan.topology.link_graph(plan.link_kinds))
+    return max(busy.values(), default=0.0)
+
+
+def _arc_loads(plan, size_bytes, graph):
+    """``(arcs, busy)``: the arcs each tree of ``plan`` sends over (:func:`_tree_arcs`),
+    and the seconds each arc carries data for, over every tree (its share by weight)."""
+    total = sum(t.weight for t in plan.trees)
+    arcs = [_tree_arcs(tree, plan.collective, graph) for tree in plan.trees]
+    busy = collections.Counter()
+    for tree, used in zip(plan.trees, arcs):
+        for a in used:
+            busy[a] += size_bytes * tree.weight / total / (graph.capacity_gbps[a] * _GB)
+    return arcs, busy
+
+
 def _tree_arcs(tree, collective, graph) -> list:
     """The link-graph arcs ``tree`` sends over in ``collective`` (a route through a
     switch: each of its arcs), with repeats: down its paths to broadcast, up its
@@ -265,7 +283,9 @@ def _tree_arcs(tree, collective, graph) -> list:
 def _simulate_best_estimates(candidates, size_bytes, dtype, max_chunks, executor, model, top, scored):
     """``(best Tuned, its candidate index, simulations)``: every candidate at every scale
     of :data:`ESTIMATE_SCALES`, ranked by :func:`estimate_seconds`; the ``top`` best
-    lowered and simulated, and the two best of those refined by the simulated search."""
+    lowered and simulated (but for those whose :func:`transfer_floor_s` and the
+    executor's call cannot beat a lowering already simulated), and the two best of those
+    refined by the simulated search."""
     ranked = []
     for index, sub in enumerate(candidates):
         base = sub.chunks_for(size_bytes)
@@ -278,12 +298,19 @@ def _simulate_best_estimates(candidates, size_bytes, dtype, max_chunks, executor
             ranked.append((estimate_seconds(sub, chunks, size_bytes, executor, model), index, chunks))
     ranked.sort(key=lambda r: r[0])
     simulated = {}  # candidate index -> its best simulated lowering
+    fixed_s = 0.0 if executor is None else executor.call_s
+    floors = {}  # candidate index -> transfer_floor_s, plus the executor's fixed cost
+    count = 0
     for _, index, chunks in ranked[:max(1, top)]:
         sub = candidates[index]
+        if index not in floors:
+            floors[index] = transfer_floor_s(sub, size_bytes) + fixed_s
+        if simulated and floors[index] >= min(t.seconds for t in simulated.values()):
+            continue  # cannot beat what was simulated: not lowered, not simulated
         tuned = scored(sub.lower(size_bytes, dtype, chunks=list(chunks)), len(sub.trees), chunks, 0)
+        count += 1
         if index not in simulated or tuned.seconds < simulated[index].seconds:
             simulated[index] = tuned
-    count = min(len(ranked), max(1, top))
     # the estimate ranks well but not exactly: refine the two best candidates by the
     # simulated doubling/halving search, started from their best simulated chunks
     for index in sorted(simulated, key=lambda i: simulated[i].seconds)[:2]:

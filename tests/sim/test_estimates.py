@@ -12,7 +12,7 @@ from jax_blink import Topology, plan
 from jax_blink.ops.decide import TUNE_SIMULATE_TOP
 from jax_blink.planning.cost import CUDA_STREAM
 from jax_blink.sim import simulate, tune
-from jax_blink.sim.tuning import estimate_seconds
+from jax_blink.sim.tuning import estimate_seconds, transfer_floor_s
 
 SIZES = (1 << 20, 1 << 24, 1 << 28)
 WITHIN = 1.02
@@ -75,3 +75,29 @@ def test_shared_links_pace_the_trees():
     # the estimate fills each pipeline at its tree's pace alone; the simulator shares the
     # link during the fill too, so the estimate is below it by at most the fill's share
     assert 0.8 * simulated <= both <= simulated
+
+
+@pytest.mark.parametrize("preset,ranks", [("dgx1-v100", None), ("dgx1-p100", None), ("pcie", None),
+                                          ("hgx-h100", None), ("dgx-a100", None),
+                                          ("dgx1-v100", (0, 3, 5, 6)), ("dgx1-v100", (1, 2, 4, 5, 7))])
+def test_the_transfer_floor_bounds_every_simulated_lowering(preset, ranks):
+    """tune(simulate_top=...) skips a candidate whose transfer_floor_s (plus the executor's
+    call) cannot beat what it already simulated: the floor must never exceed a simulation,
+    for any subset of the plan's trees and any chunking; at 256 MB it is tight."""
+    topology = Topology.preset(preset)
+    if ranks is not None:
+        topology = topology.subset(list(ranks))
+    p = plan(topology)
+    trees = sorted(p.trees, key=lambda t: -t.weight)
+    tightest = 0.0
+    for m in {1, len(trees) // 2 or 1, len(trees)}:
+        sub = dataclasses.replace(p, trees=tuple(trees[:m]))
+        for size in (1 << 20, 1 << 28):
+            floor = transfer_floor_s(sub, size)
+            for scale in (0.25, 1, 4):
+                chunks = [max(1, round(k * scale)) for k in sub.chunks_for(size)]
+                simulated = simulate(sub.lower(size, "float32", chunks=chunks), topology).time_s
+                assert floor <= simulated * (1 + 1e-9), (m, size, chunks)
+                if size == 1 << 28:
+                    tightest = max(tightest, floor / simulated)
+    assert tightest > 0.9  # a bound that prunes, not zero
