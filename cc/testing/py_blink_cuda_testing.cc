@@ -406,7 +406,8 @@ Status IpcRunCall(const Schedule& s, const StreamPlan& plan, int64_t rank, int d
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   const int64_t generation = HostReserve(site, 0, rank);
   const std::string prepared = ex.Prepare(plan, rank, device);
-  if (prepared.empty() && cache.block.empty()) {  // the shared block, and the record of the input and accumulator
+  // Once: the shared block, and the record of the input and accumulator.
+  if (prepared.empty() && cache.block.empty()) {
     const int64_t nevents = static_cast<int64_t>(ex.view().events.size());
     cache.block.assign(sizeof(IpcSharedBlock) + nevents * kIpcHandleBytes, 0);
     new (cache.block.data()) IpcSharedBlock();
