@@ -488,12 +488,13 @@ Status IpcRunCall(const Schedule& s, const StreamPlan& plan, int64_t rank, int d
       st = ex.Enqueue(s, plan, rank, me, ws, peers, staged, deadline, &ticket.view.failed(),
                       StreamPublish{&self->progress, 0});
       if (!st.ok()) ticket.view.Fail(rank, st.Prefixed("jax_blink: " + where + ": "));
-      const Status all = ticket.view.Finish(deadline + std::chrono::milliseconds(timeout_ms));
-      if (!all.ok()) st = all;
     } else {
       ticket.view.Fail(rank, st);
-      ticket.view.Finish(deadline + std::chrono::milliseconds(timeout_ms));
     }
+    // All or nothing, as JoinAndEnqueue: spin and yield (100 us) before sleeping.
+    const Status all = ticket.view.Finish(deadline + std::chrono::milliseconds(timeout_ms),
+                                          /*spin=*/256, /*yield_ns=*/100000);
+    if (!all.ok()) st = all;
   }
   if (ticket.entry >= 0) HostLeave(&ticket);
   return st;
