@@ -12,6 +12,8 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
+import functools
+import gc
 from collections import defaultdict
 from typing import Iterable, Sequence
 
@@ -323,6 +325,27 @@ def _postorder(root, children):
     return out
 
 
+def _gc_paused(fn):
+    """``fn`` with Python's cyclic garbage collector paused (and restored after, unless
+    it was off already). Ordering a large lowering's steps allocates tens of thousands
+    of tuples that all survive, and the collector's passes over them took more than half
+    of the lowering: the whole DGX-1 P100 plan at 256 MB (55,552 steps) lowered in
+    450-570 ms, and in 200-215 ms paused. Nothing here makes reference cycles."""
+
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    return paused
+
+
+@_gc_paused
 def _order_steps(raw):
     """Add chain dependencies and sort each rank's steps by earliest start.
 
