@@ -9,8 +9,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <barrier>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
