@@ -22,7 +22,7 @@ from typing import Optional
 __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S",
            "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
            "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
-           "cuda_enabled", "host_transport", "host_label", "debug", "cache_dir", "executor"]
+           "cuda_enabled", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
 #: On 8 CPU devices jax_blink is faster at every size measured, down to one
@@ -207,6 +207,24 @@ def host_label() -> str:
     """``JAX_BLINK_HOST_KEY``: a label added to this process's host key; processes with
     different labels never share memory, as if on different hosts (default: none)."""
     return _env("JAX_BLINK_HOST_KEY") or ""
+
+
+def network_gbps() -> Optional[float]:
+    """``JAX_BLINK_NETWORK_GBPS``: each process's bandwidth to the network, GB/s per
+    direction (its host's NICs together: 8 x 200 Gb/s is 200), or None (unknown). On
+    GPUs psum across processes compares Blink's three phases with NCCL over all the
+    devices by it."""
+    text = _env("JAX_BLINK_NETWORK_GBPS")
+    if text is None:
+        return None
+    allowed = "use a bandwidth in GB/s per direction > 0 (100 Gb/s is 12.5), or unset it"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"JAX_BLINK_NETWORK_GBPS={text!r} is not a number; {allowed}") from None
+    if not 0 < value < math.inf:
+        raise ValueError(f"JAX_BLINK_NETWORK_GBPS={text!r} is out of range; {allowed}")
+    return value
 
 
 def debug() -> bool:

@@ -73,7 +73,8 @@ def broadcast(x, axis_name, *, root=0, topology=None, min_bytes=None, timeout_s=
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
-    span = hierarchical.path("broadcast", axes, None, leaves, "lax.psum of the root's value")
+    span = hierarchical.path("broadcast", axes, None, leaves, "lax.psum of the root's value",
+                             topology=topology, chunks=chunks)
     if isinstance(span, str):
         return treedef.unflatten([o.reshape(s) for o, s in zip(fallback(blocks, None), shapes)])
     if span is not None:  # across processes: the hierarchical allreduce of the root's value

@@ -39,7 +39,7 @@ from jax_blink.topo.presets import shm_processes
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
            "topology_for", "schedule_for", "launch_s", "record", "recent", "lax_equivalent",
-           "SUPPORTED_DTYPES"]
+           "across_hosts", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = tuple(DTYPES)
 
@@ -349,8 +349,13 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
     request = PlanRequest(topology_for(topology, nranks), settings.chunks(chunks),
                           launch_s(platform), collective, op, root)
     if collective != "allreduce":
+        request = _tuned_on_gpu(request, platform)
         p, schedule, encoded = schedule_for(request, count, dtype)
-        return Decision(f"{what}: {_describe(p, schedule)}", request, encoded)
+        if request.algo == "blink-tuned":
+            text = f"{_describe(p, schedule, 'the fastest subset by simulation')} (tuned for the CUDA executor)"
+        else:
+            text = _describe(p, schedule)
+        return Decision(f"{what}: {text}", request, encoded)
     return _choose(request, count, dtype, platform, what, fallback, processes)
 
 
@@ -508,6 +513,73 @@ def _predict_gpu(request, count, dtype, candidates, size):
                f"NCCL model for {request.topology.name}: it names no GPU)")
     return (tuple((k, v) for k, v in out.items() if k in candidates or k == "lax"), how,
             tuple(bounds.items()))
+
+
+def _tuned_on_gpu(request, platform):
+    """``request`` for a collective other than the allreduce: on GPUs, unless ``chunks``
+    is given, its plan's lowering tuned for the CUDA executor (``blink-tuned``: the pipeline
+    model's chunks alone put tens of thousands of steps, each an API call, on a whole
+    DGX-1's reduce-scatter)."""
+    if platform in ("cuda", "gpu") and request.chunks is None and request.topology.n > 1:
+        return dataclasses.replace(request, algo="blink-tuned")
+    return request
+
+
+def _gpu_seconds(request, count, dtype):
+    """The predicted time of ``request``'s schedule on the CUDA executor: its simulated
+    transfer and the executor's costs (tuning simulated it already)."""
+    if request.algo == "blink-tuned":
+        return _tuned(request.topology, request.collective, request.root, count, dtype).seconds
+    schedule = schedule_for(request, count, dtype)[1]
+    return CUDA_STREAM.seconds(simulate(schedule, request.topology).time_s, schedule)
+
+
+def across_hosts(groups, processes: int, per_process: int, *, topology=None, chunks=None):
+    """``(lax_faster, why)``: whether NCCL over all the call's GPUs is predicted faster than
+    Blink's three phases across processes (:mod:`jax_blink.ops.hierarchical`), for an
+    allreduce of ``groups`` (``(count, dtype)`` per dtype group: each its own collective),
+    ``per_process`` GPUs in each of ``processes`` processes, each process taken as a host
+    reaching the network at ``JAX_BLINK_NETWORK_GBPS``.
+
+    The three phases: the in-process reduce-scatter and all-gather that will run (the
+    schedules of :func:`schedule_for`, simulated, with the CUDA executor's costs), and
+    between them NCCL's allreduce of each GPU's shard among the processes, one GPU per
+    host on its share of the host's network (``sim.nccl.predict_hosts``); lax: NCCL over
+    every GPU (the same model). Where the network bandwidth is unknown or the topology
+    names no GPU there is no prediction: the three phases run, as ``why`` says. Each group's
+    times add up, on each side."""
+    network = settings.network_gbps()
+    host = topology_for(topology, per_process)
+    if network is None:
+        return False, ("no prediction across hosts: set JAX_BLINK_NETWORK_GBPS to each host's "
+                       "network bandwidth to compare with NCCL over all GPUs")
+    if nccl_model.predict_hosts(host, processes, network, 1) is None:
+        return False, f"no prediction across hosts: no NCCL model for {host.name} (it names no GPU)"
+    return _across_hosts(tuple(groups), processes, host, network, settings.chunks(chunks))
+
+
+@functools.lru_cache(maxsize=64)
+def _across_hosts(groups, processes, host, network, chunks):
+    """:func:`across_hosts`, predicted."""
+    k = host.n
+    phases, lax = [0.0, 0.0, 0.0], 0.0
+    one = host.subset([0])
+    for count, dtype in groups:
+        size = count * DTYPES[dtype][1]
+        padded = -(-count // k) * k
+        for i, collective in ((0, "reduce_scatter"), (2, "allgather")) if k > 1 else ():
+            request = _tuned_on_gpu(PlanRequest(host, chunks, launch_s("gpu"), collective), "gpu")
+            phases[i] += _gpu_seconds(request, padded, dtype)
+        phases[1] += nccl_model.predict_hosts(one, processes, network / k, padded // k * DTYPES[dtype][1]).seconds
+        lax += nccl_model.predict_hosts(host, processes, network, size).seconds
+    three = sum(phases)
+    times = (f"three phases {three * 1e6:.4g} us (in-process reduce-scatter {phases[0] * 1e6:.4g}, "
+             f"across {processes} hosts {phases[1] * 1e6:.4g}, all-gather {phases[2] * 1e6:.4g}), "
+             f"NCCL over all {processes * k} GPUs {lax * 1e6:.4g} us; {network:g} GB/s per host "
+             "(JAX_BLINK_NETWORK_GBPS), NCCL by its tuner's model")
+    if lax <= three:
+        return True, f"predicted faster than the three phases: {times}"
+    return False, f"predicted fastest: {times}"
 
 
 def _predicted(request, count, dtype, gpu, candidates, processes=1):

@@ -83,15 +83,29 @@ def prefers_lax(collective: str, nbytes: int) -> Optional[str]:
 
 
 def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op: str = "sum",
-         collective: Optional[str] = None, nbytes: int = 0):
+         collective: Optional[str] = None, nbytes: int = 0, topology=None, chunks=None):
     """Which path a call over ``axes`` takes: None (in-process: :func:`run`), a
     :class:`Spanning` layout (this module), or why ``lax_text`` (the lax
     collective) runs it instead, recorded for ``explain()``. ``collective``
     (``"reduce_scatter"``, ``"allgather"``) also asks :func:`prefers_lax`
-    about ``nbytes`` of input per device."""
+    about ``nbytes`` of input per device; without it (an allreduce of ``leaves``) on
+    GPUs, :func:`jax_blink.ops.decide.across_hosts` compares the three phases with NCCL
+    over all the devices (``topology`` and ``chunks``: the op's keywords)."""
     span = span_for(axes, axis_index_groups, leaves, op)
     if isinstance(span, Spanning) and collective is not None:
         span = prefers_lax(collective, nbytes) or span
+    elif isinstance(span, Spanning) and jax.default_backend() == "gpu" and settings.algo() == "auto":
+        groups = {}
+        for leaf in leaves:  # one collective per dtype group, as run() makes them
+            dtype = np.dtype(jnp.result_type(leaf)).name
+            groups[dtype] = groups.get(dtype, 0) + int(np.size(leaf))
+        lax_faster, why = _decide.across_hosts(tuple((c, d) for d, c in groups.items() if c),
+                                               span.nprocesses, span.per_process,
+                                               topology=topology, chunks=chunks)
+        if lax_faster:
+            span = why
+        else:
+            _decide.record(f"{name} over {axes}: three phases across processes ({why})")
     if isinstance(span, str):
         _decide.record(f"{name} over {axes}: {lax_text} ({span})")
     return span

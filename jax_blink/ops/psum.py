@@ -70,7 +70,8 @@ def _reduce(leaves, axes, op, axis_index_groups, keywords):
 
     shapes = [np.shape(leaf) for leaf in leaves]
     blocks = [jnp.reshape(leaf, (1, -1)) for leaf in leaves]
-    span = hierarchical.path(name, axes, axis_index_groups, leaves, f"lax.p{op}", op=op)
+    span = hierarchical.path(name, axes, axis_index_groups, leaves, f"lax.p{op}", op=op,
+                             topology=keywords["topology"], chunks=keywords["chunks"])
     if isinstance(span, str):
         return _LAX_REDUCE[op](leaves, axes, axis_index_groups=axis_index_groups)
     if span is not None:

@@ -22,10 +22,15 @@ What the tuner takes from NCCL's topology search is estimated from ours:
 * NVLS needs Hopper and an NVSwitch joining every GPU; its per-GPU bandwidth
   is the switch port's.
 
-It models a single machine (the hierarchical cross-host phase is
-:mod:`jax_blink.sim.hosts`'). Where the topology names no GPU generation
-(custom topologies, ``shm:N``), there is no prediction: :func:`predict`
-returns None and ``explain()`` says so.
+:func:`predict` models one machine. :func:`predict_hosts` models several
+machines of the same kind joined by a network: NCCL's tuner with ``nNodes > 1``
+(its network latencies, the per-channel caps of its two- and more-node
+columns, the ring's plateau factor), where the bandwidth its graph search
+finds is estimated as the smaller of the host's ring bandwidth and the
+host's network bandwidth (the search's rings and trees cross every host
+through its NICs), and its latency to the network (``latencyInter``) as 0.
+Where the topology names no GPU generation (custom topologies, ``shm:N``),
+there is no prediction: both return None and ``explain()`` says so.
 
 Pure Python: never imports jax.
 """
@@ -39,7 +44,7 @@ from typing import Optional
 from ..planning.rings import best_rings
 from ..topo.presets import gpu_of
 
-__all__ = ["NcclPrediction", "predict", "NCCL_SOURCE", "ARCH_OF_GPU"]
+__all__ = ["NcclPrediction", "predict", "predict_hosts", "NCCL_SOURCE", "ARCH_OF_GPU"]
 
 #: Where the constants come from.
 NCCL_SOURCE = "NVIDIA/nccl src/graph/tuning.cc, commit 5067397c (2026-06-11)"
@@ -54,18 +59,35 @@ COMPCAP_OF_GPU = {"P100": 60, "V100": 70, "A100": 80, "H100": 90}
 BASE_LAT_US = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
                "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
                "nvls": {"Simple": 0.0}}
-# ncclTunerConstantsDefaults.hwLatencies (us), [NVLINK | PCI][algorithm][protocol]
+# ncclTunerConstantsDefaults.hwLatencies (us), [NVLINK | PCI | NET][algorithm][protocol]
 HW_LAT_US = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
                         "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
-                        "nvls": {"Simple": 25.0}},
+                        "nvls": {"Simple": 25.0}, "nvls_tree": {"Simple": 25.0}},
              "pci": {"tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0},
-                     "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}}}
+                     "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7}},
+             "net": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
+                     "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
+                     "nvls_tree": {"Simple": 20.9}}}
 # llMaxBws (GB/s), single node: the GPU generation's row, first column
 LL_MAX_BW = {"volta": 39.0, "ampere": 87.7, "hopper": 141.0}
-# perChMaxRingLL128Bws, perChMaxTreeLL128Bws, perChMaxTreeBws (GB/s per channel), one node
-PER_CH_MAX_RING_LL128 = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7}
-PER_CH_MAX_TREE_LL128 = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7}
-PER_CH_MAX_TREE = {"volta": 26.5, "ampere": 24.0, "hopper": 38.7}
+# llMaxBws across nodes: the CPU vendor's row (Intel: the first, AMD: the second), columns
+# 2 (two nodes) and 3 (more)
+LL_MAX_BW_NODES = {"intel": (39.0, 20.4), "amd": (22.5, 19.0)}
+# perChMaxRingLL128Bws, perChMaxTreeLL128Bws, perChMaxTreeBws, perChMaxNVLSTreeBws (GB/s per
+# channel): [one node, two nodes, more]
+PER_CH_MAX_RING_LL128 = {"volta": (20.0, 20.0, 20.0), "ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 36.7)}
+PER_CH_MAX_TREE_LL128 = {"volta": (20.0, 20.0, 20.0), "ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0)}
+PER_CH_MAX_TREE = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0)}
+PER_CH_MAX_NVLS_TREE = {"hopper": (0.0, 57.7, 45.5)}
+# getNetOverhead (us): Intel x86 1.0, AMD x86 2.0; three times that with the Simple protocol
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
+# ncclTopoGetAlgoTime: a Simple ring across nodes pays its latency this many times ("plateau
+# effect"), below compute capability 8.0 and from it
+RING_PLATEAU = (1.9, 1.4)
+#: The CPU vendor of the machines whose GPUs the presets name (NCCL's LL bandwidth and network
+#: overhead across nodes depend on it): DGX-1 (Xeon E5-2698 v4), DGX A100 (EPYC 7742), DGX H100
+#: (Xeon Platinum 8480C).
+CPU_OF_GPU = {"P100": "intel", "V100": "intel", "A100": "amd", "H100": "intel"}
 # nvlsEfficiency
 NVLS_EFFICIENCY = {"hopper": 0.85}
 # treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B to 256 MB
@@ -131,42 +153,103 @@ def predict(topology, size_bytes: int) -> Optional[NcclPrediction]:
     True
     """
     gpu = gpu_of(topology)
-    n = topology.n
-    if gpu is None or n < 2:
+    if gpu is None or topology.n < 2:
         return None
-    arch = ARCH_OF_GPU[gpu]
     busbw, nvlink = _ring_busbw(topology)
+    return _tuner(gpu, topology.n, 1, busbw, nvlink, _nvswitch_port_gbps(topology), size_bytes)
+
+
+def predict_hosts(host, hosts: int, network_gbps: float, size_bytes: int) -> Optional[NcclPrediction]:
+    """NCCL's allreduce of ``size_bytes`` per rank over ``hosts`` machines like ``host``
+    (every rank of ``host`` takes part), each reaching the network at ``network_gbps`` per
+    direction (its NICs together), by NCCL's tuner model across nodes; None where ``host``
+    names no GPU generation.
+
+    One rank per host (``host`` of one rank) is how each of Blink's cross-host allreduces
+    runs: one GPU of each host, its share of the host's NICs given as ``network_gbps``.
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> a100 = Topology.preset("dgx-a100")
+    >>> predict_hosts(a100, 4, 200.0, 2**28).algorithm
+    'ring'
+    >>> predict_hosts(a100, 4, 200.0, 2**10).protocol
+    'LL'
+    """
+    gpu = gpu_of(host)
+    if gpu is None or hosts < 1 or not network_gbps > 0:
+        return None
+    if hosts == 1:
+        return predict(host, size_bytes)
+    if host.n > 1:
+        intra, nvlink = _ring_busbw(host)
+    else:
+        intra, nvlink = math.inf, False
+    # the graph search's rings and trees cross every host through its NICs
+    busbw = min(intra, float(network_gbps))
+    return _tuner(gpu, host.n * hosts, hosts, busbw, nvlink, _nvswitch_port_gbps(host) if host.n > 1 else None,
+                  size_bytes, network_gbps=float(network_gbps))
+
+
+def _tuner(gpu, nranks, nnodes, busbw, nvlink, port, size_bytes, network_gbps=None) -> NcclPrediction:
+    """``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` for an allreduce: ``busbw`` is the
+    graph's ``nChannels * bw`` (GB/s), ``nvlink`` whether its ranks in a node talk over NVLink,
+    ``port`` the NVSwitch port joining a node's GPUs (NVLS), or None."""
+    arch = ARCH_OF_GPU[gpu]
+    cpu = CPU_OF_GPU[gpu]
+    ppn = nranks // nnodes
+    column = min(nnodes - 1, 2)  # the tables' one-node, two-node and more-node columns
+    ll_max = LL_MAX_BW[arch] if nnodes == 1 else LL_MAX_BW_NODES[cpu][column - 1]
     hw = "nvlink" if nvlink else "pci"
-    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch]))
-    protocols = ["LL", "Simple"] + (["LL128"] if nvlink and COMPCAP_OF_GPU[gpu] >= 70 else [])
-    nsteps = 2 * (n - 1)
+    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch][column]))
+    # LL128 needs Volta or newer, over NVLink inside a node (or one GPU per node: a NIC path)
+    protocols = ["LL", "Simple"] + (["LL128"] if (nvlink or ppn == 1) and COMPCAP_OF_GPU[gpu] >= 70 else [])
+    nsteps = 2 * (nranks - 1)
+    inter_steps = 2 * (nnodes - 1)
     log_size = int(math.log2(max(size_bytes >> 6, 1))) if size_bytes >= 64 else -1
     times = {}
     for proto in protocols:
+        # with one rank per node every latency is the network's tree latency
+        inter_lat = {a: HW_LAT_US["net"]["tree" if ppn == 1 else a][proto] for a in ("ring", "tree")}
         # ring: algorithm bandwidth = bus bandwidth * n / nsteps
         bw = busbw
         if proto == "LL":
-            bw = min(LL_MAX_BW[arch], busbw * 0.5)
+            bw = min(ll_max, busbw * 0.5)
         elif proto == "LL128":
-            bw = min(busbw * 0.92, channels * PER_CH_MAX_RING_LL128[arch])
-        lat = BASE_LAT_US["ring"][proto] + nsteps * HW_LAT_US[hw]["ring"][proto]
-        times[("ring", proto)] = (lat + size_bytes / (1000 * bw * n / nsteps)) * 1e-6
+            bw = min(busbw * 0.92, channels * PER_CH_MAX_RING_LL128[arch][column])
+        intra_lat = HW_LAT_US[hw]["ring"][proto]
+        if nnodes > 1:  # inter-node rings launch nsteps network operations
+            intra_lat = max(intra_lat, NET_OVERHEAD_US[cpu] * (3 if proto == "Simple" else 1))
+        lat = (BASE_LAT_US["ring"][proto] + (nsteps - inter_steps) * intra_lat
+               + inter_steps * inter_lat["ring"])
+        if proto == "Simple" and nnodes > 1 and size_bytes / (channels * nranks) >= 64:
+            lat *= RING_PLATEAU[COMPCAP_OF_GPU[gpu] >= 80]
+        times[("ring", proto)] = (lat + size_bytes / (1000 * bw * nranks / nsteps)) * 1e-6
         # tree (allreduce): bus bandwidth capped, algorithm bandwidth = bus / 2
-        bw = min(busbw * 0.92, channels * PER_CH_MAX_TREE[arch])
+        bw = min(busbw * 0.92, channels * PER_CH_MAX_TREE[arch][column])
         if proto == "LL":
-            bw = min(bw / 3.8, LL_MAX_BW[arch])
+            bw = min(bw / 3.8, ll_max)
         elif proto == "LL128":
-            bw = min(bw * 7.0 / 9.0, channels * PER_CH_MAX_TREE_LL128[arch])
+            bw = min(bw * (7.0 / 9.0 if nnodes == 1 else 120.0 / 128.0),
+                     channels * PER_CH_MAX_TREE_LL128[arch][column])
         if 0 <= log_size < 23:
             bw *= TREE_CORRECTION[proto][log_size]
-        lat = BASE_LAT_US["tree"][proto] + 2 * (n - 1) * HW_LAT_US[hw]["tree"][proto]
+        lat = BASE_LAT_US["tree"][proto] + 2 * ((ppn - 1) * HW_LAT_US[hw]["tree"][proto]
+                                                + int(math.log2(nnodes)) * inter_lat["tree"])
         times[("tree", proto)] = (lat + size_bytes / (1000 * bw * 0.5)) * 1e-6
-    port = _nvswitch_port_gbps(topology)
     if arch in NVLS_EFFICIENCY and port is not None:
         # intraBw per channel x channels: the port's bandwidth, at NVLS's efficiency, twice for
         # an allreduce (the switch reduces); algorithm bandwidth = bus * n / nsteps
-        busbw_nvls = port * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * 2
-        lat = BASE_LAT_US["nvls"]["Simple"] + HW_LAT_US["nvlink"]["nvls"]["Simple"]
-        times[("nvls", "Simple")] = (lat + size_bytes / (1000 * busbw_nvls * n / nsteps)) * 1e-6
+        intra_bw = port * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * 2
+        if nnodes == 1:
+            lat = BASE_LAT_US["nvls"]["Simple"] + HW_LAT_US["nvlink"]["nvls"]["Simple"]
+            times[("nvls", "Simple")] = (lat + size_bytes / (1000 * intra_bw * nranks / nsteps)) * 1e-6
+        else:  # NVLS alone needs CollNet across nodes; NVLS tree: the switch inside, trees across
+            bw = min(intra_bw, network_gbps * (2 if nnodes <= 2 else 1),
+                     NVLS_CHANNELS * PER_CH_MAX_NVLS_TREE[arch][column])
+            lat = (HW_LAT_US["nvlink"]["nvls_tree"]["Simple"]
+                   + 2 * int(math.log2(nnodes)) * HW_LAT_US["net"]["nvls_tree"]["Simple"])
+            times[("nvls_tree", "Simple")] = (lat + size_bytes / (1000 * bw * nranks / nsteps)) * 1e-6
     (algorithm, protocol), seconds = min(times.items(), key=lambda kv: kv[1])
     return NcclPrediction(seconds, algorithm, protocol, times)

@@ -201,6 +201,9 @@ def tune(plan, size_bytes: int, dtype="float32", model: SimModel | None = None,
     return dataclasses.replace(best, candidates=tried)
 
 
+#: How many of the best simulated candidates :func:`tune` refines by the simulated search
+#: with ``simulate_top``.
+REFINE_TOP = 2
 #: The chunk scales :func:`tune` estimates each candidate at with ``simulate_top``.
 ESTIMATE_SCALES = tuple(2.0 ** e for e in range(-10, 7))
 
@@ -313,7 +316,7 @@ def _simulate_best_estimates(candidates, size_bytes, dtype, max_chunks, executor
             simulated[index] = tuned
     # the estimate ranks well but not exactly: refine the two best candidates by the
     # simulated doubling/halving search, started from their best simulated chunks
-    for index in sorted(simulated, key=lambda i: simulated[i].seconds)[:2]:
+    for index in sorted(simulated, key=lambda i: simulated[i].seconds)[:REFINE_TOP]:
         sub, start = candidates[index], simulated[index]
 
         def run(scale, sub=sub, start=start):

@@ -59,3 +59,63 @@ def test_every_prediction_is_the_fastest_of_its_options():
         for size in (64, 1 << 16, 1 << 24):
             p = nccl.predict(Topology.preset(preset), size)
             assert p.seconds == min(p.times.values()) and math.isfinite(p.seconds)
+
+
+# ---- several hosts (NCCL's tuner with nNodes > 1)
+
+
+def test_one_host_is_predict():
+    t = Topology.preset("dgx-a100")
+    for size in (64, 1 << 20, 1 << 28):
+        assert nccl.predict_hosts(t, 1, 200.0, size) == nccl.predict(t, size)
+
+
+def test_the_latency_of_a_tiny_ring_across_hosts_is_the_tuners_formula():
+    """Ring LL over 4 DGX-1V (Intel CPUs): baseLatency 6.6 us, then 2(n-1) steps of which
+    2(nodes-1) cross the network at 2.7 us and the rest pay the larger of NVLink's 0.6 us and
+    the network overhead 1.0 us; LL bandwidth capped at llMaxBw (Intel, more than 2 nodes: 20.4)."""
+    t = Topology.preset("dgx1-v100")
+    p = nccl.predict_hosts(t, 4, 12.5, 4)
+    n, nodes = 32, 4
+    lat = 6.6 + (2 * (n - 1) - 2 * (nodes - 1)) * 1.0 + 2 * (nodes - 1) * 2.7
+    assert p.times[("ring", "LL")] * 1e6 == pytest.approx(lat + 4 / (1000 * min(20.4, 12.5 * 0.5) * n / 62), rel=1e-6)
+    # the tree: 2 ((ppn - 1) NVLink hops + log2(nodes) network hops)
+    tree = 6.8 + 2 * (7 * 0.6 + 2 * 5.0)
+    assert p.times[("tree", "LL")] * 1e6 == pytest.approx(
+        tree + 4 / (1000 * min(min(12.5 * 0.92, 1 * 10.0) / 3.8, 20.4) * 0.5), rel=1e-6)
+
+
+def test_large_messages_across_hosts_run_at_the_network_bandwidth():
+    """A Simple ring over 4 DGX A100 whose NICs give 100 GB/s (below their NVSwitch ring):
+    algbw -> 100 * n / (2(n-1)); with faster NICs the host's ring bounds it instead."""
+    t = Topology.preset("dgx-a100")
+    size = 1 << 36  # the latency (hundreds of us across hosts) under 1%
+    p = nccl.predict_hosts(t, 4, 100.0, size)
+    assert size / (p.times[("ring", "Simple")] * 1e9) == pytest.approx(100 * 32 / 62, rel=0.01)
+    fast = nccl.predict_hosts(t, 4, 1000.0, size)
+    assert size / (fast.times[("ring", "Simple")] * 1e9) == pytest.approx(300 * 32 / 62, rel=0.01)
+
+
+def test_a_slower_network_is_never_predicted_faster():
+    t = Topology.preset("dgx1-v100")
+    for size in (1 << 10, 1 << 20, 1 << 28):
+        times = [nccl.predict_hosts(t, 4, gbps, size).seconds for gbps in (6.25, 12.5, 25.0, 50.0, 400.0)]
+        assert times == sorted(times, reverse=True)
+        more = [nccl.predict_hosts(t, hosts, 25.0, size).seconds for hosts in (2, 4, 8, 16)]
+        assert more == sorted(more)
+
+
+def test_nvls_across_hosts_is_nvls_tree_on_hopper_only():
+    h100 = nccl.predict_hosts(Topology.preset("hgx-h100"), 4, 400.0, 1 << 28)
+    assert ("nvls_tree", "Simple") in h100.times and ("nvls", "Simple") not in h100.times
+    assert not any(a.startswith("nvls") for a, _ in nccl.predict_hosts(Topology.preset("dgx-a100"), 4, 200.0,
+                                                                          1 << 28).times)
+
+
+def test_one_gpu_per_host_and_no_gpu():
+    one = Topology.preset("dgx-a100").subset([0])
+    p = nccl.predict_hosts(one, 4, 25.0, 1 << 28)
+    # one rank per node: no step stays inside a node; the ring's bandwidth is the network's
+    assert (1 << 28) / (p.times[("ring", "Simple")] * 1e9) == pytest.approx(25.0 * 4 / 6, rel=0.02)
+    assert nccl.predict_hosts(Topology.preset("shm:8"), 4, 25.0, 1 << 20) is None
+    assert nccl.predict_hosts(Topology.preset("dgx-a100"), 4, 0.0, 1 << 20) is None
