@@ -41,7 +41,7 @@ import json, sys, time
 from jax_blink import Topology
 from jax_blink.ops import decide
 start = time.perf_counter()
-import networkx, scipy.optimize  # what a process's first decision imports; timed apart
+import cvxpy, networkx, scipy.optimize  # what a process's first decision imports; timed apart
 print(json.dumps({"imports_s": time.perf_counter() - start}), flush=True)
 preset, gpus = sys.argv[1], json.loads(sys.argv[2])
 topology = Topology.preset(preset) if gpus is None else Topology.preset(preset).subset(gpus)
@@ -87,7 +87,7 @@ def main() -> int:
              f"`python benchmarks/bench_decide.py`, commit {commit}. Seconds per new size, in a fresh "
              "process, with an empty plan cache and again with the cache the first process left; "
              "the choice (jax_blink's schedule or lax.psum, NCCL) as psum makes it. The libraries a "
-             "process's first decision imports (networkx, scipy) are imported before the timing: "
+             "process's first decision imports (cvxpy, networkx, scipy) are imported before the timing: "
              f"{sorted(imports)[len(imports) // 2]:.2f} s (median), once per process.", "",
              "| topology | size | empty cache (s) | warm cache (s) | runs |", "|---|---|---|---|---|"]
     by = {}
