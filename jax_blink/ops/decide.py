@@ -539,7 +539,8 @@ def across_hosts(groups, processes: int, per_process: int, *, topology=None, chu
     Blink's three phases across processes (:mod:`jax_blink.ops.hierarchical`), for an
     allreduce of ``groups`` (``(count, dtype)`` per dtype group: each its own collective),
     ``per_process`` GPUs in each of ``processes`` processes, each process taken as a host
-    reaching the network at ``JAX_BLINK_NETWORK_GBPS``.
+    reaching the network at ``JAX_BLINK_NETWORK_GBPS``, else at the bandwidth found in
+    sysfs (:func:`jax_blink.topo.detect.detect_network_gbps`).
 
     The three phases: the in-process reduce-scatter and all-gather that will run (the
     schedules of :func:`schedule_for`, simulated, with the CUDA executor's costs), and
@@ -548,18 +549,31 @@ def across_hosts(groups, processes: int, per_process: int, *, topology=None, chu
     every GPU (the same model). Where the network bandwidth is unknown or the topology
     names no GPU there is no prediction: the three phases run, as ``why`` says. Each group's
     times add up, on each side."""
-    network = settings.network_gbps()
+    network, source = settings.network_gbps(), "JAX_BLINK_NETWORK_GBPS"
+    if network is None:
+        found = _detected_network()
+        if found is not None:
+            network, source = found[0], f"found in sysfs: {found[1]}"
     host = topology_for(topology, per_process)
     if network is None:
-        return False, ("no prediction across hosts: set JAX_BLINK_NETWORK_GBPS to each host's "
-                       "network bandwidth to compare with NCCL over all GPUs")
+        return False, ("no prediction across hosts: no network found in sysfs; set "
+                       "JAX_BLINK_NETWORK_GBPS to each host's network bandwidth to compare with "
+                       "NCCL over all GPUs")
     if nccl_model.predict_hosts(host, processes, network, 1) is None:
         return False, f"no prediction across hosts: no NCCL model for {host.name} (it names no GPU)"
-    return _across_hosts(tuple(groups), processes, host, network, settings.chunks(chunks))
+    return _across_hosts(tuple(groups), processes, host, network, settings.chunks(chunks), source)
+
+
+@functools.lru_cache(maxsize=1)
+def _detected_network():
+    """:func:`jax_blink.topo.detect.detect_network_gbps`, once per process."""
+    from jax_blink.topo.detect import detect_network_gbps
+
+    return detect_network_gbps()
 
 
 @functools.lru_cache(maxsize=64)
-def _across_hosts(groups, processes, host, network, chunks):
+def _across_hosts(groups, processes, host, network, chunks, source):
     """:func:`across_hosts`, predicted."""
     k = host.n
     phases, lax = [0.0, 0.0, 0.0], 0.0
@@ -576,7 +590,7 @@ def _across_hosts(groups, processes, host, network, chunks):
     times = (f"three phases {three * 1e6:.4g} us (in-process reduce-scatter {phases[0] * 1e6:.4g}, "
              f"across {processes} hosts {phases[1] * 1e6:.4g}, all-gather {phases[2] * 1e6:.4g}), "
              f"NCCL over all {processes * k} GPUs {lax * 1e6:.4g} us; {network:g} GB/s per host "
-             "(JAX_BLINK_NETWORK_GBPS), NCCL by its tuner's model")
+             f"({source}), NCCL by its tuner's model")
     if lax <= three:
         return True, f"predicted faster than the three phases: {times}"
     return False, f"predicted fastest: {times}"

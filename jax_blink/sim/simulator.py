@@ -291,6 +291,9 @@ class _Simulation:
         self.flows = {}
         self.arc_flows = defaultdict(set)
         self.arc_weight = [0.0] * len(self.capacity)  # sum of the data shares of the flows on each arc
+        # capacity per unit of data share of each arc (capacity / weight), kept as flows come
+        # and go: a flow's fair rate is its share times the smallest over its arcs
+        self.arc_share = [math.inf] * len(self.capacity)
         self.arc_bytes = [0.0] * len(self.capacity)
         self.next_flow = 0
 
@@ -363,10 +366,13 @@ class _Simulation:
         arcs, nbytes, owner = payload
         fid = self.next_flow
         self.next_flow += 1
-        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner, self.tree_share[self.tree[owner]]]
+        share = self.tree_share[self.tree[owner]]
+        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner, share]
+        weight, arc_share, capacity = self.arc_weight, self.arc_share, self.capacity
         for a in arcs:
             self.arc_flows[a].add(fid)
-            self.arc_weight[a] += self.flows[fid][6]
+            weight[a] += share
+            arc_share[a] = capacity[a] / weight[a]
             self.arc_bytes[a] += nbytes
         self.reshare(arcs, now)
 
@@ -376,9 +382,14 @@ class _Simulation:
         if flow is None or flow[4] != version:
             return  # superseded by a rate change
         del self.flows[fid]
+        weight, arc_share, capacity = self.arc_weight, self.arc_share, self.capacity
         for a in flow[0]:
             self.arc_flows[a].discard(fid)
-            self.arc_weight[a] = self.arc_weight[a] - flow[6] if self.arc_flows[a] else 0.0
+            if self.arc_flows[a]:
+                weight[a] -= flow[6]
+                arc_share[a] = capacity[a] / weight[a]
+            else:
+                weight[a], arc_share[a] = 0.0, math.inf
         self.reshare(flow[0], now)
         gid = flow[5]  # a SEND: its channel is free, its data arrives after the route's latency
         channel = self.channel_of[gid]
@@ -388,21 +399,14 @@ class _Simulation:
 
     def reshare(self, arcs, now):
         """Recompute the rates of the flows crossing ``arcs`` after a change."""
+        arc_flows = self.arc_flows
         affected = set()
         for a in arcs:
-            affected |= self.arc_flows[a]
-        flows, capacity, weight, events = self.flows, self.capacity, self.arc_weight, self.events
-        share = {}  # capacity per unit of data share, of each arc these flows cross
+            affected |= arc_flows[a]
+        flows, events, share = self.flows, self.events, self.arc_share.__getitem__
         for fid in affected:
             flow = flows[fid]
-            fair = math.inf
-            for a in flow[0]:
-                v = share.get(a)
-                if v is None:
-                    v = share[a] = capacity[a] / weight[a]
-                if v < fair:
-                    fair = v
-            new_rate = flow[6] * fair
+            new_rate = flow[6] * min(map(share, flow[0]))
             rate = flow[2]
             if new_rate == rate:  # its bottleneck is elsewhere: its end event still holds
                 continue

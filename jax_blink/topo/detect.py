@@ -7,6 +7,7 @@ machine's GPUs a job was given. ``nvidia-smi`` lists every GPU of the
 machine whatever ``CUDA_VISIBLE_DEVICES`` says, so a partial allocation (the
 case Blink exists for) is mapped back to it: by PCI bus id when the CUDA
 runtime reported one per device, else through ``CUDA_VISIBLE_DEVICES``.
+:func:`detect_network_gbps` reads this host's network bandwidth from sysfs.
 Pure Python: never imports jax.
 """
 
@@ -15,13 +16,14 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Optional, Sequence
 
 from .errors import TopologyError
 from .topology import Topology
 
 __all__ = ["detect", "detect_allocation", "gpu_table", "parse_gpu_table", "normalize_bus_id",
-           "smi_indices"]
+           "smi_indices", "detect_network_gbps"]
 
 
 def _nvidia_smi(args, timeout_s):
@@ -191,3 +193,42 @@ def detect_allocation(ordinals: Sequence[int], *, bus_ids: Optional[Sequence[str
     indices = smi_indices(ordinals, table, bus_ids=bus_ids, visible=visible)
     name = f"detected[{','.join(map(str, indices))}]"
     return machine.subset(indices, name=name)
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def detect_network_gbps(sysfs: Path = Path("/sys")) -> Optional[tuple]:
+    """``(GB/s per direction, what)``: this host's bandwidth to the network, or None.
+
+    The active ports of its RDMA devices (``/sys/class/infiniband/*/ports/*``: state
+    ``ACTIVE``, rate ``"200 Gb/sec (4X HDR)"``), InfiniBand or RoCE, which NCCL uses
+    across hosts; without any, its physical Ethernet interfaces that are up
+    (``/sys/class/net/*`` with a ``device``, ``operstate`` ``up``, ``speed`` in Mb/s),
+    which NCCL's sockets use. Each is counted once, summed; ``what`` names them.
+
+    Examples
+    --------
+    >>> detect_network_gbps(Path("/nonexistent")) is None
+    True
+    """
+    ports = []
+    for port in sorted((sysfs / "class" / "infiniband").glob("*/ports/*")):
+        state, rate = _read(port / "state"), _read(port / "rate")
+        match = re.match(r"\s*([0-9.]+)\s*Gb/sec", rate or "")
+        if state is not None and "ACTIVE" in state and match and float(match.group(1)) > 0:
+            ports.append((f"{port.parent.parent.name} port {port.name}", float(match.group(1)) / 8))
+    if not ports:
+        for nic in sorted((sysfs / "class" / "net").glob("*")):
+            speed = _read(nic / "speed")
+            if (nic / "device").exists() and _read(nic / "operstate") == "up" and speed is not None \
+                    and re.fullmatch(r"[0-9]+", speed) and int(speed) > 0:
+                ports.append((nic.name, int(speed) / 8000))
+    if not ports:
+        return None
+    total = sum(gbps for _, gbps in ports)
+    return total, ", ".join(f"{name} {gbps * 8:g} Gb/s" for name, gbps in ports)

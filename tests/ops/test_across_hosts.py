@@ -21,6 +21,7 @@ def _clean(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_BLINK_ALGO", raising=False)
     monkeypatch.delenv("JAX_BLINK_CHUNKS", raising=False)
     decide._across_hosts.cache_clear()
+    monkeypatch.setattr(decide, "_detected_network", lambda: None)  # this machine's NICs play no part
 
 
 def test_the_network_setting(monkeypatch):
@@ -36,6 +37,46 @@ def test_the_network_setting(monkeypatch):
 def test_without_a_network_bandwidth_the_three_phases_run_and_say_why():
     lax_faster, why = decide.across_hosts([(1 << 20, "float32")], 4, 8, topology="dgx1-v100")
     assert not lax_faster and "JAX_BLINK_NETWORK_GBPS" in why
+
+
+def test_the_network_found_in_sysfs_unless_the_setting_says(monkeypatch):
+    monkeypatch.setattr(decide, "_detected_network", lambda: (50.0, "mlx5_0 port 1 400 Gb/s"))
+    lax_faster, why = decide.across_hosts([(1 << 26, "float32")], 4, 8, topology="dgx1-v100")
+    assert lax_faster and "50 GB/s per host (found in sysfs: mlx5_0 port 1 400 Gb/s)" in why
+    monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")  # the setting wins: the NIC decides
+    lax_faster, why = decide.across_hosts([(1 << 26, "float32")], 4, 8, topology="dgx1-v100")
+    assert not lax_faster and "12.5 GB/s per host (JAX_BLINK_NETWORK_GBPS)" in why
+
+
+def _sysfs(root, ib=(), net=()):
+    for dev, port, state, rate in ib:
+        d = root / "class" / "infiniband" / dev / "ports" / str(port)
+        d.mkdir(parents=True)
+        (d / "state").write_text(state + "\n")
+        (d / "rate").write_text(rate + "\n")
+    for name, operstate, speed, physical in net:
+        d = root / "class" / "net" / name
+        d.mkdir(parents=True)
+        (d / "operstate").write_text(operstate + "\n")
+        (d / "speed").write_text(speed + "\n")
+        if physical:
+            (d / "device").mkdir()
+    return root
+
+
+def test_detect_network_gbps_reads_rdma_ports_then_ethernet(tmp_path):
+    from jax_blink.topo.detect import detect_network_gbps
+
+    root = _sysfs(tmp_path / "a", ib=[("mlx5_0", 1, "4: ACTIVE", "200 Gb/sec (4X HDR)"),
+                                      ("mlx5_1", 1, "4: ACTIVE", "200 Gb/sec (4X HDR)"),
+                                      ("mlx5_2", 1, "1: DOWN", "200 Gb/sec (4X HDR)")],
+                  net=[("eth0", "up", "100000", True)])
+    assert detect_network_gbps(root) == (50.0, "mlx5_0 port 1 200 Gb/s, mlx5_1 port 1 200 Gb/s")
+    root = _sysfs(tmp_path / "b", net=[("eth0", "up", "25000", True), ("eth1", "down", "25000", True),
+                                       ("docker0", "up", "10000", False), ("lo", "unknown", "-1", False),
+                                       ("eth2", "up", "-1", True)])
+    assert detect_network_gbps(root) == (3.125, "eth0 25 Gb/s")
+    assert detect_network_gbps(_sysfs(tmp_path / "c", net=[("lo", "unknown", "-1", False)])) is None
 
 
 def test_without_a_gpu_model_the_three_phases_run_and_say_why(monkeypatch):
@@ -73,6 +114,7 @@ def test_the_faster_path_by_the_model(monkeypatch, preset, network, count, lax_e
     assert f"three phases {three * 1e6:.4g} us" in why and f"NCCL over all 32 GPUs {lax * 1e6:.4g} us" in why
     # the check rejects a wrong sum: a phase left out changes the text
     assert f"three phases {(three - lax / 2) * 1e6:.4g} us" not in why
+    assert "(JAX_BLINK_NETWORK_GBPS)" in why
 
 
 def test_dtype_groups_add_up(monkeypatch):
