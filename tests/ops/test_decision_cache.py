@@ -20,6 +20,7 @@ def _forget():
     """What a new process would not have: every in-process cache of the decision."""
     _decide._predicted_cached.cache_clear()
     _decide._tuned.cache_clear()
+    _decide.tuned_schedule.cache_clear()
     _decide.schedule_for.cache_clear()
     plan_cache.clear_memory_cache()
 
@@ -45,6 +46,9 @@ def _no_recomputing(monkeypatch):
     monkeypatch.setattr(_decide.nccl_model, "predict", refuse)
     monkeypatch.setattr(_decide, "_predict_gpu", refuse)
     monkeypatch.setattr("jax_blink.sim.tuning.simulate", refuse)
+    # nor planned or lowered: the tuned schedule is on disk too
+    monkeypatch.setattr(_decide, "plan", refuse)
+    monkeypatch.setattr("jax_blink.planning.result.lower_trees", refuse)
 
 
 @pytest.mark.parametrize("topology,count,blink", CASES, ids=lambda c: getattr(c, "name", str(c)))
@@ -116,3 +120,47 @@ def test_unreadable_sources_keep_entries_to_their_process(monkeypatch):
         monkeypatch.undo()
         plan_cache.source_digest.cache_clear()
         _decide._rules_digest.cache_clear()
+
+
+def _tuned(collective="allreduce", op="sum", root=None):
+    topology = CASES[0][0]
+    d = _decide.decide(1 << 25, "bfloat16", topology.n, topology=topology, platform="gpu",
+                       collective=collective, op=op, root=root)
+    return d.text, d.schedule.words.tobytes()
+
+
+@pytest.mark.parametrize("collective,op,root", [("allreduce", "max", None), ("reduce_scatter", "sum", None),
+                                                 ("allgather", "sum", None), ("broadcast", "sum", 2)])
+def test_tuned_schedules_of_every_collective_come_from_disk(collective, op, root, monkeypatch):
+    first = _tuned(collective, op, root)
+    assert "tuned" in first[0] or "by simulation" in first[0]
+    _forget()
+    _no_recomputing(monkeypatch)
+    assert _tuned(collective, op, root) == first
+
+
+def test_a_tuned_schedule_whose_header_is_not_the_requests_is_lowered_again(cache_dir, caplog):
+    import base64
+
+    import numpy as np
+
+    first = _tuned()
+    [entry] = cache_dir.glob("lowered-*.json")
+    data = json.loads(entry.read_text())
+    words = np.frombuffer(base64.b64decode(data["value"]["words"]), dtype="<i8").copy()
+    for index, value in ((3, words[3] + 1), (7, 1), (2, 3)):  # another count, op (max), rank count
+        bad = words.copy()
+        bad[index] = value
+        entry.write_text(json.dumps({**data, "value": {**data["value"], "words": base64.b64encode(
+            bad.tobytes()).decode()}}))
+        _forget()
+        caplog.clear()
+        assert _tuned() == first
+        assert "ignoring a tuned schedule" in caplog.text
+    for value in ({**data["value"], "words": "not base64!"}, {"text": "x"}, "words"):
+        entry.write_text(json.dumps({**data, "value": value}))
+        _forget()
+        caplog.clear()
+        assert _tuned() == first
+        assert "ignoring a tuned schedule" in caplog.text
+    assert json.loads(entry.read_text())["value"] == data["value"]  # stored again, whole
