@@ -228,11 +228,13 @@ class _Simulation:
         # each tree's share of the data: flows share an arc in proportion to it
         tree_elems = [0] * max(schedule.ntrees, 1)
         seen = set()
+        lengths = [length for _, length in schedule.chunks]
         for steps in schedule.steps:
             for st in steps:
-                if (st.tree, st.chunk) not in seen:
-                    seen.add((st.tree, st.chunk))
-                    tree_elems[st.tree] += schedule.chunks[st.chunk][1]
+                key = (st.tree, st.chunk)
+                if key not in seen:
+                    seen.add(key)
+                    tree_elems[st.tree] += lengths[st.chunk]
         total = float(sum(tree_elems)) or 1.0
         self.tree_share = [max(e / total, 1e-12) for e in tree_elems]
         self.route_cache = {}  # (src, dst, tree) -> (arcs, latency)
@@ -248,37 +250,47 @@ class _Simulation:
             base.append(g)
             g += len(steps)
         self.base = base
-        self.op, self.rank, self.chunk, self.peer, self.tree = [], [], [], [], []
-        self.missing = []           # unfinished dependencies (+1 for a RECV's data)
-        self.dependents = [[] for _ in range(g)]
+        self.op, self.rank, self.chunk, self.peer, self.tree = ops, ranks, chunk_of, peers, trees = [], [], [], [], []
+        self.missing = missing = []  # unfinished dependencies (+1 for a RECV's data)
+        self.dependents = dependents = [[] for _ in range(g)]
         sends = {}
-        channel_of = {}
+        channel_of = {}  # in step order: each (src, dst) channel's SENDs queue in list order
+        by_tree = model.channels == "tree"
+        gid = 0
         for r, steps in enumerate(schedule.steps):
-            for i, s in enumerate(steps):
-                gid = base[r] + i
-                self.op.append(s.op)
-                self.rank.append(r)
-                self.chunk.append(s.chunk)
-                self.peer.append(s.peer)
-                self.tree.append(s.tree)
-                self.missing.append(len(s.deps) + (s.op != "SEND"))
-                for d in s.deps:
-                    self.dependents[base[r] + d].append(gid)
-                if s.op == "SEND":  # a triple may repeat: the k-th SEND matches the k-th RECV
-                    sends.setdefault((r, s.peer, s.chunk), deque()).append(gid)
-                    channel_of[gid] = (r, s.peer, s.tree if model.channels == "tree" else 0)
-        self.recv_of = {}
-        for gid, op in enumerate(self.op):
+            b = base[r]
+            for s in steps:
+                op, chunk, peer, tree, deps = s.op, s.chunk, s.peer, s.tree, s.deps
+                ops.append(op)
+                ranks.append(r)
+                chunk_of.append(chunk)
+                peers.append(peer)
+                trees.append(tree)
+                if op == "SEND":  # a triple may repeat: the k-th SEND matches the k-th RECV
+                    missing.append(len(deps))
+                    queue = sends.get((r, peer, chunk))
+                    if queue is None:
+                        queue = sends[r, peer, chunk] = deque()
+                    queue.append(gid)
+                    channel_of[gid] = (r, peer, tree if by_tree else 0)
+                else:
+                    missing.append(len(deps) + 1)
+                for d in deps:
+                    dependents[b + d].append(gid)
+                gid += 1
+        self.recv_of = recv_of = {}
+        for gid, op in enumerate(ops):
             if op != "SEND":
-                key = (self.peer[gid], self.rank[gid], self.chunk[gid])
-                if not sends.get(key):
-                    raise SimError(f"rank {self.rank[gid]} receives chunk {key[2]} from "
+                key = (peers[gid], ranks[gid], chunk_of[gid])
+                queue = sends.get(key)
+                if not queue:
+                    raise SimError(f"rank {ranks[gid]} receives chunk {key[2]} from "
                                    f"{key[0]}, which never sends it (validate() the schedule)")
-                self.recv_of[sends[key].popleft()] = gid
+                recv_of[queue.popleft()] = gid
         # channels: the SENDs of each (src, dst) pair in list order
         self.channel_queue = defaultdict(deque)
-        for gid in sorted(channel_of):
-            self.channel_queue[channel_of[gid]].append(gid)
+        for gid, channel in channel_of.items():
+            self.channel_queue[channel].append(gid)
         self.channel_of = channel_of
         self.channel_busy = dict.fromkeys(self.channel_queue, False)
         self.send_ready = set()
