@@ -299,7 +299,8 @@ class _Simulation:
         self.done_at = [math.nan] * g
         self.events = []          # (time, seq, kind, payload)
         self.seq = 0
-        # flows: id -> [arcs, remaining_bytes, rate, t_last, version, owner step]
+        # flows: id -> [arcs, remaining bytes, rate, t_last, end time at this rate, owner step,
+        #              data share, time of its pending end event]
         self.flows = {}
         self.arc_flows = defaultdict(set)
         self.arc_weight = [0.0] * len(self.capacity)  # sum of the data shares of the flows on each arc
@@ -379,7 +380,7 @@ class _Simulation:
         fid = self.next_flow
         self.next_flow += 1
         share = self.tree_share[self.tree[owner]]
-        self.flows[fid] = [arcs, nbytes, 0.0, now, 0, owner, share]
+        self.flows[fid] = [arcs, nbytes, 0.0, now, math.inf, owner, share, math.inf]
         weight, arc_share, capacity = self.arc_weight, self.arc_share, self.capacity
         for a in arcs:
             self.arc_flows[a].add(fid)
@@ -388,11 +389,15 @@ class _Simulation:
             self.arc_bytes[a] += nbytes
         self.reshare(arcs, now)
 
-    def flow_end(self, payload, now):
-        fid, version = payload
+    def flow_end(self, fid, now):
         flow = self.flows.get(fid)
-        if flow is None or flow[4] != version:
-            return  # superseded by a rate change
+        if flow is None or flow[7] != now:
+            return  # superseded by an earlier end
+        if flow[4] != now:  # its rate fell since this was pushed: it ends later
+            flow[7] = flow[4]
+            self.seq += 1
+            heapq.heappush(self.events, (flow[4], self.seq, "flow_end", fid))
+            return
         del self.flows[fid]
         weight, arc_share, capacity = self.arc_weight, self.arc_share, self.capacity
         for a in flow[0]:
@@ -424,9 +429,11 @@ class _Simulation:
                 continue
             remaining = flow[1] - rate * (now - flow[3])
             flow[1], flow[2], flow[3] = 0.0 if 0.0 > remaining else remaining, new_rate, now
-            flow[4] += 1
-            self.seq += 1  # as push(), inline: this is the simulator's inner loop
-            heapq.heappush(events, (now + flow[1] / new_rate, self.seq, "flow_end", (fid, flow[4])))
+            flow[4] = end = now + flow[1] / new_rate
+            if end < flow[7]:  # else the pending end event comes first and pushes this one then
+                flow[7] = end
+                self.seq += 1  # as push(), inline: this is the simulator's inner loop
+                heapq.heappush(events, (end, self.seq, "flow_end", fid))
 
     def finish(self, gid, now):
         self.done_at[gid] = now
