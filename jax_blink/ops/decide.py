@@ -590,6 +590,9 @@ def across_hosts(groups, processes: int, per_process: int, *, topology=None, chu
     every GPU (the same model). Where the network bandwidth is unknown or the topology
     names no GPU there is no prediction: the three phases run, as ``why`` says. Each group's
     times add up, on each side."""
+    groups = tuple((count, dtype) for count, dtype in groups if count and dtype in DTYPES)
+    if not groups:  # the in-process phases leave these to lax
+        return False, "no prediction across hosts: no value of a dtype jax_blink reduces"
     network, source = settings.network_gbps(), "JAX_BLINK_NETWORK_GBPS"
     if network is None:
         found = _detected_network()
@@ -602,7 +605,7 @@ def across_hosts(groups, processes: int, per_process: int, *, topology=None, chu
                        "NCCL over all GPUs")
     if nccl_model.predict_hosts(host, processes, network, 1) is None:
         return False, f"no prediction across hosts: no NCCL model for {host.name} (it names no GPU)"
-    return _across_hosts(tuple(groups), processes, host, network, settings.chunks(chunks), source)
+    return _across_hosts(groups, processes, host, network, settings.chunks(chunks), source)
 
 
 @functools.lru_cache(maxsize=1)

@@ -99,7 +99,7 @@ def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op
         for leaf in leaves:  # one collective per dtype group, as run() makes them
             dtype = np.dtype(jnp.result_type(leaf)).name
             groups[dtype] = groups.get(dtype, 0) + int(np.size(leaf))
-        lax_faster, why = _decide.across_hosts(tuple((c, d) for d, c in groups.items() if c),
+        lax_faster, why = _decide.across_hosts(tuple((c, d) for d, c in groups.items()),
                                                span.nprocesses, span.per_process,
                                                topology=topology, chunks=chunks)
         if lax_faster:

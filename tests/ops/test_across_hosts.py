@@ -127,6 +127,15 @@ def test_dtype_groups_add_up(monkeypatch):
     assert f"three phases {three * 1e6:.4g} us" in why and f"{lax * 1e6:.4g} us" in why
 
 
+def test_dtypes_jax_blink_does_not_reduce_are_left_out(monkeypatch):
+    monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")
+    host = Topology.preset("dgx1-v100")
+    lax_faster, why = decide.across_hosts([(1 << 10, "bool"), (0, "float32")], 4, 8, topology=host)
+    assert not lax_faster and "no value of a dtype jax_blink reduces" in why
+    with_bool = decide.across_hosts([(1 << 10, "bool"), (1 << 26, "float32")], 4, 8, topology=host)
+    assert with_bool == decide.across_hosts([(1 << 26, "float32")], 4, 8, topology=host)
+
+
 def test_one_gpu_per_process_is_lax(monkeypatch):
     """One GPU per process: nothing to reduce inside a process, the same NCCL call either way."""
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "25")
