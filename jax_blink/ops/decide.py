@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import types
 from pathlib import Path
@@ -261,11 +262,12 @@ _TUNED_SCHEDULE_FORMAT = "jax_blink.tuned_schedule"
 
 @functools.lru_cache(maxsize=256)
 def tuned_schedule(request: PlanRequest, count: int, dtype: str):
-    """``(text, encoded)`` of a ``blink-tuned`` request: how explain() describes the tuned
-    lowering, and the encoded schedule the custom call runs (``schedule_for``'s).
+    """``(text, encoded, seconds)`` of a ``blink-tuned`` request: how explain() describes the
+    tuned lowering, the encoded schedule the custom call runs (``schedule_for``'s), and its
+    predicted time on the CUDA executor (``sim.Tuned.seconds``).
 
     Both are kept on disk beside the plan cache, keyed by everything they depend on (the
-    sources included), so that a later process decides without planning or lowering
+    sources included), so that a later process decides without planning, tuning or lowering
     again: a whole DGX-1 P100's tuned schedule at 256 MB has 8,960 steps, whose lowering
     took 27 of the 33 ms of a decision from the disk cache. An entry is used only where its
     header names this request's ranks, count, collective, dtype and op (the C++ decoder
@@ -283,14 +285,19 @@ def tuned_schedule(request: PlanRequest, count: int, dtype: str):
                         -1 if root is None else root, DTYPES[dtype][0], REDUCE_OP_CODE[request.op])
             if len(words) <= HEADER_WORDS or tuple(words[:len(expected)].tolist()) != expected:
                 raise ValueError("its schedule's header is not this request's")
-            return str(kept["text"]), EncodedSchedule(words.astype(np.int64))
+            seconds = float(kept["seconds"])
+            if not 0 < seconds < math.inf:
+                raise ValueError(f"its predicted time {seconds!r} is not a time")
+            return str(kept["text"]), EncodedSchedule(words.astype(np.int64)), seconds
         except (KeyError, TypeError, ValueError) as e:  # binascii.Error is a ValueError
             logger.warning("jax_blink decision cache: ignoring a tuned schedule and lowering afresh: %s", e)
     p, schedule, encoded = schedule_for(request, count, dtype)
+    seconds = _tuned(request.topology, request.collective, root, count, dtype).seconds
     text = _describe(p, schedule, "the fastest subset by simulation")
-    store_keyed("lowered", _TUNED_SCHEDULE_FORMAT, key,
-                {"text": text, "words": base64.b64encode(encoded.words.astype("<i8").tobytes()).decode("ascii")})
-    return text, encoded
+    store_keyed("lowered", _TUNED_SCHEDULE_FORMAT, key, {
+        "text": text, "seconds": seconds,
+        "words": base64.b64encode(encoded.words.astype("<i8").tobytes()).decode("ascii")})
+    return text, encoded, seconds
 
 
 def _from_file(request, count, dtype):
@@ -390,8 +397,7 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
     if collective != "allreduce":
         request = _tuned_on_gpu(request, platform)
         if request.algo == "blink-tuned":
-            text, encoded = tuned_schedule(request, count, dtype)
-            return Decision(f"{what}: {text} (tuned for the CUDA executor)", request, encoded)
+            return _choose_tuned(request, count, dtype, what, fallback)
         p, schedule, encoded = schedule_for(request, count, dtype)
         return Decision(f"{what}: {_describe(p, schedule)}", request, encoded)
     return _choose(request, count, dtype, platform, what, fallback, processes)
@@ -447,7 +453,7 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
     request = dataclasses.replace(request, algo=choice)
     try:
         if choice == "blink-tuned":
-            text, encoded = tuned_schedule(request, count, dtype)
+            text, encoded, _ = tuned_schedule(request, count, dtype)
         else:
             p, schedule, encoded = schedule_for(request, count, dtype)
             text = (_describe(p, schedule) if p is not None else
@@ -556,6 +562,70 @@ def _predict_gpu(request, count, dtype, candidates, size):
             tuple(bounds.items()))
 
 
+def _nccl_equivalent(request, count, dtype):
+    """NCCL running the lax equivalent of ``request``'s collective (not the allreduce) by its
+    tuner's model, or None without one. ``lax.psum_scatter`` and ``lax.all_gather`` are
+    NCCL's own reduce-scatter and all-gather; ``lax.pmax``/``pmin`` (a reduce-scatter's) and
+    the broadcast's psum of the root's value are NCCL's allreduce of the whole vector."""
+    size = count * DTYPES[dtype][1]
+    if request.collective == "broadcast" or request.op != "sum":
+        return nccl_model.predict(request.topology, size)
+    return nccl_model.predict_collective(request.topology, request.collective, size)
+
+
+_OTHER_PREDICTION_FORMAT = "jax_blink.gpu_prediction_other"
+
+
+@functools.lru_cache(maxsize=256)
+def _other_predicted(request, count, dtype):
+    """``(NCCL's seconds or None, how NCCL runs it, the tuned plan's seconds or None)`` for a
+    collective other than the allreduce on GPUs (:func:`_nccl_equivalent`,
+    :func:`tuned_schedule`; the plan is not tuned where NCCL takes less than the CUDA
+    executor's per-call cost), kept on disk like the allreduce's prediction."""
+    key = {"sources": [source_digest(), _rules_digest()], "topology": request.topology.fingerprint(),
+           "reduce_gbps": request.topology.reduce_gbps, "collective": request.collective,
+           "root": request.root, "op": request.op, "count": count, "dtype": dtype,
+           "executor": dataclasses.asdict(CUDA_STREAM), "simulate_top": TUNE_SIMULATE_TOP}
+    kept = load_keyed("decide", _OTHER_PREDICTION_FORMAT, key)
+    if kept is not None:
+        try:
+            theirs, how, ours = kept
+            return (None if theirs is None else float(theirs), str(how), None if ours is None else float(ours))
+        except (TypeError, ValueError) as e:
+            logger.warning("jax_blink decision cache: ignoring an entry and predicting afresh: %s", e)
+    nccl = _nccl_equivalent(request, count, dtype)
+    theirs, how = (None, "") if nccl is None else (nccl.seconds, nccl.describe())
+    ours = None if theirs is not None and theirs <= CUDA_STREAM.call_s else tuned_schedule(request, count, dtype)[2]
+    store_keyed("decide", _OTHER_PREDICTION_FORMAT, key, [theirs, how, ours])
+    return theirs, how, ours
+
+
+def _choose_tuned(request, count, dtype, what, fallback):
+    """A reduce-scatter, all-gather or broadcast on GPUs: the plan's lowering tuned for the
+    CUDA executor, unless NCCL running the lax equivalent is predicted faster
+    (:func:`_other_predicted`; with ``JAX_BLINK_ALGO=auto``, otherwise the plan). Below the
+    executor's per-call cost NCCL wins without planning."""
+    if settings.algo() != "auto":
+        text, encoded, seconds = tuned_schedule(request, count, dtype)
+        return Decision(f"{what}: {text} (tuned for the CUDA executor: JAX_BLINK_ALGO={settings.algo()})",
+                        request, encoded)
+    theirs, how, ours = _other_predicted(request, count, dtype)
+
+    def unit(seconds):
+        return f"{seconds * 1e6:.4g} us"
+
+    if ours is None and theirs is not None:
+        return Decision(f"{what}: {fallback} (predicted faster: {how} {unit(theirs)}; no schedule on the "
+                        f"CUDA executor takes less than its call, {unit(CUDA_STREAM.call_s)})")
+    if theirs is not None and theirs <= ours:
+        return Decision(f"{what}: {fallback} (predicted faster: {how} {unit(theirs)}, the tuned plan "
+                        f"{unit(ours)} with the CUDA executor's costs)")
+    text, encoded, _ = tuned_schedule(request, count, dtype)
+    against = (f"; lax = {how} {unit(theirs)}" if theirs is not None
+               else f"; no NCCL model for {request.topology.name}")
+    return Decision(f"{what}: {text} (tuned for the CUDA executor: {unit(ours)}{against})", request, encoded)
+
+
 def _tuned_on_gpu(request, platform):
     """``request`` for a collective other than the allreduce: on GPUs, unless ``chunks``
     is given, its plan's lowering tuned for the CUDA executor (``blink-tuned``: the pipeline
@@ -567,12 +637,16 @@ def _tuned_on_gpu(request, platform):
 
 
 def _gpu_seconds(request, count, dtype):
-    """The predicted time of ``request``'s schedule on the CUDA executor: its simulated
-    transfer and the executor's costs (tuning simulated it already)."""
-    if request.algo == "blink-tuned":
-        return _tuned(request.topology, request.collective, request.root, count, dtype).seconds
-    schedule = schedule_for(request, count, dtype)[1]
-    return CUDA_STREAM.seconds(simulate(schedule, request.topology).time_s, schedule)
+    """The predicted time of what :func:`decide` runs for ``request`` (not the allreduce) on
+    GPUs: its schedule on the CUDA executor (the simulated transfer and the executor's costs;
+    tuning simulated it already), or NCCL's lax equivalent where that is predicted faster."""
+    if request.algo != "blink-tuned":
+        schedule = schedule_for(request, count, dtype)[1]
+        return CUDA_STREAM.seconds(simulate(schedule, request.topology).time_s, schedule)
+    if settings.algo() != "auto":
+        return tuned_schedule(request, count, dtype)[2]
+    theirs, _, ours = _other_predicted(request, count, dtype)
+    return min(t for t in (theirs, ours) if t is not None)
 
 
 def across_hosts(groups, processes: int, per_process: int, *, topology=None, chunks=None):

@@ -38,13 +38,14 @@ Pure Python: never imports jax.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional
 
 from ..planning.rings import best_rings
 from ..topo.presets import gpu_of
 
-__all__ = ["NcclPrediction", "predict", "predict_hosts", "NCCL_SOURCE", "ARCH_OF_GPU"]
+__all__ = ["NcclPrediction", "predict", "predict_hosts", "predict_collective", "NCCL_SOURCE", "ARCH_OF_GPU"]
 
 #: Where the constants come from.
 NCCL_SOURCE = "NVIDIA/nccl src/graph/tuning.cc, commit 5067397c (2026-06-11)"
@@ -116,6 +117,7 @@ class NcclPrediction:
         return f"NCCL {self.algorithm}/{self.protocol} (its tuner's model)"
 
 
+@functools.lru_cache(maxsize=64)
 def _ring_busbw(topology):
     """``(bus bandwidth GB/s, over NVLink)``: the best NVLink ring packing's per-rank
     bandwidth, or the PCIe fallback ring's bottleneck."""
@@ -157,6 +159,57 @@ def predict(topology, size_bytes: int) -> Optional[NcclPrediction]:
         return None
     busbw, nvlink = _ring_busbw(topology)
     return _tuner(gpu, topology.n, 1, busbw, nvlink, _nvswitch_port_gbps(topology), size_bytes)
+
+
+def predict_collective(topology, collective: str, size_bytes: int) -> Optional[NcclPrediction]:
+    """NCCL's ``collective`` on ``topology`` (one machine) by its tuner's model, moving
+    ``size_bytes`` in all (for ``"reduce_scatter"`` and ``"allgather"`` the whole vector, as
+    NCCL counts it: ``count * nRanks`` elements), or None where the topology names no GPU
+    generation. ``"allreduce"`` is :func:`predict`.
+
+    The reduce-scatter and all-gather run NCCL's ring (``nRanks - 1`` steps, each of the
+    ring protocols' latency, and the bus bandwidth times ``nRanks / (nRanks - 1)``), or on a
+    Hopper NVSwitch machine NVLS (the switch port at NVLS's efficiency, times
+    ``(nRanks - 1) / nRanks``, with its own latency alone), as ``ncclTopoTuneModel`` sets them.
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> predict_collective(Topology.preset("dgx-a100"), "reduce_scatter", 2**10).protocol
+    'LL'
+    >>> sorted(predict_collective(Topology.preset("hgx-h100"), "allgather", 2**30).times)[0]
+    ('nvls', 'Simple')
+    """
+    if collective == "allreduce":
+        return predict(topology, size_bytes)
+    if collective not in ("reduce_scatter", "allgather"):
+        raise ValueError(f"no NCCL model of {collective!r}: use allreduce, reduce_scatter or allgather")
+    gpu = gpu_of(topology)
+    n = topology.n
+    if gpu is None or n < 2:
+        return None
+    arch = ARCH_OF_GPU[gpu]
+    busbw, nvlink = _ring_busbw(topology)
+    hw = "nvlink" if nvlink else "pci"
+    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch][0]))
+    protocols = ["LL", "Simple"] + (["LL128"] if nvlink and COMPCAP_OF_GPU[gpu] >= 70 else [])
+    nsteps = n - 1
+    times = {}
+    for proto in protocols:
+        bw = busbw
+        if proto == "LL":
+            bw = min(LL_MAX_BW[arch], busbw * 0.5)
+        elif proto == "LL128":
+            bw = min(busbw * 0.92, channels * PER_CH_MAX_RING_LL128[arch][0])
+        lat = BASE_LAT_US["ring"][proto] + nsteps * HW_LAT_US[hw]["ring"][proto]
+        times[("ring", proto)] = (lat + size_bytes / (1000 * bw * n / nsteps)) * 1e-6
+    port = _nvswitch_port_gbps(topology)
+    if arch in NVLS_EFFICIENCY and port is not None:
+        bw = port * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * (n - 1) / n
+        times[("nvls", "Simple")] = (HW_LAT_US["nvlink"]["nvls"]["Simple"]
+                                     + size_bytes / (1000 * bw * n / nsteps)) * 1e-6
+    (algorithm, protocol), seconds = min(times.items(), key=lambda kv: kv[1])
+    return NcclPrediction(seconds, algorithm, protocol, times)
 
 
 def predict_hosts(host, hosts: int, network_gbps: float, size_bytes: int) -> Optional[NcclPrediction]:

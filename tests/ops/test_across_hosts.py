@@ -21,6 +21,8 @@ def _clean(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_BLINK_ALGO", raising=False)
     monkeypatch.delenv("JAX_BLINK_CHUNKS", raising=False)
     decide._across_hosts.cache_clear()
+    decide._other_predicted.cache_clear()
+    decide.tuned_schedule.cache_clear()
     monkeypatch.setattr(decide, "_detected_network", lambda: None)  # this machine's NICs play no part
 
 
@@ -86,16 +88,17 @@ def test_without_a_gpu_model_the_three_phases_run_and_say_why(monkeypatch):
 
 
 def _three_phases(host, hosts, network, count, dtype="float32"):
-    """The three phases' prediction, from its parts, independently of decide's bookkeeping."""
+    """The three phases' prediction, from its parts, independently of decide's bookkeeping:
+    each in-process phase the faster of the tuned schedule and NCCL's own collective."""
     k = host.n
     padded = -(-count // k) * k
     item = DTYPES[dtype][1]
     total = nccl.predict_hosts(host.subset([0]), hosts, network / k, padded // k * item).seconds
     for collective in ("reduce_scatter", "allgather"):
-        d = decide.decide(padded, dtype, k, collective=collective, topology=host, platform="gpu")
-        schedule = decide.schedule_for(d.request, padded, dtype)[1]
-        assert d.request.algo == "blink-tuned"
-        total += CUDA_STREAM.seconds(simulate(schedule, host).time_s, schedule)
+        request = decide.PlanRequest(host, None, decide.launch_s("gpu"), collective, algo="blink-tuned")
+        schedule = decide.schedule_for(request, padded, dtype)[1]
+        ours = CUDA_STREAM.seconds(simulate(schedule, host).time_s, schedule)
+        total += min(ours, nccl.predict_collective(host, collective, padded * item).seconds)
     return total
 
 
@@ -144,9 +147,10 @@ def test_one_gpu_per_process_is_lax(monkeypatch):
     assert lax_faster and "reduce-scatter 0," in why
 
 
-def test_reduce_scatter_and_allgather_on_gpus_are_tuned_for_the_cuda_executor():
+def test_reduce_scatter_and_allgather_on_gpus_are_tuned_for_the_cuda_executor(monkeypatch):
     """The in-process phases run the lowering tuned for the CUDA executor: the pipeline
     model's chunks alone put thousands of steps (each an API call) on a DGX-1V."""
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")  # the plan, whatever NCCL's model says
     host = Topology.preset("dgx1-v100")
     count = 1 << 24
     for collective in ("reduce_scatter", "allgather"):
@@ -161,6 +165,48 @@ def test_reduce_scatter_and_allgather_on_gpus_are_tuned_for_the_cuda_executor():
         forced = decide.decide(count, "float32", 8, collective=collective, topology=host, platform="gpu",
                                chunks=3)
         assert forced.request.algo == "blink" and forced.request.chunks == 3  # chunks= is kept
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
+def test_the_other_collectives_on_gpus_run_nccl_where_it_is_predicted_faster(collective):
+    """auto on GPUs: the tuned plan against NCCL running the lax equivalent, and never the
+    slower (NCCL's ring over PCIe loses on DGX-1V GPUs 0, 1, 2, 5, which have no NVLink ring;
+    small values, and the whole DGX-1V, go to NCCL)."""
+    root = 0 if collective == "broadcast" else None
+    for topology, per_device, blink in ((Topology.preset("dgx1-v100").subset([0, 1, 2, 5]), 1 << 24, True),
+                                        (Topology.preset("dgx1-v100"), 1 << 24, False),
+                                        (Topology.preset("dgx1-v100").subset([0, 1, 2, 5]), 1 << 8, False)):
+        n = topology.n
+        count = per_device * (n if collective != "broadcast" else 1)
+        d = decide.decide(count, "float32", n, collective=collective, root=root, topology=topology,
+                          platform="gpu")
+        theirs = (nccl.predict(topology, count * 4) if collective == "broadcast"
+                  else nccl.predict_collective(topology, collective, count * 4)).seconds
+        request = decide.PlanRequest(topology, None, decide.launch_s("gpu"), collective, root=root,
+                                     algo="blink-tuned")
+        schedule = decide.schedule_for(request, count, "float32")[1]
+        ours = CUDA_STREAM.seconds(simulate(schedule, topology).time_s, schedule)
+        assert d.uses_blink == blink == (ours < theirs), (topology.name, d.text)
+        assert f"{theirs * 1e6:.4g} us" in d.text
+        if blink:
+            assert f"tuned for the CUDA executor: {ours * 1e6:.4g} us" in d.text
+        else:
+            assert d.text.split(": ", 1)[1].startswith(decide.lax_equivalent(collective))
+
+
+def test_nccls_reduce_scatter_and_all_gather_follow_its_tuner():
+    """Ring LL over 8 NVSwitch A100s: baseLatency 6.6 us + (n-1) hops x 0.6 us, bandwidth
+    min(llMaxBw 87.7, busbw / 2) x n / (n-1); large: busbw 300 x n / (n-1)."""
+    t = Topology.preset("dgx-a100")
+    for collective in ("reduce_scatter", "allgather"):
+        p = nccl.predict_collective(t, collective, 64)
+        assert p.times[("ring", "LL")] * 1e6 == pytest.approx(6.6 + 7 * 0.6 + 64 / (1000 * 87.7 * 8 / 7), rel=1e-6)
+        big = nccl.predict_collective(t, collective, 1 << 34)
+        assert (1 << 34) / (big.times[("ring", "Simple")] * 1e9) == pytest.approx(300 * 8 / 7, rel=0.01)
+    assert nccl.predict_collective(t, "allreduce", 1 << 20) == nccl.predict(t, 1 << 20)
+    assert nccl.predict_collective(Topology.preset("shm:8"), "allgather", 1 << 20) is None
+    with pytest.raises(ValueError, match="no NCCL model of 'broadcast'"):
+        nccl.predict_collective(t, "broadcast", 1 << 20)
 
 
 def test_psums_path_takes_lax_where_the_model_says_so(monkeypatch):

@@ -19,6 +19,7 @@ CASES = [(Topology.preset("dgx1-v100").subset([0, 1, 2, 5]), 2**24, True),
 def _forget():
     """What a new process would not have: every in-process cache of the decision."""
     _decide._predicted_cached.cache_clear()
+    _decide._other_predicted.cache_clear()
     _decide._tuned.cache_clear()
     _decide.tuned_schedule.cache_clear()
     _decide.schedule_for.cache_clear()
@@ -44,6 +45,7 @@ def _no_recomputing(monkeypatch):
 
     monkeypatch.setattr(_decide, "simulate", refuse)
     monkeypatch.setattr(_decide.nccl_model, "predict", refuse)
+    monkeypatch.setattr(_decide.nccl_model, "predict_collective", refuse)
     monkeypatch.setattr(_decide, "_predict_gpu", refuse)
     monkeypatch.setattr("jax_blink.sim.tuning.simulate", refuse)
     # nor planned or lowered: the tuned schedule is on disk too
@@ -157,10 +159,26 @@ def test_a_tuned_schedule_whose_header_is_not_the_requests_is_lowered_again(cach
         caplog.clear()
         assert _tuned() == first
         assert "ignoring a tuned schedule" in caplog.text
-    for value in ({**data["value"], "words": "not base64!"}, {"text": "x"}, "words"):
+    for value in ({**data["value"], "words": "not base64!"}, {"text": "x"}, "words",
+                  {**data["value"], "seconds": -1.0}, {**data["value"], "seconds": "soon"}):
         entry.write_text(json.dumps({**data, "value": value}))
         _forget()
         caplog.clear()
         assert _tuned() == first
         assert "ignoring a tuned schedule" in caplog.text
     assert json.loads(entry.read_text())["value"] == data["value"]  # stored again, whole
+
+
+def test_a_corrupt_prediction_of_another_collective_is_recomputed(cache_dir, caplog):
+    first = _tuned("reduce_scatter")
+    entries = [e for e in cache_dir.glob("decide-*.json")
+               if json.loads(e.read_text())["format"] == "jax_blink.gpu_prediction_other"]
+    assert len(entries) == 1
+    data = json.loads(entries[0].read_text())
+    for value in (["fast", "how", 1.0], [1.0], "x"):
+        entries[0].write_text(json.dumps({**data, "value": value}))
+        _forget()
+        caplog.clear()
+        assert _tuned("reduce_scatter") == first
+        assert "ignoring an entry" in caplog.text
+    assert json.loads(entries[0].read_text())["value"] == data["value"]
