@@ -590,6 +590,8 @@ def _other_predicted(request, count, dtype):
     if kept is not None:
         try:
             theirs, how, ours = kept
+            if theirs is None and ours is None:
+                raise ValueError("it holds no time")
             return (None if theirs is None else float(theirs), str(how), None if ours is None else float(ours))
         except (TypeError, ValueError) as e:
             logger.warning("jax_blink decision cache: ignoring an entry and predicting afresh: %s", e)
@@ -606,7 +608,7 @@ def _choose_tuned(request, count, dtype, what, fallback):
     (:func:`_other_predicted`; with ``JAX_BLINK_ALGO=auto``, otherwise the plan). Below the
     executor's per-call cost NCCL wins without planning."""
     if settings.algo() != "auto":
-        text, encoded, seconds = tuned_schedule(request, count, dtype)
+        text, encoded, _ = tuned_schedule(request, count, dtype)
         return Decision(f"{what}: {text} (tuned for the CUDA executor: JAX_BLINK_ALGO={settings.algo()})",
                         request, encoded)
     theirs, how, ours = _other_predicted(request, count, dtype)

@@ -175,7 +175,7 @@ def test_a_corrupt_prediction_of_another_collective_is_recomputed(cache_dir, cap
                if json.loads(e.read_text())["format"] == "jax_blink.gpu_prediction_other"]
     assert len(entries) == 1
     data = json.loads(entries[0].read_text())
-    for value in (["fast", "how", 1.0], [1.0], "x"):
+    for value in (["fast", "how", 1.0], [1.0], "x", [None, "", None]):
         entries[0].write_text(json.dumps({**data, "value": value}))
         _forget()
         caplog.clear()
