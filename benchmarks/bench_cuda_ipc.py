@@ -18,7 +18,6 @@ an NVIDIA GPU.
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,15 +27,10 @@ import numpy as np
 from _machine import machine
 from bench_cuda import gpu_name, load_cuda
 
-_WORKER = r"""
-import json, sys
-import numpy as np
-from jax_blink import _ffi
-cuda = _ffi.load_cuda_testing()
-rank, job_dir = int(sys.argv[1]), sys.argv[2]
-print(json.dumps(list(cuda.host_arena())), flush=True)
-job = json.loads(sys.stdin.readline())
-cuda.host_attach(rank, [tuple(p) for p in job["processes"]])
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from ipc_workers import CUDA_WORKER_PREAMBLE, run_workers  # noqa: E402
+
+_WORKER = CUDA_WORKER_PREAMBLE + r"""
 sched = np.fromfile(f"{job_dir}/sched.bin", dtype=np.int64)
 x = np.fromfile(f"{job_dir}/in{rank}.bin", dtype=np.float32)
 cuda.ipc_run_rank(sched, rank, x, site=1, calls=2)  # warm-up: opens the peers' handles
@@ -47,26 +41,8 @@ print(json.dumps({"seconds": res["seconds"]}), flush=True)
 
 
 def across_processes(job_dir: Path, nprocs: int, iters: int) -> float:
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(r), str(job_dir)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(nprocs)]
-    try:
-        arenas = [json.loads(p.stdout.readline()) for p in procs]
-        for p in procs:
-            p.stdin.write(json.dumps({"processes": arenas, "iters": iters}) + "\n")
-            p.stdin.flush()
-        seconds = []
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            if p.returncode != 0:
-                raise RuntimeError(err)
-            seconds.append(json.loads(out.splitlines()[-1])["seconds"])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    return max(seconds)
+    """The slowest rank's seconds per call, one rank per process."""
+    return max(o["seconds"] for o in run_workers(_WORKER, nprocs, job_dir, timeout=300, iters=iters))
 
 
 def main():

@@ -38,7 +38,7 @@ from jax_blink.sim import nccl as nccl_model, simulate, tune
 from jax_blink.sim.closed_form import busiest_arc_s
 from jax_blink.sim.baselines import chain as _chain, double_binary_tree, ring_allreduce
 from jax_blink.topo import Topology, TopologyError, load_topology
-from jax_blink.topo.presets import shm_processes
+from jax_blink.topo.presets import gpu_of, shm_processes
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
            "topology_for", "schedule_for", "launch_s", "record", "recent", "lax_equivalent",
@@ -257,6 +257,15 @@ def _tuned(topology, collective, root, count, dtype):
                 executor=CUDA_STREAM, simulate_top=TUNE_SIMULATE_TOP)
 
 
+def _gpu_key(about, **fields) -> dict:
+    """The key of a disk entry about the request ``about`` on GPUs: what every such entry depends on
+    (the sources, this module's included, the topology, the CUDA executor's costs and how
+    tuning simulates), and ``fields``."""
+    return {"sources": [source_digest(), _rules_digest()], "topology": about.topology.fingerprint(),
+            "reduce_gbps": about.topology.reduce_gbps, "executor": dataclasses.asdict(CUDA_STREAM),
+            "simulate_top": TUNE_SIMULATE_TOP, **fields}
+
+
 _TUNED_SCHEDULE_FORMAT = "jax_blink.tuned_schedule"
 
 
@@ -273,10 +282,7 @@ def tuned_schedule(request: PlanRequest, count: int, dtype: str):
     header names this request's ranks, count, collective, dtype and op (the C++ decoder
     validates the whole schedule before it runs); any other is ignored with a warning."""
     root = request.root if request.collective in ("broadcast", "reduce") else None
-    key = {"sources": [source_digest(), _rules_digest()], "topology": request.topology.fingerprint(),
-           "reduce_gbps": request.topology.reduce_gbps, "collective": request.collective, "root": root,
-           "op": request.op, "count": count, "dtype": dtype, "executor": dataclasses.asdict(CUDA_STREAM),
-           "simulate_top": TUNE_SIMULATE_TOP}
+    key = _gpu_key(request, collective=request.collective, root=root, op=request.op, count=count, dtype=dtype)
     kept = load_keyed("lowered", _TUNED_SCHEDULE_FORMAT, key)
     if kept is not None:
         try:
@@ -495,11 +501,8 @@ def _predicted_cached(request, count, dtype, gpu, candidates, processes=1):
         out["lax"] = cpu_allreduce_seconds("lax", size, table)
         return tuple(out.items()), ("CPU model across processes" if processes > 1
                                     else "CPU model"), ()
-    key = {"sources": [source_digest(), _rules_digest()], "topology": request.topology.fingerprint(),
-           "reduce_gbps": request.topology.reduce_gbps, "request": [request.chunks, request.launch_s,
-                                                                     request.collective, request.root],
-           "size_bytes": size, "dtype": dtype, "candidates": list(candidates),
-           "executor": dataclasses.asdict(CUDA_STREAM), "simulate_top": TUNE_SIMULATE_TOP}
+    key = _gpu_key(request, request=[request.chunks, request.launch_s, request.collective, request.root],
+                   size_bytes=size, dtype=dtype, candidates=list(candidates))
     kept = load_keyed("decide", _PREDICTION_FORMAT, key)
     try:
         if kept is not None:
@@ -582,10 +585,8 @@ def _other_predicted(request, count, dtype):
     collective other than the allreduce on GPUs (:func:`_nccl_equivalent`,
     :func:`tuned_schedule`; the plan is not tuned where NCCL takes less than the CUDA
     executor's per-call cost), kept on disk like the allreduce's prediction."""
-    key = {"sources": [source_digest(), _rules_digest()], "topology": request.topology.fingerprint(),
-           "reduce_gbps": request.topology.reduce_gbps, "collective": request.collective,
-           "root": request.root, "op": request.op, "count": count, "dtype": dtype,
-           "executor": dataclasses.asdict(CUDA_STREAM), "simulate_top": TUNE_SIMULATE_TOP}
+    key = _gpu_key(request, collective=request.collective, root=request.root, op=request.op, count=count,
+                   dtype=dtype)
     kept = load_keyed("decide", _OTHER_PREDICTION_FORMAT, key)
     if kept is not None:
         try:
@@ -679,7 +680,7 @@ def across_hosts(groups, processes: int, per_process: int, *, topology=None, chu
         return False, ("no prediction across hosts: no network found in sysfs; set "
                        "JAX_BLINK_NETWORK_GBPS to each host's network bandwidth to compare with "
                        "NCCL over all GPUs")
-    if nccl_model.predict_hosts(host, processes, network, 1) is None:
+    if gpu_of(host) is None:
         return False, f"no prediction across hosts: no NCCL model for {host.name} (it names no GPU)"
     return _across_hosts(groups, processes, host, network, settings.chunks(chunks), source)
 

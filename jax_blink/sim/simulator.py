@@ -250,7 +250,8 @@ class _Simulation:
             base.append(g)
             g += len(steps)
         self.base = base
-        self.op, self.rank, self.chunk, self.peer, self.tree = ops, ranks, chunk_of, peers, trees = [], [], [], [], []
+        ops, ranks, chunk_of, peers, trees = [], [], [], [], []
+        self.op, self.rank, self.chunk, self.peer, self.tree = ops, ranks, chunk_of, peers, trees
         self.missing = missing = []  # unfinished dependencies (+1 for a RECV's data)
         self.dependents = dependents = [[] for _ in range(g)]
         sends = {}

@@ -7,12 +7,10 @@ Needs an NVIDIA GPU and the CUDA modules; without them it skips with the reason.
 exchange itself is tested without a GPU by tests/executor/test_host_exchange.py. What one
 GPU cannot show: opening a handle made on another GPU (peer access between two devices)."""
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+
+from ipc_workers import CUDA_WORKER_PREAMBLE, run_workers
 
 
 pytestmark = pytest.mark.gpu
@@ -42,31 +40,6 @@ def pattern(nbytes, seed):
     return ((np.arange(nbytes, dtype=np.int64) * 31 + seed) % 256).astype(np.uint8).tobytes()
 
 
-def run_workers(script, nprocs, *args, timeout=240, **job):
-    """Starts `script` in `nprocs` processes (argv: its rank, then `args`), hands every one
-    the arenas of all (they print theirs first) with `job`, and returns what each printed
-    last, as JSON; every process is reaped."""
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), *map(str, args)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(nprocs)]
-    try:
-        arenas = [json.loads(p.stdout.readline()) for p in procs]
-        for p in procs:
-            p.stdin.write(json.dumps({"processes": arenas, **job}) + "\n")
-            p.stdin.flush()
-        outs = []
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, err
-            outs.append(json.loads(out.splitlines()[-1]))
-        return outs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-
-
 @pytest.mark.parametrize("nbytes", [1, 4099, 8 << 20])
 def test_two_processes_on_one_gpu_read_each_others_buffer(cuda, nbytes):
     outs = run_workers(_WORKER, 2, nbytes, timeout=120)
@@ -78,15 +51,7 @@ def test_two_processes_on_one_gpu_read_each_others_buffer(cuda, nbytes):
 
 
 # ------------------------------------------------ the stream executor across processes
-_RUN_WORKER = r"""
-import json, sys
-import numpy as np
-from jax_blink import _ffi
-cuda = _ffi.load_cuda_testing()
-rank, job_dir = int(sys.argv[1]), sys.argv[2]
-print(json.dumps(list(cuda.host_arena())), flush=True)
-job = json.loads(sys.stdin.readline())
-cuda.host_attach(rank, [tuple(p) for p in job["processes"]])
+_RUN_WORKER = CUDA_WORKER_PREAMBLE + r"""
 errors = {}
 for i, case in enumerate(job["cases"]):
     sched = np.fromfile(f"{job_dir}/{case}_sched{rank}.bin", dtype=np.int64)
