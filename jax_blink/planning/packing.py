@@ -44,6 +44,8 @@ __all__ = ["Packer", "Column", "orient", "pair_split", "PRICE_TOL"]
 
 #: Column generation stops when no tree is this much cheaper than 1.
 PRICE_TOL = 1e-7
+#: The price of an arc no tree may use (far above any tree's reduced-cost limit).
+EXCLUDED_PRICE = 1e6
 
 
 @dataclasses.dataclass
@@ -246,16 +248,22 @@ class Packer:
         """Column generation to LP optimality; returns (rate, weights of the columns, arc duals)."""
         if not self.columns:
             self.seed()
+        # an arc left with no capacity (carved to below 1e-9 of its own) carries no tree: its
+        # dual may be raised at will (the LP stays optimal, the duals feasible), so priced high
+        # it keeps pricing from proposing trees that can only get weight 0 (on a carved
+        # residual most rounds did: about 60 a step, 2-5 s per broadcast plan of a DGX-1)
+        closed = (np.zeros(len(self.graph.arcs), dtype=bool) if capacity_gbps is None
+                  else np.asarray(capacity_gbps, dtype=float) <= 1e-9 * self.graph.capacity_gbps)
         for _ in range(max_rounds):
             rate, weights, arc_price, root_price = self.solve_lp(self.columns, capacity_gbps)
-            if not self.price(arc_price, root_price):
+            if not self.price(np.where(closed, EXCLUDED_PRICE, arc_price), root_price):
                 return rate, weights, arc_price
         raise PlanError(f"internal error: column generation did not converge in {max_rounds} rounds")
 
     def _propose(self, residual, rng, root):
         """A spanning tree from ``root`` over the widest residual arcs (ties broken at random), or None."""
         cap = self.graph.capacity_gbps
-        excluded = 1e6
+        excluded = EXCLUDED_PRICE
         for level in np.unique(residual[residual > 1e-9 * cap.max()])[::-1]:
             price = np.where(residual >= level * (1 - 1e-9), rng.uniform(1.0, 2.0, len(cap)), excluded)
             cost, edges, paths = self.graph.cheapest_tree(price, self.directions, root)
@@ -287,17 +295,27 @@ class Packer:
         concave in ``w``, so Newton steps on the tight cut find it. Trees of
         an optimal LP solution cross every tight cut once, so each step makes
         progress. The trees carved this way usually number far fewer than a
-        basic LP solution's. Does nothing where no closed form applies.
+        basic LP solution's.
+
+        Returns
+        -------
+        list of int or None
+            The indices of the carved columns where they carry all of
+            ``rate`` (a packing for :func:`~jax_blink.planning.fewest.exact_weights`,
+            which the time-limited tree-count MILP may not find among
+            hundreds of columns), else None; None also where no closed form
+            applies (nothing is carved).
         """
         residual = self.graph.capacity_gbps.copy()
         remaining = rate
         tol = 1e-9 * rate
         if self._oracle(residual) is None:
-            return
+            return None
         step = slice(0, None, 2) if self.collective == "allreduce" else slice(None)
 
         def per_link(capacity):  # allreduce trees load both directions: a link holds its smaller one
             return np.minimum(capacity[0::2], capacity[1::2]) if self.collective == "allreduce" else capacity
+        carved = []
         while remaining > tol * 10:
             try:
                 _, weights, _ = self.generate(residual)
@@ -305,12 +323,11 @@ class Packer:
                 # on a nearly exhausted residual the duals can be noisy enough that pricing
                 # keeps finding "new" trees of equal cost; carving only adds columns, so stop
                 # here: the trees found so far stay candidates for the tree-count MILP
-                return
+                return None
             order = [j for j in np.argsort(-weights)[:tries] if weights[j] > tol]
             best = None
             for j in order:
-                col = self.columns[j]
-                use = col.use
+                use = self.columns[j].use
                 weight = min(float(np.min(residual[use > 0] / use[use > 0])), remaining)
                 for _ in range(30):
                     value, mask, divisor = self._oracle(np.maximum(residual - weight * use, 0.0))
@@ -324,12 +341,14 @@ class Packer:
                 else:
                     weight = float(weights[j])
                 if best is None or weight > best[0]:
-                    best = (weight, use)
+                    best = (weight, int(j))
             if best is None:
-                return
-            weight, use = best
-            residual = np.maximum(residual - weight * use, 0.0)
+                return None
+            weight, j = best
+            residual = np.maximum(residual - weight * self.columns[j].use, 0.0)
             remaining -= weight
+            carved.append(j)
+        return sorted(set(carved))
 
     def widest(self, runs, seed=0):
         """Add trees of large weight: greedy packings of widest trees.

@@ -226,11 +226,13 @@ def _pack(graph, collective, family, root, max_trees, tolerance):
     count, and the LP's arc duals (for the certificate)."""
     packer = Packer(graph, collective, family, root)
     lp_rate, _, arc_price = packer.generate()
-    if family == "tree":  # rsag's per-root balance already forces one tree per rank
-        packer.carve(lp_rate)
-        packer.widest(runs=2)
     target = lp_rate * (1.0 - tolerance) * (1 - 1e-9)
     candidates = []
+    if family == "tree":  # rsag's per-root balance already forces one tree per rank
+        carved = packer.carve(lp_rate)
+        packer.widest(runs=2)
+        if carved is not None and (max_trees is None or len(carved) <= max_trees):
+            candidates.append(exact_weights(packer, carved))
     for attempt in range(4):  # add columns until the MILP reaches the target
         candidates.append(exact_weights(packer, fewest_trees(packer, target, max_trees)))
         if candidates[-1][0] >= target or max_trees is None:
