@@ -542,15 +542,17 @@ def _predict_gpu(request, count, dtype, candidates, size):
             out[name] = _tuned(request.topology, request.collective, None, count, dtype).seconds
             continue
         try:
+            if model is not None:  # no transfer beats its busiest link: bound to lose to NCCL?
+                # (the bound on the lowering as built: a ring at 256 MB validates in 0.09 s)
+                built = _BASELINES[name](request.topology, size, dtype)
+                floor_s = CUDA_STREAM.seconds(busiest_arc_s(built, request.topology), built)
+                if floor_s >= model.seconds:
+                    bounds[name] = floor_s
+                    continue
             schedule = schedule_for(dataclasses.replace(request, algo=name), count, dtype)[1]
         except (TopologyError, ScheduleError):  # a baseline this topology or size cannot carry
             out[name] = None  # is left out of the comparison
             continue
-        if model is not None:  # no transfer beats its busiest link: bound to lose to NCCL?
-            floor_s = CUDA_STREAM.seconds(busiest_arc_s(schedule, request.topology), schedule)
-            if floor_s >= model.seconds:
-                bounds[name] = floor_s
-                continue
         transfer[name] = simulate(schedule, request.topology).time_s
         out[name] = CUDA_STREAM.seconds(transfer[name], schedule)  # run by jax_blink's executor
     if model is not None:
