@@ -200,15 +200,20 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance, links):
                      and (f != "split" or max_trees is None and not graph.symmetric))
     results = {}
     for family in families:
-        _, rate, trees, arc_price = _pack(graph, collective, family, root, max_trees, tolerance)
+        # an allreduce's rsag packs the tree family's undirected trees, rooted at every rank: its
+        # trees, each at 1/n of its weight per root, reach the same rate (column generation then
+        # has little left to price)
+        start_trees = results["tree"][1] if family == "rsag" and "tree" in results else ()
+        _, rate, trees, arc_price = _pack(graph, collective, family, root, max_trees, tolerance, start_trees)
         results[family] = (rate, trees, arc_price)
     family = families[0]
     if "rsag" in results and "tree" in results:
         tree_rate, rsag_rate = results["tree"][0], results["rsag"][0]
         tie = math.isclose(tree_rate, rsag_rate, rel_tol=RATE_RTOL)
-        rsag_depth = max(t.depth for t in results["rsag"][1])
-        trees_depth = max(t.depth for t in results["tree"][1])
-        if rsag_rate > tree_rate and not tie or tie and rsag_depth <= trees_depth:
+        # on a tie the shallower, then the one of fewer trees (each costs steps)
+        rsag_shape = (max(t.depth for t in results["rsag"][1]), len(results["rsag"][1]))
+        trees_shape = (max(t.depth for t in results["tree"][1]), len(results["tree"][1]))
+        if rsag_rate > tree_rate and not tie or tie and rsag_shape <= trees_shape:
             family = "rsag"
     if "split" in results and results["split"][0] > results[family][0] * (1 + RATE_RTOL):
         family = "split"
@@ -221,10 +226,14 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance, links):
     return result.check(), certificate
 
 
-def _pack(graph, collective, family, root, max_trees, tolerance):
+def _pack(graph, collective, family, root, max_trees, tolerance, start_trees=()):
     """Pack one family: its LP-optimal rate, the rate and trees after minimising the tree
-    count, and the LP's arc duals (for the certificate)."""
+    count, and the LP's arc duals (for the certificate). ``start_trees`` (undirected trees
+    of an allreduce) start the column generation, as columns rooted at every rank."""
     packer = Packer(graph, collective, family, root)
+    for tree in start_trees:
+        for r in range(graph.n):
+            packer.add(r, tree.edges, tree.paths)
     lp_rate, _, arc_price = packer.generate()
     target = lp_rate * (1.0 - tolerance) * (1 - 1e-9)
     candidates = []
