@@ -12,6 +12,7 @@ Pure Python: never imports jax.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -114,8 +115,12 @@ def _greedy_cycle(cost: np.ndarray):
     return best
 
 
+@functools.lru_cache(maxsize=64)
 def best_rings(topology: Topology, tolerance: float = 1e-9) -> RingSet:
     """The best NCCL-style rings on the fast links (NVLink, NVSwitch).
+
+    Cached per topology (a whole DGX-1's take 35 ms, and a GPU decision asks for
+    them up to four times: NCCL's model, the ring, the tree and the chain).
 
     Packs directed Hamiltonian rings fractionally (an LP solved by column
     generation with HiGHS; a new ring is the cheapest Hamiltonian cycle under
