@@ -196,8 +196,8 @@ def _simulated_main(args):
                              f"got {args.min_gpus}")
         count = allocations(topology.n, args.min_gpus)
         print(f"# {count} allocations x {len(sizes)} sizes: about "
-              f"{math.ceil(5 * count * len(sizes) / max(args.jobs, 1) / 60)} min with {args.jobs} "
-              "job(s) (planning over every link and simulating take about 5 s per allocation and size "
+              f"{math.ceil(2 * count * len(sizes) / max(args.jobs, 1) / 60)} min with {args.jobs} "
+              "job(s) (planning over every link and simulating take about 2 s per allocation and size "
               "on a 2-core machine)",
               file=sys.stderr)
         summary, rows = sweep_subsets(topology, sizes, args.dtype, model, args.min_gpus, args.jobs,

@@ -44,12 +44,12 @@ comparison. ``Plan.link_kinds`` records which kinds a plan may use,
 (full DGX-1V allreduce: 94.86 GB/s over all links, 85.71 over NVLink alone;
 DGX-1P 54.86 and 45.71; broadcast from GPU 0 on the DGX-1V 166 and 150).
 
-Planning time grows quickly with the rank count (on two cores: shm:8 in
-0.2 s, shm:32 in 2 s, shm:64 in 20 s, 32 ranks in four NVLink islands in
-about a minute, shm:128 in about three minutes; reduce-scatter and all-gather
-price an arborescence per rank in every round: a DGX-1 in 1.5 s, shm:8 in
-0.3 s, shm:32 in 17 s, shm:64 in 25 s), so :func:`plan` refuses more than
-:data:`MAX_RANKS` ranks at once, before any work.
+Planning time grows quickly with the rank count (allreduce on two cores:
+shm:8 in 0.2 s, shm:32 in 0.6 s, shm:64 in 3 s, shm:128 in about 26 s;
+reduce-scatter and all-gather price an arborescence per rank in every round:
+a DGX-1 in 0.3 s, shm:8 in 0.05 s, shm:32 in 3 s, shm:64 in 7 s; ad hoc,
+November 2026), so :func:`plan` refuses more than :data:`MAX_RANKS` ranks at
+once, before any work.
 
 This module is the driver: it checks the arguments, consults the cache
 (:mod:`jax_blink.planning.cache`), packs each family (:mod:`jax_blink.planning.packing`,
