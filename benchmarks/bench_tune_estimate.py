@@ -12,7 +12,10 @@ tests/sim/test_estimates.py checks a sample of the same within 2%.
 
 Writes ``benchmarks/results/tune_estimate_<machine>.{json,md}``.
 
-Usage: ``python benchmarks/bench_tune_estimate.py [--sizes 1M 16M 256M] [--machine NAME]``
+With ``--simulate-top 3 4 8`` it reports each count (psum's is the default): how many
+simulations a trace-time choice needs.
+
+Usage: ``python benchmarks/bench_tune_estimate.py [--sizes 1M 16M 256M] [--simulate-top N ...] [--machine NAME]``
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["1M", "16M", "256M"])
+    parser.add_argument("--simulate-top", nargs="+", type=int, default=[TUNE_SIMULATE_TOP],
+                        help=f"simulation counts to compare (psum's: {TUNE_SIMULATE_TOP})")
     parser.add_argument("--machine", default="amd-epyc-2core")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes]
@@ -51,34 +56,39 @@ def main() -> int:
         for size in sizes:
             start = time.perf_counter()
             exhaustive = tune(p, size, executor=CUDA_STREAM)
-            middle = time.perf_counter()
-            fast = tune(p, size, executor=CUDA_STREAM, simulate_top=TUNE_SIMULATE_TOP)
-            end = time.perf_counter()
-            rows.append({"topology": topology.name, "size_bytes": size,
-                         "ratio": fast.seconds / exhaustive.seconds,
-                         "exhaustive_us": exhaustive.seconds * 1e6, "fast_us": fast.seconds * 1e6,
-                         "exhaustive_chunks": list(exhaustive.chunks), "fast_chunks": list(fast.chunks),
-                         "exhaustive_simulations": exhaustive.candidates, "fast_simulations": fast.candidates,
-                         "exhaustive_s": middle - start, "fast_s": end - middle})
-        print(f"{topology.name}: worst {max(r['ratio'] for r in rows[-len(sizes):]):.3f}", flush=True)
+            exhaustive_s = time.perf_counter() - start
+            for top in args.simulate_top:
+                start = time.perf_counter()
+                fast = tune(p, size, executor=CUDA_STREAM, simulate_top=top)
+                rows.append({"topology": topology.name, "size_bytes": size, "simulate_top": top,
+                             "ratio": fast.seconds / exhaustive.seconds,
+                             "exhaustive_us": exhaustive.seconds * 1e6, "fast_us": fast.seconds * 1e6,
+                             "exhaustive_chunks": list(exhaustive.chunks), "fast_chunks": list(fast.chunks),
+                             "exhaustive_simulations": exhaustive.candidates, "fast_simulations": fast.candidates,
+                             "exhaustive_s": exhaustive_s, "fast_s": time.perf_counter() - start})
+        print(f"{topology.name}: worst {max(r['ratio'] for r in rows[-len(sizes) * len(args.simulate_top):]):.3f}",
+              flush=True)
     commit = RUN_COMMIT
     out = ROOT / "benchmarks" / "results"
     info = machine(name=args.machine)
     (out / f"tune_estimate_{args.machine}.json").write_text(json.dumps(
-        {"machine": info, "commit": commit, "simulate_top": TUNE_SIMULATE_TOP, "rows": rows}, indent=1) + "\n")
+        {"machine": info, "commit": commit, "psum_simulate_top": TUNE_SIMULATE_TOP, "rows": rows}, indent=1) + "\n")
     lines = [f"# Trace-time tuning against the exhaustive search ({info['cpu']}, {info['cores']} cores)", "",
-             f"Commit {commit}. Predicted time of `tune(simulate_top={TUNE_SIMULATE_TOP})`'s choice over "
-             "the exhaustive search's (CUDA executor costs), and the seconds each search took. "
-             "`python benchmarks/bench_tune_estimate.py` writes this.", "",
-             "| size | topologies | worst ratio (where) | ratio > 1.01 | median exhaustive s | median fast s "
-             "| max fast s |", "|---|---|---|---|---|---|---|"]
+             f"Commit {commit}. Predicted time of `tune(simulate_top=N)`'s choice over the exhaustive "
+             f"search's (CUDA executor costs), and the seconds each search took; psum simulates "
+             f"{TUNE_SIMULATE_TOP}. `python benchmarks/bench_tune_estimate.py"
+             f"{'' if args.simulate_top == [TUNE_SIMULATE_TOP] else ' --simulate-top ' + ' '.join(map(str, args.simulate_top))}` "
+             "writes this.", "",
+             "| size | N | topologies | worst ratio (where) | ratio > 1.01 | ratio > 1.02 | median exhaustive s "
+             "| median fast s | max fast s |", "|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
-        sel = [r for r in rows if r["size_bytes"] == size]
-        worst = max(sel, key=lambda r: r["ratio"])
-        med = lambda key: sorted(r[key] for r in sel)[len(sel) // 2]  # noqa: E731
-        lines.append(f"| {format_size(size)} | {len(sel)} | {worst['ratio']:.3f} ({worst['topology']}) "
-                     f"| {sum(r['ratio'] > 1.01 for r in sel)} | {med('exhaustive_s'):.2f} | {med('fast_s'):.3f} "
-                     f"| {max(r['fast_s'] for r in sel):.2f} |")
+        for top in args.simulate_top:
+            sel = [r for r in rows if r["size_bytes"] == size and r["simulate_top"] == top]
+            worst = max(sel, key=lambda r: r["ratio"])
+            med = lambda key: sorted(r[key] for r in sel)[len(sel) // 2]  # noqa: E731
+            lines.append(f"| {format_size(size)} | {top} | {len(sel)} | {worst['ratio']:.3f} ({worst['topology']}) "
+                         f"| {sum(r['ratio'] > 1.01 for r in sel)} | {sum(r['ratio'] > 1.02 for r in sel)} "
+                         f"| {med('exhaustive_s'):.2f} | {med('fast_s'):.3f} | {max(r['fast_s'] for r in sel):.2f} |")
     (out / f"tune_estimate_{args.machine}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

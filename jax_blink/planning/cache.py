@@ -53,7 +53,7 @@ __all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "c
            "CACHE_VERSION", "ENTRY_FORMAT", "disk_store", "files_digest", "source_digest", "load_keyed", "store_keyed"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 #: The ``"format"`` of a cache entry.
 ENTRY_FORMAT = "jax_blink.plan_cache"
 
