@@ -6,7 +6,7 @@ keeps its best incumbent). This plans the allreduce of every GPU preset and of
 every allocation of 3 to 7 GPUs of a DGX-1 V100 afresh at each limit given, and
 reports how many plans differ from the last limit's, have more or fewer trees, the
 planning seconds, and for the plans that differ the tuned lowering's predicted
-time on the CUDA executor (``tune(..., executor=CUDA_STREAM, simulate_top=...)``,
+time on the CUDA executor (``tune(..., executor=CUDA_STREAM, simulate_top=tune_simulate_top(size))``,
 what psum runs on GPUs) at 1, 16 and 256 MB, as a ratio to the last limit's plan.
 Planning times count the HiGHS incumbent search, so run it on a quiet machine.
 
@@ -36,7 +36,7 @@ def main() -> int:
     import cvxpy  # noqa: F401  (imported before the timing: not planning time)
 
     from jax_blink import Topology
-    from jax_blink.ops.decide import TUNE_SIMULATE_TOP
+    from jax_blink.ops.decide import tune_simulate_top
     from jax_blink.planning import fewest, planner
     from jax_blink.planning.cost import CUDA_STREAM
     from jax_blink.sim import tune
@@ -72,7 +72,7 @@ def main() -> int:
                 if not row["same_as_reference"]:
                     for q in (p, reference):
                         if id(q) not in tuned:
-                            tuned[id(q)] = [tune(q, s, executor=CUDA_STREAM, simulate_top=TUNE_SIMULATE_TOP).seconds
+                            tuned[id(q)] = [tune(q, s, executor=CUDA_STREAM, simulate_top=tune_simulate_top(s)).seconds
                                             for s in SIZES]
                     row["tuned_ratio"] = [a / b for a, b in zip(tuned[id(p)], tuned[id(reference)])]
             print(topology.name, [(r["limit_s"], r["trees"], round(r["seconds"], 3)) for r in rows[-len(args.limits):]],

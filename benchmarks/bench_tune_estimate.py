@@ -2,8 +2,8 @@
 
 psum tunes a plan's lowering for the CUDA executor at trace time by ranking every
 candidate (tree subsets at chunk scales 1/1024 to 64) with the analytic estimate
-``jax_blink.sim.tuning.estimate_seconds`` and simulating only the best
-``jax_blink.ops.decide.TUNE_SIMULATE_TOP`` (``tune(..., simulate_top=...)``). This
+``jax_blink.sim.tuning.estimate_seconds`` and simulating only the best few
+(``jax_blink.ops.decide.tune_simulate_top``; ``tune(..., simulate_top=...)``). This
 compares its choice with ``tune``'s exhaustive search (every subset, doubling and
 halving the chunks by simulation) on every GPU preset and every allocation of 2 to 8
 GPUs of a DGX-1 V100 (247), at each size: the ratio of the predicted times
@@ -12,8 +12,8 @@ tests/sim/test_estimates.py checks a sample of the same within 2%.
 
 Writes ``benchmarks/results/tune_estimate_<machine>.{json,md}``.
 
-With ``--simulate-top 3 4 8`` it reports each count (psum's is the default): how many
-simulations a trace-time choice needs.
+With ``--simulate-top 4 8`` it also reports those counts: how many simulations a
+trace-time choice needs.
 
 Usage: ``python benchmarks/bench_tune_estimate.py [--sizes 1M 16M 256M] [--simulate-top N ...] [--machine NAME]``
 """
@@ -36,14 +36,14 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from jax_blink import Topology, plan
     from jax_blink.cli.sizes import format_size, parse_size
-    from jax_blink.ops.decide import TUNE_SIMULATE_TOP
+    from jax_blink.ops.decide import tune_simulate_top
     from jax_blink.planning.cost import CUDA_STREAM
     from jax_blink.sim import tune
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["1M", "16M", "256M"])
-    parser.add_argument("--simulate-top", nargs="+", type=int, default=[TUNE_SIMULATE_TOP],
-                        help=f"simulation counts to compare (psum's: {TUNE_SIMULATE_TOP})")
+    parser.add_argument("--simulate-top", nargs="+", type=int, default=[],
+                        help="simulation counts to compare besides psum's (tune_simulate_top)")
     parser.add_argument("--machine", default="amd-epyc-2core")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes]
@@ -57,36 +57,40 @@ def main() -> int:
             start = time.perf_counter()
             exhaustive = tune(p, size, executor=CUDA_STREAM)
             exhaustive_s = time.perf_counter() - start
-            for top in args.simulate_top:
+            for top in ["psum"] + args.simulate_top:
                 start = time.perf_counter()
-                fast = tune(p, size, executor=CUDA_STREAM, simulate_top=top)
+                fast = tune(p, size, executor=CUDA_STREAM,
+                            simulate_top=tune_simulate_top(size) if top == "psum" else top)
                 rows.append({"topology": topology.name, "size_bytes": size, "simulate_top": top,
                              "ratio": fast.seconds / exhaustive.seconds,
                              "exhaustive_us": exhaustive.seconds * 1e6, "fast_us": fast.seconds * 1e6,
                              "exhaustive_chunks": list(exhaustive.chunks), "fast_chunks": list(fast.chunks),
                              "exhaustive_simulations": exhaustive.candidates, "fast_simulations": fast.candidates,
                              "exhaustive_s": exhaustive_s, "fast_s": time.perf_counter() - start})
-        print(f"{topology.name}: worst {max(r['ratio'] for r in rows[-len(sizes) * len(args.simulate_top):]):.3f}",
-              flush=True)
+        these = rows[-len(sizes) * (1 + len(args.simulate_top)):]
+        print(f"{topology.name}: worst {max(r['ratio'] for r in these):.3f}", flush=True)
     commit = RUN_COMMIT
     out = ROOT / "benchmarks" / "results"
     info = machine(name=args.machine)
-    (out / f"tune_estimate_{args.machine}.json").write_text(json.dumps(
-        {"machine": info, "commit": commit, "psum_simulate_top": TUNE_SIMULATE_TOP, "rows": rows}, indent=1) + "\n")
+    (out / f"tune_estimate_{args.machine}.json").write_text(  # a row per line: thousands of rows
+        '{"machine": ' + json.dumps(info) + ', "commit": ' + json.dumps(commit) + ', "rows": [\n'
+        + ",\n".join(json.dumps(r) for r in rows) + "\n]}\n")
+    extra = f" --simulate-top {' '.join(map(str, args.simulate_top))}" if args.simulate_top else ""
     lines = [f"# Trace-time tuning against the exhaustive search ({info['cpu']}, {info['cores']} cores)", "",
              f"Commit {commit}. Predicted time of `tune(simulate_top=N)`'s choice over the exhaustive "
-             f"search's (CUDA executor costs), and the seconds each search took; psum simulates "
-             f"{TUNE_SIMULATE_TOP}. `python benchmarks/bench_tune_estimate.py"
-             f"{'' if args.simulate_top == [TUNE_SIMULATE_TOP] else ' --simulate-top ' + ' '.join(map(str, args.simulate_top))}` "
+             "search's (CUDA executor costs), and the seconds each search took; N = psum is psum's "
+             "own count at that size (`ops.decide.tune_simulate_top`). `python benchmarks/bench_tune_estimate.py"
+             f" --sizes {' '.join(args.sizes)}{extra}` "
              "writes this.", "",
              "| size | N | topologies | worst ratio (where) | ratio > 1.01 | ratio > 1.02 | median exhaustive s "
              "| median fast s | max fast s |", "|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
-        for top in args.simulate_top:
+        for top in ["psum"] + args.simulate_top:
             sel = [r for r in rows if r["size_bytes"] == size and r["simulate_top"] == top]
+            label = f"psum ({tune_simulate_top(size)})" if top == "psum" else str(top)
             worst = max(sel, key=lambda r: r["ratio"])
             med = lambda key: sorted(r[key] for r in sel)[len(sel) // 2]  # noqa: E731
-            lines.append(f"| {format_size(size)} | {top} | {len(sel)} | {worst['ratio']:.3f} ({worst['topology']}) "
+            lines.append(f"| {format_size(size)} | {label} | {len(sel)} | {worst['ratio']:.3f} ({worst['topology']}) "
                          f"| {sum(r['ratio'] > 1.01 for r in sel)} | {sum(r['ratio'] > 1.02 for r in sel)} "
                          f"| {med('exhaustive_s'):.2f} | {med('fast_s'):.3f} | {max(r['fast_s'] for r in sel):.2f} |")
     (out / f"tune_estimate_{args.machine}.md").write_text("\n".join(lines) + "\n")

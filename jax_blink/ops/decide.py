@@ -53,9 +53,22 @@ if settings.debug():
 
 _DECISIONS = collections.deque(maxlen=64)
 #: At trace time the tuned plan is chosen among this many lowerings, the best by the analytic
-#: estimate (``sim.tuning.estimate_seconds``), simulated; tests/sim/test_estimates.py checks the
-#: choice against the exhaustive search.
+#: estimate (``sim.tuning.estimate_seconds``), simulated (:func:`tune_simulate_top`);
+#: tests/sim/test_estimates.py checks the choice against the exhaustive search.
 TUNE_SIMULATE_TOP = 8
+#: From :data:`TUNE_LARGE_BYTES` per device, this many: there every candidate is bandwidth-bound
+#: and the estimate ranks them well. On every GPU preset and DGX-1 V100 allocation (251), the best
+#: 4 chose within 1% of the exhaustive search at 64 MB and exactly its choice at 256 MB, as the best
+#: 8 did, in half the time (the slowest tuning at 256 MB: 0.53 s instead of 1.06 s); at 32 MB they
+#: were up to 11% slower, and at 16 MB up to 21% (``python benchmarks/bench_tune_estimate.py
+#: --sizes 1M 16M 32M 64M 256M --simulate-top 4 8``, 2-core AMD EPYC).
+TUNE_SIMULATE_TOP_LARGE = 4
+TUNE_LARGE_BYTES = 64 << 20
+
+
+def tune_simulate_top(size_bytes: int) -> int:
+    """How many lowerings psum's trace-time tuning simulates at ``size_bytes`` per device."""
+    return TUNE_SIMULATE_TOP_LARGE if size_bytes >= TUNE_LARGE_BYTES else TUNE_SIMULATE_TOP
 
 
 def record(text: str) -> None:
@@ -249,12 +262,12 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
 @functools.lru_cache(maxsize=64)
 def _tuned(topology, collective, root, count, dtype):
     """The plan's lowering tuned for the CUDA executor (the analytic estimate ranks every
-    candidate, the best :data:`TUNE_SIMULATE_TOP` are simulated), with its predicted time
+    candidate, the best :func:`tune_simulate_top` are simulated), with its predicted time
     (``sim.Tuned.seconds``: the simulated transfer and the executor's costs): the
-    choice is kept on disk, since tuning a full DGX-1 plan takes about a minute; the op does
-    not change it, nor the time."""
+    choice is kept on disk, since tuning a whole DGX-1 plan at 256 MB takes up to about half
+    a second; the op does not change it, nor the time."""
     return tune(plan(topology, collective, root=root), count * DTYPES[dtype][1], dtype, cache=True,
-                executor=CUDA_STREAM, simulate_top=TUNE_SIMULATE_TOP)
+                executor=CUDA_STREAM, simulate_top=tune_simulate_top(count * DTYPES[dtype][1]))
 
 
 def _gpu_key(about, **fields) -> dict:
@@ -263,7 +276,7 @@ def _gpu_key(about, **fields) -> dict:
     tuning simulates), and ``fields``."""
     return {"sources": [source_digest(), _rules_digest()], "topology": about.topology.fingerprint(),
             "reduce_gbps": about.topology.reduce_gbps, "executor": dataclasses.asdict(CUDA_STREAM),
-            "simulate_top": TUNE_SIMULATE_TOP, **fields}
+            "simulate_top": [TUNE_SIMULATE_TOP, TUNE_SIMULATE_TOP_LARGE, TUNE_LARGE_BYTES], **fields}
 
 
 _TUNED_SCHEDULE_FORMAT = "jax_blink.tuned_schedule"

@@ -46,7 +46,8 @@ from .collectives import DIRECTIONS
 from .errors import PlanError
 
 __all__ = ["broadcast_bound", "reduce_bound", "tree_packing_bound", "shard_bound", "dual_bound",
-           "certified_bound", "max_flow", "min_cut", "min_partition", "min_shard_cut", "split_cut_bound", "MAX_PARTITION_RANKS"]
+           "certified_bound", "max_flow", "min_cut", "min_partition", "min_shard_cut", "split_cut_bound",
+           "MAX_PARTITION_RANKS"]
 
 #: Largest rank count for which :func:`tree_packing_bound` enumerates partitions.
 MAX_PARTITION_RANKS = 10

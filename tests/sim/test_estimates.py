@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from jax_blink import Topology, plan
-from jax_blink.ops.decide import TUNE_SIMULATE_TOP
+from jax_blink.ops.decide import tune_simulate_top
 from jax_blink.planning.cost import CUDA_STREAM
 from jax_blink.sim import simulate, tune
 from jax_blink.sim.tuning import estimate_seconds, transfer_floor_s
@@ -22,7 +22,7 @@ def slowdown(topology, size):
     """The fast choice's predicted time over the exhaustive choice's."""
     p = plan(topology)
     exhaustive = tune(p, size, executor=CUDA_STREAM)
-    fast = tune(p, size, executor=CUDA_STREAM, simulate_top=TUNE_SIMULATE_TOP)
+    fast = tune(p, size, executor=CUDA_STREAM, simulate_top=tune_simulate_top(size))
     return fast.seconds / exhaustive.seconds
 
 
