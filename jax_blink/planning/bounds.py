@@ -61,10 +61,11 @@ def max_flow(num_nodes: int, arcs, capacity, source: int, sink: int):
     Edmonds-Karp (shortest augmenting paths) over the directed ``arcs``
     ``(u, v)`` of nodes ``0 .. num_nodes - 1`` with the given capacities
     (repeated arcs add up). A residual capacity below ``1e-12`` of the
-    capacity between its two nodes (both ways) counts as none. On the planner's graphs (tens of nodes)
-    it takes about an eighth of the time of networkx's ``minimum_cut`` (the 7
-    cuts of a DGX-1 V100 broadcast bound: 0.21 against 1.8 ms), and the
-    planner's carving calls it thousands of times per plan.
+    capacity between its two nodes (both ways) counts as none. On the
+    planner's graphs (tens of nodes) it takes about an eighth of the time of
+    networkx's ``minimum_cut`` (the 7 cuts of a DGX-1 V100 broadcast bound:
+    0.21 against 1.8 ms), and the planner's carving calls it thousands of
+    times per plan.
 
     Returns
     -------
@@ -274,7 +275,7 @@ def min_shard_cut(graph: LinkGraph, capacity=None, toward_root: bool = False):
     n = graph.n
     source = graph.num_nodes
     # S's arcs in: reverse the graph, then cut out of S
-    arcs = [(v, u) for u, v in graph.arcs] if toward_root else list(graph.arcs)
+    directed = [(v, u) for u, v in graph.arcs] if toward_root else list(graph.arcs)
 
     def ratio(side):
         arcs = np.array([(v in side and u not in side) if toward_root else (u in side and v not in side)
@@ -285,7 +286,7 @@ def min_shard_cut(graph: LinkGraph, capacity=None, toward_root: bool = False):
     best = min((ratio({r}) for r in range(n)), key=lambda b: b[0])
     for _ in range(MAX_RATIO_ROUNDS):  # each round lowers x strictly to another set's ratio
         x = best[0]
-        with_source = arcs + [(source, r) for r in range(n)]
+        with_source = directed + [(source, r) for r in range(n)]
         capacities = np.concatenate([capacity, np.full(n, x)])
         found = None
         for v in range(n):
