@@ -64,8 +64,12 @@ def test_blink_reaches_its_busiest_arc_and_its_certified_rate(preset):
     p = plan(t)
     s = p.lower(SIZE, "float32")
     r = simulate(s, t, model=FAST_REDUCER)
-    assert busiest_arc_s(s, t) == pytest.approx(SIZE / (p.rate_gbps * 1e9), rel=1e-6)
-    assert r.time_s == pytest.approx(busiest_arc_s(s, t), rel=0.03)
+    busiest = busiest_arc_s(s, t)
+    assert busiest == pytest.approx(SIZE / (p.rate_gbps * 1e9), rel=1e-6)
+    # no faster than its busiest arc, no slower than it plus the pipeline fill of its deepest
+    # tree, (H + k - 1) / k (pcie's plan of depth-3 trees at 32 chunks: up to 16% above it)
+    hops, k = max(tree.round_trip for tree in p.trees), min(p.chunks_for(SIZE))
+    assert busiest * (1 - 1e-9) <= r.time_s <= busiest * (hops + k - 1) / k * 1.01
 
 
 @pytest.mark.parametrize("seed", range(4))
