@@ -242,8 +242,7 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
                                op=request.op)
         return None, schedule, EncodedSchedule(schedule.encode())
     if request.algo in _BASELINES:
-        schedule = _BASELINES[request.algo](topology, size, dtype)
-        schedule = dataclasses.replace(schedule, op=request.op).validate()
+        schedule = dataclasses.replace(_baseline(request.algo, topology, size, dtype), op=request.op).validate()
         return None, schedule, EncodedSchedule(schedule.encode())
     if request.algo == "file":
         p, schedule = _from_file(request, count, dtype)
@@ -358,6 +357,14 @@ def _from_file(request, count, dtype):
 
 
 _BASELINES = {"ring": ring_allreduce, "tree": double_binary_tree, "chain": _chain}
+
+
+@functools.lru_cache(maxsize=16)
+def _baseline(name, topology, size_bytes, dtype):
+    """The baseline ``name``'s allreduce as built, not validated: on GPUs its bound against NCCL
+    is taken on it, and :func:`schedule_for` validates the same one where it runs or is
+    simulated (built once)."""
+    return _BASELINES[name](topology, size_bytes, dtype)
 _SHARDED = ("reduce_scatter", "allgather")
 _LAX = {("allreduce", "sum"): "lax.psum", ("allreduce", "max"): "lax.pmax",
         ("allreduce", "min"): "lax.pmin", ("reduce_scatter", "sum"): "lax.psum_scatter",
@@ -556,8 +563,9 @@ def _predict_gpu(request, count, dtype, candidates, size):
             continue
         try:
             if model is not None:  # no transfer beats its busiest link: bound to lose to NCCL?
-                # (the bound on the lowering as built: a ring at 256 MB validates in 0.09 s)
-                built = _BASELINES[name](request.topology, size, dtype)
+                # (the bound on the lowering as built, before schedule_for validates it: a ring at
+                # 256 MB validates in 0.09 s)
+                built = _baseline(name, request.topology, size, dtype)
                 floor_s = CUDA_STREAM.seconds(busiest_arc_s(built, request.topology), built)
                 if floor_s >= model.seconds:
                     bounds[name] = floor_s

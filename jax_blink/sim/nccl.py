@@ -38,7 +38,6 @@ Pure Python: never imports jax.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Optional
 
@@ -117,10 +116,9 @@ class NcclPrediction:
         return f"NCCL {self.algorithm}/{self.protocol} (its tuner's model)"
 
 
-@functools.lru_cache(maxsize=64)
 def _ring_busbw(topology):
     """``(bus bandwidth GB/s, over NVLink)``: the best NVLink ring packing's per-rank
-    bandwidth, or the PCIe fallback ring's bottleneck."""
+    bandwidth (``best_rings`` is cached per topology), or the PCIe fallback ring's bottleneck."""
     rings = best_rings(topology)
     if rings.rings:
         return float(sum(rings.weights_gbps)), True

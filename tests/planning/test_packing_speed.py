@@ -2,8 +2,6 @@
 each is checked against an independent answer (networkx's min cut, the closed-form
 bound, the family it starts from)."""
 
-import itertools
-
 import networkx as nx
 import numpy as np
 import pytest
