@@ -12,13 +12,12 @@ Pure Python: never imports jax.
 
 from __future__ import annotations
 
-import functools
-import gc
 from collections import defaultdict
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from .._gcpause import gc_paused
 from .constants import COLLECTIVES, DTYPES, REDUCE_OPS, ROOTED, ScheduleError, dtype_name, io_counts
 from .format import Schedule, Step
 
@@ -325,28 +324,7 @@ def _postorder(root, children):
     return out
 
 
-def _gc_paused(fn):
-    """``fn`` with Python's cyclic garbage collector paused (and restored after, unless
-    it was off already). Ordering a large lowering's steps allocates tens of thousands
-    of tuples that all survive, and the collector's passes over them took more than half
-    of the lowering: the whole DGX-1 P100 plan at 256 MB (55,552 steps) lowered in
-    450-570 ms, and in 230-270 ms with this function paused. Nothing here makes
-    reference cycles."""
-
-    @functools.wraps(fn)
-    def paused(*args, **kwargs):
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if was_enabled:
-                gc.enable()
-
-    return paused
-
-
-@_gc_paused
+@gc_paused
 def _order_steps(raw):
     """Add chain dependencies and sort each rank's steps by earliest start.
 

@@ -112,6 +112,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
+from .._gcpause import gc_paused
 from ..planning.collectives import bus_factor
 from ..schedule import Schedule
 from ..topo import TopologyError
@@ -120,6 +121,7 @@ from .model import SimError, SimModel
 __all__ = ["simulate", "SimResult", "bus_factor"]
 
 _GB = 1e9
+_FLOW_END, _ISSUE, _FINISH = range(3)  # event kinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +171,7 @@ class SimResult:
         return self.algbw_gbps * bus_factor(self.collective, self.nranks)
 
 
+@gc_paused
 def simulate(schedule: Schedule, topology, size_bytes: int | None = None,
              model: SimModel | None = None) -> SimResult:
     """Simulate ``schedule`` on ``topology``; see the module docstring for the model.
@@ -310,6 +313,7 @@ class _Simulation:
         self.arc_share = [math.inf] * len(self.capacity)
         self.arc_bytes = [0.0] * len(self.capacity)
         self.next_flow = 0
+        self.dirty = set()  # arcs where flows started or ended at this instant
 
     # ------------------------------------------------------------- events
     def push(self, t, kind, payload):
@@ -321,11 +325,20 @@ class _Simulation:
         for gid, m in enumerate(self.missing):
             if m == 0:
                 self.ready(gid, now)
-        handlers = {"issue": self.issue, "flow_end": self.flow_end,
-                    "finish": self.finish}
-        while self.events:
-            now, _, kind, payload = heapq.heappop(self.events)
-            handlers[kind](payload, now)
+        events, dirty = self.events, self.dirty
+        pop, issue, flow_end, finish = heapq.heappop, self.issue, self.flow_end, self.finish
+        while events:
+            now, _, kind, payload = pop(events)
+            if kind == _FLOW_END:
+                flow_end(payload, now)
+            elif kind == _ISSUE:
+                issue(payload, now)
+            else:
+                finish(payload, now)
+            # flows that started or ended change the rates of those sharing their arcs: once
+            # every event of this instant has run (no time passes between them)
+            if dirty and (not events or events[0][0] != now):
+                self.reshare(now)
         unfinished = [g for g, t in enumerate(self.done_at) if math.isnan(t)]
         if unfinished:
             g = unfinished[0]
@@ -337,9 +350,9 @@ class _Simulation:
         """All of ``gid``'s dependencies (and, for a RECV, its data) are there."""
         op = self.op[gid]
         if op == "SEND":  # issued after its overhead, which overlaps the channel's transfer in progress
-            self.push(now + self.overhead_s, "issue", gid)
+            self.push(now + self.overhead_s, _ISSUE, gid)
         else:  # the data is there (a reduction was done as it arrived)
-            self.push(now + self.overhead_s, "finish", gid)
+            self.push(now + self.overhead_s, _FINISH, gid)
 
     def issue(self, gid, now):
         self.send_ready.add(gid)
@@ -388,7 +401,7 @@ class _Simulation:
             weight[a] += share
             arc_share[a] = capacity[a] / weight[a]
             self.arc_bytes[a] += nbytes
-        self.reshare(arcs, now)
+        self.dirty.update(arcs)
 
     def flow_end(self, fid, now):
         flow = self.flows.get(fid)
@@ -397,7 +410,7 @@ class _Simulation:
         if flow[4] != now:  # its rate fell since this was pushed: it ends later
             flow[7] = flow[4]
             self.seq += 1
-            heapq.heappush(self.events, (flow[4], self.seq, "flow_end", fid))
+            heapq.heappush(self.events, (flow[4], self.seq, _FLOW_END, fid))
             return
         del self.flows[fid]
         weight, arc_share, capacity = self.arc_weight, self.arc_share, self.capacity
@@ -408,19 +421,20 @@ class _Simulation:
                 arc_share[a] = capacity[a] / weight[a]
             else:
                 weight[a], arc_share[a] = 0.0, math.inf
-        self.reshare(flow[0], now)
+        self.dirty.update(flow[0])
         gid = flow[5]  # a SEND: its channel is free, its data arrives after the route's latency
         channel = self.channel_of[gid]
         self.channel_busy[channel] = False
         self.try_channel(channel, now)
-        self.push(now + self.arrival_latency[gid], "finish", gid)
+        self.push(now + self.arrival_latency[gid], _FINISH, gid)
 
-    def reshare(self, arcs, now):
-        """Recompute the rates of the flows crossing ``arcs`` after a change."""
+    def reshare(self, now):
+        """Recompute the rates of the flows crossing the arcs where flows started or ended."""
         arc_flows = self.arc_flows
         affected = set()
-        for a in arcs:
+        for a in self.dirty:
             affected |= arc_flows[a]
+        self.dirty.clear()
         flows, events, share = self.flows, self.events, self.arc_share.__getitem__
         for fid in affected:
             flow = flows[fid]
@@ -434,7 +448,7 @@ class _Simulation:
             if end < flow[7]:  # else the pending end event comes first and pushes this one then
                 flow[7] = end
                 self.seq += 1  # as push(), inline: this is the simulator's inner loop
-                heapq.heappush(events, (end, self.seq, "flow_end", fid))
+                heapq.heappush(events, (end, self.seq, _FLOW_END, fid))
 
     def finish(self, gid, now):
         self.done_at[gid] = now
