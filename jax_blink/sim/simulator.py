@@ -53,7 +53,9 @@ weights. Equal per-flow sharing instead lets light trees run ahead while
 heavy ones fall behind their plan. The sharing is work-conserving on each
 arc but not max-min fair across arcs (bandwidth a flow cannot use because it
 is bottlenecked elsewhere is not handed to the others), so it is slightly
-pessimistic where flows with different bottlenecks share an arc.
+pessimistic where flows with different bottlenecks share an arc. Rates change
+only where a flow starts or ends, and are recomputed once every event of that
+instant has run.
 
 **Receives.** Data is pushed into a staging buffer at the receiver
 (receivers always have room, as with NCCL's FIFOs). A ``RECV_REDUCE``
