@@ -5,7 +5,8 @@ and where a schedule of ours might beat it plans (or loads the plan), tunes the 
 lowering for the CUDA executor by simulation and simulates the baselines
 (``jax_blink.ops.decide.decide``, what psum runs at trace time). This times that
 decision for every preset's whole machine and for partial DGX-1 V100 allocations at
-each size: first in a fresh process with an empty cache directory, then in a second
+each size: first in a fresh process with an empty cache directory of its own (so
+that every size pays for planning where it plans: the goal, 1 s), then in a second
 fresh process that finds the plans, tuned choices and predictions on disk (the
 decision's goal there: 10 ms). The libraries a process's first decision imports are
 imported before the timing and timed apart. Nothing runs on a GPU: the decision is
@@ -19,6 +20,7 @@ Usage: ``python benchmarks/bench_decide.py [--sizes 1M 256M] [--machine NAME]``
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -58,16 +60,16 @@ def main() -> int:
     from jax_blink.cli.sizes import format_size, parse_size
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=["1K", "1M", "256M"])
+    parser.add_argument("--sizes", nargs="+", default=["1K", "1M", "16M", "64M", "256M"])
     parser.add_argument("--machine", default="amd-epyc-2core")
     args = parser.parse_args()
     sizes = [str(parse_size(s)) for s in args.sizes]
     rows, imports = [], []
-    for preset, gpus in TOPOLOGIES:
+    for (preset, gpus), size in itertools.product(TOPOLOGIES, sizes):
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "JAX_BLINK_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
             for run in ("empty cache", "warm cache"):
-                out = subprocess.run([sys.executable, "-c", _CHILD, preset, json.dumps(gpus), *sizes],
+                out = subprocess.run([sys.executable, "-c", _CHILD, preset, json.dumps(gpus), size],
                                      env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
                 for line in out.splitlines():
                     row = {"run": run, **json.loads(line)}
@@ -85,7 +87,8 @@ def main() -> int:
                                                                "rows": rows}, indent=1))
     lines = [f"# psum's decision time on GPU topologies ({info['cpu']}, {info['cores']} cores)", "",
              f"`python benchmarks/bench_decide.py`, commit {commit}. Seconds per new size, in a fresh "
-             "process, with an empty plan cache and again with the cache the first process left; "
+             "process with an empty plan cache of its own (planning included where the decision plans), "
+             "and again with the cache the first process left; "
              "the choice (jax_blink's schedule or lax.psum, NCCL) as psum makes it. The libraries a "
              "process's first decision imports (cvxpy, networkx, scipy) are imported before the timing: "
              f"{sorted(imports)[len(imports) // 2]:.2f} s (median), once per process.", "",
