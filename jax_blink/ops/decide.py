@@ -680,21 +680,31 @@ def _gpu_seconds(request, count, dtype):
     return min(t for t in (theirs, ours) if t is not None)
 
 
-def across_hosts(groups, processes: int, per_process: int, *, topology=None, chunks=None):
+def across_hosts(groups, processes: int, per_process: int, *, collective: str = "allreduce",
+                 topology=None, chunks=None):
     """``(lax_faster, why)``: whether NCCL over all the call's GPUs is predicted faster than
-    Blink's three phases across processes (:mod:`jax_blink.ops.hierarchical`), for an
-    allreduce of ``groups`` (``(count, dtype)`` per dtype group: each its own collective),
-    ``per_process`` GPUs in each of ``processes`` processes, each process taken as a host
-    reaching the network at ``JAX_BLINK_NETWORK_GBPS``, else at the bandwidth found in
-    sysfs (:func:`jax_blink.topo.detect.detect_network_gbps`).
+    Blink's phases across processes (:mod:`jax_blink.ops.hierarchical`), for ``collective``
+    (``"allreduce"``, ``"reduce_scatter"`` or ``"allgather"``) of ``groups`` (``(count,
+    dtype)`` per dtype group, each its own collective; ``count``: the elements of each
+    device's input), ``per_process`` GPUs in each of ``processes`` processes, each process
+    taken as a host reaching the network at ``JAX_BLINK_NETWORK_GBPS``, else at the
+    bandwidth found in sysfs (:func:`jax_blink.topo.detect.detect_network_gbps`).
 
-    The three phases: the in-process reduce-scatter and all-gather that will run (the
-    schedules of :func:`schedule_for`, simulated, with the CUDA executor's costs), and
-    between them NCCL's allreduce of each GPU's shard among the processes, one GPU per
-    host on its share of the host's network (``sim.nccl.predict_hosts``); lax: NCCL over
-    every GPU (the same model). Where the network bandwidth is unknown or the topology
-    names no GPU there is no prediction: the three phases run, as ``why`` says. Each group's
-    times add up, on each side."""
+    The phases: the in-process reduce-scatter and all-gather that will run (the schedules
+    of :func:`schedule_for`, simulated, with the CUDA executor's costs, or NCCL's own where
+    that is predicted faster), and across the processes NCCL's collective of each GPU's
+    shard, one GPU per host on its share of the host's network (``sim.nccl.predict_hosts``,
+    ``predict_collective_hosts``):
+
+    * allreduce: reduce-scatter inside, allreduce of the shard across, all-gather inside;
+    * reduce-scatter: reduce-scatter inside, reduce-scatter of the shard across;
+    * all-gather: all-gather across, all-gather inside of the gathered blocks.
+
+    lax: NCCL's collective over every GPU (the same model). Where the network bandwidth is
+    unknown or the topology names no GPU there is no prediction: the phases run, as ``why``
+    says. Each group's times add up, on each side."""
+    if collective not in _PHASES:
+        raise ValueError(f"across_hosts: no phases for {collective!r}; use allreduce, reduce_scatter or allgather")
     groups = tuple((count, dtype) for count, dtype in groups if count and dtype in DTYPES)
     if not groups:  # the in-process phases leave these to lax
         return False, "no prediction across hosts: no value of a dtype jax_blink reduces"
@@ -710,7 +720,15 @@ def across_hosts(groups, processes: int, per_process: int, *, topology=None, chu
                        "NCCL over all GPUs")
     if gpu_of(host) is None:
         return False, f"no prediction across hosts: no NCCL model for {host.name} (it names no GPU)"
-    return _across_hosts(groups, processes, host, network, settings.chunks(chunks), source)
+    return _across_hosts(groups, processes, host, network, settings.chunks(chunks), source, collective)
+
+
+#: Per collective across hosts: the in-process phase before the processes' collective, the
+#: collective across them, and the in-process phase after (None: none).
+_PHASES = {"allreduce": ("reduce_scatter", "allreduce", "allgather"),
+           "reduce_scatter": ("reduce_scatter", "reduce_scatter", None),
+           "allgather": (None, "allgather", "allgather")}
+_PHASE_NAMES = {"reduce_scatter": "reduce-scatter", "allreduce": "allreduce", "allgather": "all-gather"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -722,26 +740,37 @@ def _detected_network():
 
 
 @functools.lru_cache(maxsize=64)
-def _across_hosts(groups, processes, host, network, chunks, source):
+def _across_hosts(groups, processes, host, network, chunks, source, collective="allreduce"):
     """:func:`across_hosts`, predicted."""
     k = host.n
+    before, across, after = _PHASES[collective]
     phases, lax = [0.0, 0.0, 0.0], 0.0
     one = host.subset([0])
     for count, dtype in groups:
-        size = count * DTYPES[dtype][1]
-        padded = -(-count // k) * k
-        for i, collective in ((0, "reduce_scatter"), (2, "allgather")) if k > 1 else ():
-            request = _tuned_on_gpu(PlanRequest(host, chunks, launch_s("gpu"), collective), "gpu")
-            phases[i] += _gpu_seconds(request, padded, dtype)
-        phases[1] += nccl_model.predict_hosts(one, processes, network / k, padded // k * DTYPES[dtype][1]).seconds
-        lax += nccl_model.predict_hosts(host, processes, network, size).seconds
+        item = DTYPES[dtype][1]
+        # what each device holds inside its process: the allreduce's vector (padded to a
+        # multiple of k), the reduce-scatter's input, the all-gather's gathered blocks
+        inside = (-(-count // k) * k if collective == "allreduce"
+                  else count * processes if collective == "allgather" else count)
+        for i, phase in ((0, before), (2, after)) if k > 1 else ():
+            if phase is not None:
+                request = _tuned_on_gpu(PlanRequest(host, chunks, launch_s("gpu"), phase), "gpu")
+                phases[i] += _gpu_seconds(request, inside * k if collective == "allgather" else inside, dtype)
+        # NCCL counts a reduce-scatter's and an all-gather's whole vector
+        shard = inside // k if collective != "allgather" else inside
+        phases[1] += nccl_model.predict_collective_hosts(one, processes, network / k, across, shard * item).seconds
+        whole = count * processes * k if collective == "allgather" else count
+        lax += nccl_model.predict_collective_hosts(host, processes, network, collective, whole * item).seconds
     three = sum(phases)
-    times = (f"three phases {three * 1e6:.4g} us (in-process reduce-scatter {phases[0] * 1e6:.4g}, "
-             f"across {processes} hosts {phases[1] * 1e6:.4g}, all-gather {phases[2] * 1e6:.4g}), "
-             f"NCCL over all {processes * k} GPUs {lax * 1e6:.4g} us; {network:g} GB/s per host "
-             f"({source}), NCCL by its tuner's model")
+    parts = ", ".join(f"{label} {t * 1e6:.4g}" for label, t in (
+        (f"in-process {_PHASE_NAMES[before]}" if before else None, phases[0]),
+        (f"across {processes} hosts", phases[1]),
+        (f"{_PHASE_NAMES[after]}" if after else None, phases[2])) if label)
+    name = "three phases" if collective == "allreduce" else "two phases"
+    times = (f"{name} {three * 1e6:.4g} us ({parts}), NCCL over all {processes * k} GPUs {lax * 1e6:.4g} us; "
+             f"{network:g} GB/s per host ({source}), NCCL by its tuner's model")
     if lax <= three:
-        return True, f"predicted faster than the three phases: {times}"
+        return True, f"predicted faster than the {name}: {times}"
     return False, f"predicted fastest: {times}"
 
 

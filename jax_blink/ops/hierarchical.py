@@ -71,8 +71,8 @@ def prefers_lax(collective: str, nbytes: int) -> Optional[str]:
     """Why lax's reduce-scatter or all-gather across processes is the faster
     for ``nbytes`` of input per device, or None: on CPU devices, outside
     :data:`~jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` (unless
-    ``JAX_BLINK_ALGO=blink``); elsewhere never (each device sends
-    1/(devices per process) of what lax sends across processes)."""
+    ``JAX_BLINK_ALGO=blink``); elsewhere never (on GPUs :func:`path` asks the model
+    of :func:`jax_blink.ops.decide.across_hosts` instead)."""
     if settings.algo() == "blink" or jax.default_backend() != "cpu":
         return None
     low, high = CPU_CROSS_PROCESS_BYTES[collective]
@@ -86,26 +86,29 @@ def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op
          collective: Optional[str] = None, nbytes: int = 0, topology=None, chunks=None):
     """Which path a call over ``axes`` takes: None (in-process: :func:`run`), a
     :class:`Spanning` layout (this module), or why ``lax_text`` (the lax
-    collective) runs it instead, recorded for ``explain()``. ``collective``
-    (``"reduce_scatter"``, ``"allgather"``) also asks :func:`prefers_lax`
-    about ``nbytes`` of input per device; without it (an allreduce of ``leaves``) on
-    GPUs, :func:`jax_blink.ops.decide.across_hosts` compares the three phases with NCCL
-    over all the devices (``topology`` and ``chunks``: the op's keywords)."""
+    collective) runs it instead, recorded for ``explain()``. On GPUs,
+    :func:`jax_blink.ops.decide.across_hosts` compares the phases of ``collective``
+    (``"reduce_scatter"``, ``"allgather"``; None: an allreduce) over ``leaves`` with NCCL
+    over all the devices (``topology`` and ``chunks``: the op's keywords); on CPUs a
+    reduce-scatter or all-gather asks :func:`prefers_lax` about ``nbytes`` of input per
+    device."""
     span = span_for(axes, axis_index_groups, leaves, op)
-    if isinstance(span, Spanning) and collective is not None:
-        span = prefers_lax(collective, nbytes) or span
-    elif isinstance(span, Spanning) and jax.default_backend() == "gpu" and settings.algo() == "auto":
+    if isinstance(span, Spanning) and jax.default_backend() == "gpu" and settings.algo() == "auto":
         groups = {}
         for leaf in leaves:  # one collective per dtype group, as run() makes them
             dtype = np.dtype(jnp.result_type(leaf)).name
             groups[dtype] = groups.get(dtype, 0) + int(np.size(leaf))
         lax_faster, why = _decide.across_hosts(tuple((c, d) for d, c in groups.items()),
                                                span.nprocesses, span.per_process,
+                                               collective=collective or "allreduce",
                                                topology=topology, chunks=chunks)
         if lax_faster:
             span = why
         else:
-            _decide.record(f"{name} over {axes}: three phases across processes ({why})")
+            phases = "three phases" if collective is None else "two phases"
+            _decide.record(f"{name} over {axes}: {phases} across processes ({why})")
+    elif isinstance(span, Spanning) and collective is not None:
+        span = prefers_lax(collective, nbytes) or span
     if isinstance(span, str):
         _decide.record(f"{name} over {axes}: {lax_text} ({span})")
     return span

@@ -22,8 +22,10 @@ What the tuner takes from NCCL's topology search is estimated from ours:
 * NVLS needs Hopper and an NVSwitch joining every GPU; its per-GPU bandwidth
   is the switch port's.
 
-:func:`predict` models one machine. :func:`predict_hosts` models several
-machines of the same kind joined by a network: NCCL's tuner with ``nNodes > 1``
+:func:`predict` models one machine's allreduce and :func:`predict_collective` its
+reduce-scatter and all-gather. :func:`predict_hosts` and
+:func:`predict_collective_hosts` model several machines of the same kind joined by
+a network: NCCL's tuner with ``nNodes > 1``
 (its network latencies, the per-channel caps of its two- and more-node
 columns, the ring's plateau factor), where the bandwidth its graph search
 finds is estimated as the smaller of the host's ring bandwidth and the
@@ -44,7 +46,8 @@ from typing import Optional
 from ..planning.rings import best_rings
 from ..topo.presets import gpu_of
 
-__all__ = ["NcclPrediction", "predict", "predict_hosts", "predict_collective", "NCCL_SOURCE", "ARCH_OF_GPU"]
+__all__ = ["NcclPrediction", "predict", "predict_hosts", "predict_collective", "predict_collective_hosts",
+           "NCCL_SOURCE", "ARCH_OF_GPU"]
 
 #: Where the constants come from.
 NCCL_SOURCE = "NVIDIA/nccl src/graph/tuning.cc, commit 5067397c (2026-06-11)"
@@ -180,32 +183,87 @@ def predict_collective(topology, collective: str, size_bytes: int) -> Optional[N
     """
     if collective == "allreduce":
         return predict(topology, size_bytes)
+    _check_sharded(collective)
+    gpu = gpu_of(topology)
+    if gpu is None or topology.n < 2:
+        return None
+    busbw, nvlink = _ring_busbw(topology)
+    return _sharded_tuner(gpu, topology.n, 1, busbw, nvlink, _nvswitch_port_gbps(topology), size_bytes)
+
+
+def predict_collective_hosts(host, hosts: int, network_gbps: float, collective: str,
+                             size_bytes: int) -> Optional[NcclPrediction]:
+    """NCCL's ``collective`` (``"reduce_scatter"`` or ``"allgather"``; ``"allreduce"`` is
+    :func:`predict_hosts`) over ``hosts`` machines like ``host``, moving ``size_bytes`` in all
+    as NCCL counts it, each machine reaching the network at ``network_gbps`` per direction;
+    None where ``host`` names no GPU generation.
+
+    NCCL's ring, as its tuner models it across nodes: ``nRanks - 1`` steps, of which
+    ``nNodes - 1`` cross the network (at its latency) and the others pay the larger of the
+    link's latency and the network overhead (three times it with Simple); the bus bandwidth
+    is the smaller of the host's ring and its network, under the protocol caps of the
+    two- and more-node columns. The ring's plateau factor is the allreduce's only, as in the
+    tuner. NCCL's NVLS reduce-scatter and all-gather are modelled inside one machine only:
+    across machines this predicts the ring alone.
+
+    Examples
+    --------
+    >>> from jax_blink.topo import Topology
+    >>> a100 = Topology.preset("dgx-a100")
+    >>> predict_collective_hosts(a100, 4, 200.0, "allgather", 2**10).protocol
+    'LL'
+    >>> predict_collective_hosts(a100, 1, 200.0, "allgather", 2**30) == predict_collective(a100, "allgather", 2**30)
+    True
+    """
+    if collective == "allreduce":
+        return predict_hosts(host, hosts, network_gbps, size_bytes)
+    _check_sharded(collective)
+    gpu = gpu_of(host)
+    if gpu is None or hosts < 1 or not network_gbps > 0:
+        return None
+    if hosts == 1:
+        return predict_collective(host, collective, size_bytes)
+    intra, nvlink = _ring_busbw(host) if host.n > 1 else (math.inf, False)
+    return _sharded_tuner(gpu, host.n * hosts, hosts, min(intra, float(network_gbps)), nvlink, None,
+                          size_bytes)
+
+
+def _check_sharded(collective):
     if collective not in ("reduce_scatter", "allgather"):
         raise ValueError(f"no NCCL model of {collective!r}: use allreduce, reduce_scatter or allgather")
-    gpu = gpu_of(topology)
-    n = topology.n
-    if gpu is None or n < 2:
-        return None
-    arch = ARCH_OF_GPU[gpu]
-    busbw, nvlink = _ring_busbw(topology)
+
+
+def _sharded_tuner(gpu, nranks, nnodes, busbw, nvlink, port, size_bytes) -> NcclPrediction:
+    """``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` for a reduce-scatter or all-gather
+    (the two share every constant): the ring, and NVLS on one Hopper NVSwitch machine
+    (``port``: its switch port's bandwidth, or None)."""
+    arch, cpu = ARCH_OF_GPU[gpu], CPU_OF_GPU[gpu]
+    ppn = nranks // nnodes
+    column = min(nnodes - 1, 2)  # the tables' one-node, two-node and more-node columns
+    ll_max = LL_MAX_BW[arch] if nnodes == 1 else LL_MAX_BW_NODES[cpu][column - 1]
     hw = "nvlink" if nvlink else "pci"
-    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch][0]))
-    protocols = ["LL", "Simple"] + (["LL128"] if nvlink and COMPCAP_OF_GPU[gpu] >= 70 else [])
-    nsteps = n - 1
+    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch][column]))
+    protocols = ["LL", "Simple"] + (["LL128"] if (nvlink or ppn == 1) and COMPCAP_OF_GPU[gpu] >= 70 else [])
+    nsteps = nranks - 1
+    inter_steps = nnodes - 1
     times = {}
     for proto in protocols:
         bw = busbw
         if proto == "LL":
-            bw = min(LL_MAX_BW[arch], busbw * 0.5)
+            bw = min(ll_max, busbw * 0.5)
         elif proto == "LL128":
-            bw = min(busbw * 0.92, channels * PER_CH_MAX_RING_LL128[arch][0])
-        lat = BASE_LAT_US["ring"][proto] + nsteps * HW_LAT_US[hw]["ring"][proto]
-        times[("ring", proto)] = (lat + size_bytes / (1000 * bw * n / nsteps)) * 1e-6
-    port = _nvswitch_port_gbps(topology)
-    if arch in NVLS_EFFICIENCY and port is not None:
-        bw = port * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * (n - 1) / n
+            bw = min(busbw * 0.92, channels * PER_CH_MAX_RING_LL128[arch][column])
+        intra_lat = HW_LAT_US[hw]["ring"][proto]
+        if nnodes > 1:  # inter-node rings launch nsteps network operations
+            intra_lat = max(intra_lat, NET_OVERHEAD_US[cpu] * (3 if proto == "Simple" else 1))
+        # with one rank per node every latency is the network's tree latency
+        inter_lat = HW_LAT_US["net"]["tree" if ppn == 1 else "ring"][proto]
+        lat = BASE_LAT_US["ring"][proto] + (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat
+        times[("ring", proto)] = (lat + size_bytes / (1000 * bw * nranks / nsteps)) * 1e-6
+    if nnodes == 1 and arch in NVLS_EFFICIENCY and port is not None:
+        bw = port * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * (nranks - 1) / nranks
         times[("nvls", "Simple")] = (HW_LAT_US["nvlink"]["nvls"]["Simple"]
-                                     + size_bytes / (1000 * bw * n / nsteps)) * 1e-6
+                                     + size_bytes / (1000 * bw * nranks / nsteps)) * 1e-6
     (algorithm, protocol), seconds = min(times.items(), key=lambda kv: kv[1])
     return NcclPrediction(seconds, algorithm, protocol, times)
 

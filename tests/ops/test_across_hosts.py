@@ -120,6 +120,51 @@ def test_the_faster_path_by_the_model(monkeypatch, preset, network, count, lax_e
     assert "(JAX_BLINK_NETWORK_GBPS)" in why
 
 
+def _two_phases(host, hosts, network, collective, count, dtype="float32"):
+    """The reduce-scatter's or all-gather's two phases across hosts, from their parts: the
+    in-process phase (the faster of the tuned schedule and NCCL's own) and NCCL's collective
+    among one GPU per host, on its share of the host's network."""
+    k, item = host.n, DTYPES[dtype][1]
+    inside = count * hosts if collective == "allgather" else count  # elements of the in-process phase
+    whole = inside * k if collective == "allgather" else inside
+    request = decide.PlanRequest(host, None, decide.launch_s("gpu"), collective, algo="blink-tuned")
+    schedule = decide.schedule_for(request, whole, dtype)[1]
+    ours = CUDA_STREAM.seconds(simulate(schedule, host).time_s, schedule)
+    local = min(ours, nccl.predict_collective(host, collective, whole * item).seconds)
+    shard = inside if collective == "allgather" else inside // k
+    return local + nccl.predict_collective_hosts(host.subset([0]), hosts, network / k, collective, shard * item).seconds
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+@pytest.mark.parametrize("preset,network,count,lax_expected", [
+    ("dgx1-v100", 12.5, 1 << 24, False),  # one 100 Gb/s NIC: a GPU per host carries 1/8 across it
+    ("dgx-a100", 200.0, 1 << 24, True),   # eight 200 Gb/s NICs: NCCL's ring over all 32 GPUs wins
+    ("dgx-a100", 200.0, 1 << 6, False),   # tiny: NCCL's ring pays 31 steps of latency, ours 3 + one call
+])
+def test_reduce_scatter_and_allgather_across_hosts_take_the_faster_by_the_model(
+        monkeypatch, collective, preset, network, count, lax_expected):
+    """``count``: each device's input (the reduce-scatter's whole vector, the all-gather's block)."""
+    monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", str(network))
+    host = Topology.preset(preset)
+    count = count * (32 if collective == "reduce_scatter" else 1)
+    lax_faster, why = decide.across_hosts([(count, "float32")], 4, 8, collective=collective, topology=host)
+    two = _two_phases(host, 4, network, collective, count)
+    whole = count * (32 if collective == "allgather" else 1) * 4
+    lax = nccl.predict_collective_hosts(host, 4, network, collective, whole).seconds
+    assert lax_faster == (lax <= two) == lax_expected  # never the path predicted slower
+    assert f"two phases {two * 1e6:.4g} us" in why and f"NCCL over all 32 GPUs {lax * 1e6:.4g} us" in why
+    # the check rejects a wrong sum: the in-process phase left out changes the text
+    local = two - nccl.predict_collective_hosts(host.subset([0]), 4, network / 8, collective,
+                                                (count * 4 if collective == "allgather" else count // 8) * 4).seconds
+    assert f"two phases {(two - local) * 1e6:.4g} us" not in why
+
+
+def test_across_hosts_names_the_collectives_it_models(monkeypatch):
+    monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")
+    with pytest.raises(ValueError, match="no phases for 'broadcast'"):
+        decide.across_hosts([(1 << 20, "float32")], 4, 8, collective="broadcast", topology="dgx1-v100")
+
+
 def test_dtype_groups_add_up(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")
     host = Topology.preset("dgx1-v100").subset([0, 1, 2, 3])
@@ -228,3 +273,26 @@ def test_psums_path_takes_lax_where_the_model_says_so(monkeypatch):
     assert "three phases across processes (predicted fastest" in decide.recent()[-1]
     monkeypatch.setenv("JAX_BLINK_ALGO", "blink")  # forced: no prediction
     assert hierarchical.path("psum", ("h", "l"), None, leaves, "lax.psum", topology="dgx1-v100") is span
+
+
+def test_psum_scatter_and_all_gathers_path_on_gpus_follows_the_model(monkeypatch):
+    """hierarchical.path for a reduce-scatter or all-gather on a GPU backend: the model of
+    across_hosts, not the CPU's measured byte range (which would keep the phases here)."""
+    import jax
+    import jax.numpy as jnp
+
+    span = Spanning(nprocesses=4, per_process=8, local_axes=("l",), cross_axes=("h",))
+    monkeypatch.setattr(hierarchical, "span_for", lambda *a, **k: span)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(hierarchical.jnp, "result_type", lambda leaf: leaf.dtype)
+    monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "200")
+    for collective, name, count in (("reduce_scatter", "psum_scatter", 32 << 24), ("allgather", "all_gather", 1 << 24)):
+        big = [types.SimpleNamespace(shape=(count,), dtype=np.float32, size=count)]
+        out = hierarchical.path(name, ("h", "l"), None, big, f"lax.{name}", collective=collective,
+                                nbytes=count * 4, topology="dgx-a100")
+        assert isinstance(out, str) and out.startswith("predicted faster than the two phases")
+        assert decide.recent()[-1].startswith(f"{name} over ('h', 'l'): lax.{name} (predicted faster")
+        small = [types.SimpleNamespace(shape=(64,), dtype=np.float32, size=64)]
+        assert hierarchical.path(name, ("h", "l"), None, small, f"lax.{name}", collective=collective,
+                                 nbytes=256, topology="dgx-a100") is span
+        assert "two phases across processes (predicted fastest" in decide.recent()[-1]

@@ -119,3 +119,33 @@ def test_one_gpu_per_host_and_no_gpu():
     assert (1 << 28) / (p.times[("ring", "Simple")] * 1e9) == pytest.approx(25.0 * 4 / 6, rel=0.02)
     assert nccl.predict_hosts(Topology.preset("shm:8"), 4, 25.0, 1 << 20) is None
     assert nccl.predict_hosts(Topology.preset("dgx-a100"), 4, 0.0, 1 << 20) is None
+
+
+def test_reduce_scatter_and_allgather_across_hosts_follow_the_tuner():
+    """Ring LL over 4 DGX-1V: baseLatency 6.6 us, then n - 1 steps, of which nodes - 1 cross the
+    network at 2.7 us and the rest pay the larger of NVLink's 0.6 us and the network overhead
+    1.0 us; LL capped at llMaxBw (Intel, more than 2 nodes: 20.4); large sizes at the network."""
+    t = Topology.preset("dgx1-v100")
+    n, nodes = 32, 4
+    for collective in ("reduce_scatter", "allgather"):
+        p = nccl.predict_collective_hosts(t, nodes, 12.5, collective, 64)
+        lat = 6.6 + (n - 1 - (nodes - 1)) * 1.0 + (nodes - 1) * 2.7
+        assert p.times[("ring", "LL")] * 1e6 == pytest.approx(lat + 64 / (1000 * min(20.4, 6.25) * n / (n - 1)),
+                                                              rel=1e-6)
+        size = 1 << 36
+        big = nccl.predict_collective_hosts(t, nodes, 12.5, collective, size)
+        assert size / (big.times[("ring", "Simple")] * 1e9) == pytest.approx(12.5 * n / (n - 1), rel=0.01)
+        assert not any(a.startswith("nvls") for a, _ in nccl.predict_collective_hosts(
+            Topology.preset("hgx-h100"), nodes, 400.0, collective, size).times)  # NVLS: one machine only
+        # one host is predict_collective; one GPU per host pays the network's tree latency per step
+        assert nccl.predict_collective_hosts(t, 1, 12.5, collective, 1 << 20) == nccl.predict_collective(
+            t, collective, 1 << 20)
+        one = nccl.predict_collective_hosts(t.subset([0]), nodes, 12.5, collective, 64)
+        assert one.times[("ring", "LL")] * 1e6 == pytest.approx(
+            6.6 + (nodes - 1) * 5.0 + 64 / (1000 * min(20.4, 6.25) * nodes / (nodes - 1)), rel=1e-6)
+        times = [nccl.predict_collective_hosts(t, nodes, g, collective, 1 << 28).seconds for g in (6.25, 12.5, 50.0)]
+        assert times == sorted(times, reverse=True)
+    assert nccl.predict_collective_hosts(t, 4, 12.5, "allreduce", 1 << 20) == nccl.predict_hosts(t, 4, 12.5, 1 << 20)
+    assert nccl.predict_collective_hosts(Topology.preset("shm:8"), 4, 12.5, "allgather", 1 << 20) is None
+    with pytest.raises(ValueError, match="no NCCL model of 'broadcast'"):
+        nccl.predict_collective_hosts(t, 4, 12.5, "broadcast", 1 << 20)
