@@ -26,11 +26,23 @@ directory, then ``os.replace``, so concurrent processes never see a partial
 entry). An unwritable directory or a read-only entry only costs planning
 time: the plan is not saved, and a warning is logged.
 
+The disk cache is also where the processes of one host agree on a plan.
+Planning is not a pure function of its request: the tree-count MILP stops at
+a time limit, so a process under load may keep another packing (on
+``shm:16 in 4 processes``, a reduce-scatter of 19 trees instead of 18), and
+the ranks of a call over several processes must run one schedule. So
+:func:`planning` holds a lock (``plan-<hash>.lock``, ``flock``) while a process
+plans and stores a request; another process that wants it waits, then finds
+the entry and loads it. Processes that do not share the cache directory (or
+where it cannot be written) plan apart, and may then disagree: the executor
+refuses such a call with an error naming both schedules' fingerprints.
+
 Pure Python: never imports jax.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -39,6 +51,7 @@ import math
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -49,13 +62,17 @@ from .bounds import certified_bound
 from .errors import PlanError
 from .result import FORMAT_VERSION, RATE_RTOL, Plan
 
-__all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "cache_key", "check_entry", "entry_path",
-           "CACHE_VERSION", "ENTRY_FORMAT", "disk_store", "files_digest", "source_digest", "load_keyed", "store_keyed"]
+__all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "planning", "cache_key", "check_entry",
+           "entry_path", "CACHE_VERSION", "ENTRY_FORMAT", "LOCK_WAIT_S", "disk_store", "files_digest",
+           "source_digest", "load_keyed", "store_keyed"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
 CACHE_VERSION = 5
 #: The ``"format"`` of a cache entry.
 ENTRY_FORMAT = "jax_blink.plan_cache"
+#: How long :func:`planning` waits for another process planning the same request before
+#: planning on its own (with a warning): far above any plan's time (``shm:128``: 26 s).
+LOCK_WAIT_S = 300.0
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +199,59 @@ def store(result: Plan, options: tuple, certificate) -> None:
     entry = {"format": ENTRY_FORMAT, "version": CACHE_VERSION, "key": key,
              "certificate": [[float(p) for p in y] for y in certificate], "plan": result.to_dict()}
     disk_store(entry_path(key), json.dumps(entry))
+
+
+@contextlib.contextmanager
+def planning(topology, options: tuple):
+    """Hold the disk cache's lock for ``topology`` and ``options`` while planning them, so
+    that the processes sharing the cache directory plan a request once and all load that
+    plan (see the module docstring): the caller looks the plan up again inside, and
+    stores what it plans before leaving.
+
+    The lock is ``flock`` on ``plan-<hash of the key>.lock`` beside the entry; the
+    system drops it when its holder exits, a crash included. Where no lock can be taken
+    (an unwritable directory, a file system without locks) or another process holds it
+    past :data:`LOCK_WAIT_S`, this plans without it and logs a warning.
+    """
+    path = entry_path(cache_key(topology, options)).with_suffix(".lock")
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # read-only: flock needs no write access; created only where the cache may be written
+        # (as disk_store decides); O_NONBLOCK: a FIFO in its place must not block the open
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        if not _read_only(os.stat(path.parent), path.parent):
+            flags |= os.O_CREAT
+        fd = os.open(path, flags, 0o644)
+    except (ImportError, OSError) as e:
+        logger.warning("jax_blink plan cache: cannot lock %s (%s); planning without the lock, so "
+                       "processes planning apart may disagree", path, getattr(e, "strerror", None) or e)
+        yield
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            logger.warning("jax_blink plan cache: %s is not a regular file; planning without the lock", path)
+        else:
+            deadline, pause = time.monotonic() + LOCK_WAIT_S, 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:  # another process plans this request: wait for its entry
+                    if time.monotonic() >= deadline:
+                        logger.warning("jax_blink plan cache: %s was held for more than %g s; planning "
+                                       "without it", path, LOCK_WAIT_S)
+                        break
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.05)
+                except OSError as e:
+                    logger.warning("jax_blink plan cache: cannot lock %s (%s); planning without the lock",
+                                   path, e.strerror or e)
+                    break
+        yield
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def _disk_load(path: Path, key: dict):

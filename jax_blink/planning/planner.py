@@ -105,7 +105,9 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     cache : bool
         Look up and store the plan in the process and disk caches
         (:mod:`jax_blink.planning.cache`: a disk entry is used only after it
-        is checked against the request and its certificate).
+        is checked against the request and its certificate). Processes that
+        share the disk cache plan a request once, under its lock, and all use
+        that plan (:func:`~jax_blink.planning.cache.planning`).
     links : {"all", "fast"}
         ``"all"`` (default): pack trees over every link of the topology
         (hybrid NVLink + PCIe/QPI/NIC transfers). ``"fast"``: over NVLink
@@ -166,15 +168,19 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
     tolerance = float(tolerance)
 
     options = (collective, root, max_trees, tolerance, links)
-    if cache:
-        cached = plan_cache.lookup(topology, options)
-        if cached is not None:
-            return cached if cached.topology is topology else dataclasses.replace(cached, topology=topology)
-
-    result, certificate = _plan_uncached(topology, collective, root, max_trees, tolerance, links)
-    if cache:
-        plan_cache.store(result, options, certificate)
-    return result
+    if not cache:
+        return _plan_uncached(topology, collective, root, max_trees, tolerance, links)[0]
+    cached = plan_cache.lookup(topology, options)
+    if cached is None:
+        # processes sharing the cache plan a request once and load that plan: the time-limited
+        # MILP may keep different packings under different loads (plan_cache.planning)
+        with plan_cache.planning(topology, options):
+            cached = plan_cache.lookup(topology, options)
+            if cached is None:
+                result, certificate = _plan_uncached(topology, collective, root, max_trees, tolerance, links)
+                plan_cache.store(result, options, certificate)
+                return result
+    return cached if cached.topology is topology else dataclasses.replace(cached, topology=topology)
 
 
 def _plan_uncached(topology, collective, root, max_trees, tolerance, links):

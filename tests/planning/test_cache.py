@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -306,8 +307,83 @@ def test_concurrent_processes_never_see_a_partial_entry(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert out.split()[0] == "0", out  # no entry was ever refused (partial, corrupt)
-    entries = list((tmp_path / "shared").iterdir())
-    assert len(entries) == 1 and entries[0].name.startswith("plan-")  # no temporary files left
+    entries = sorted(e.name for e in (tmp_path / "shared").iterdir())
+    # the entry and its planning lock, no temporary files left
+    assert len(entries) == 2 and entries[0].endswith(".json") and entries[1] == entries[0][:-5] + ".lock"
+
+
+_AGREE = textwrap.dedent("""
+    import pathlib, sys, time
+    from jax_blink.planning import fewest, plan, planner
+    from jax_blink.topo import Topology
+    from jax_blink.topo.presets import shm_processes
+    if sys.argv[1] == "loaded":  # its MILP found nothing in time: the LP's support instead
+        planner.fewest_trees = lambda packer, target, max_trees: fewest.lp_support(packer, max_trees)
+    topology = Topology.from_links(*shm_processes([0] * 4 + [1] * 4))
+    pathlib.Path(sys.argv[2] + "." + sys.argv[1]).touch()
+    while not pathlib.Path(sys.argv[2]).exists():
+        time.sleep(0.001)
+    p = plan(topology, "reduce_scatter", cache=sys.argv[3] == "cache")
+    print(sorted((t.root, t.edges, round(t.weight, 9)) for t in p.trees))
+""")
+
+
+@pytest.mark.parametrize("cache_on", [True, False])
+def test_processes_sharing_the_cache_plan_a_request_once_and_agree(tmp_path, cache_on):
+    """The tree-count MILP stops at a time limit, so a process under load may keep another
+    packing, and the ranks of a call over several processes must run one schedule. Two
+    processes planning one request at once, one of them "loaded" (its MILP replaced by the
+    LP's support: 12 trees instead of 8), run one plan when they share the cache; planning
+    apart (cache=False) they do not, which shows that the check can fail."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root, "JAX_BLINK_CACHE_DIR": str(tmp_path / "shared")}
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _AGREE, who, str(go), "cache" if cache_on else "none"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for who in ("loaded", "idle")]
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"go.{who}").exists() for who in ("loaded", "idle")):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a child did not start"
+            time.sleep(0.01)
+        go.touch()  # both plan at once
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    loaded, idle = (out for out, _ in outs)
+    assert (loaded == idle) == cache_on, (loaded, idle)
+
+
+def test_planning_waits_for_a_held_lock_only_so_long(monkeypatch, caplog):
+    """Another process holding the lock past LOCK_WAIT_S: this one plans on its own, with a
+    warning, and never hangs."""
+    import fcntl
+
+    monkeypatch.setattr(cache, "LOCK_WAIT_S", 0.3)
+    path = cache.entry_path(key_of(SHM8)).with_suffix(".lock")
+    path.parent.mkdir(parents=True)
+    with open(path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another open file description: it conflicts
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="jax_blink"):
+            assert plan(SHM8).rate_gbps == pytest.approx(40 / 7, rel=1e-9)
+        assert 0.3 <= time.monotonic() - start < 30
+    assert any("was held for more than 0.3 s" in r.getMessage() for r in caplog.records)
+    clear_memory_cache()
+    assert plan(SHM8).rate_gbps == pytest.approx(40 / 7, rel=1e-9)  # the entry it stored
+
+
+def test_a_fifo_in_place_of_the_lock_does_not_block(caplog):
+    path = cache.entry_path(key_of(SHM8)).with_suffix(".lock")
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    with caplog.at_level(logging.WARNING, logger="jax_blink"):
+        assert plan(SHM8).rate_gbps == pytest.approx(40 / 7, rel=1e-9)
+    assert any("not a regular file; planning without the lock" in r.getMessage() for r in caplog.records)
 
 
 def test_plan_json_from_a_fifo_does_not_block(tmp_path):
