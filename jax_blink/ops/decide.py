@@ -748,28 +748,31 @@ def _across_hosts(groups, processes, host, network, chunks, source, collective="
     one = host.subset([0])
     for count, dtype in groups:
         item = DTYPES[dtype][1]
-        # what each device holds inside its process: the allreduce's vector (padded to a
-        # multiple of k), the reduce-scatter's input, the all-gather's gathered blocks
-        inside = (-(-count // k) * k if collective == "allreduce"
-                  else count * processes if collective == "allgather" else count)
+        # elements (as NCCL counts them: a reduce-scatter's or all-gather's whole vector) of the
+        # in-process phases, of the collective across the hosts, and of lax's over all GPUs
+        if collective == "allreduce":
+            local = -(-count // k) * k  # padded to a multiple of k
+            shard, whole = local // k, count
+        elif collective == "reduce_scatter":
+            local, shard, whole = count, count // k, count
+        else:  # the all-gather gathers the processes' blocks across, then the k devices' inside
+            local = whole = count * processes * k
+            shard = count * processes
         for i, phase in ((0, before), (2, after)) if k > 1 else ():
             if phase is not None:
                 request = _tuned_on_gpu(PlanRequest(host, chunks, launch_s("gpu"), phase), "gpu")
-                phases[i] += _gpu_seconds(request, inside * k if collective == "allgather" else inside, dtype)
-        # NCCL counts a reduce-scatter's and an all-gather's whole vector
-        shard = inside // k if collective != "allgather" else inside
+                phases[i] += _gpu_seconds(request, local, dtype)
         phases[1] += nccl_model.predict_collective_hosts(one, processes, network / k, across, shard * item).seconds
-        whole = count * processes * k if collective == "allgather" else count
         lax += nccl_model.predict_collective_hosts(host, processes, network, collective, whole * item).seconds
-    three = sum(phases)
+    ours = sum(phases)
     parts = ", ".join(f"{label} {t * 1e6:.4g}" for label, t in (
         (f"in-process {_PHASE_NAMES[before]}" if before else None, phases[0]),
         (f"across {processes} hosts", phases[1]),
         (f"{_PHASE_NAMES[after]}" if after else None, phases[2])) if label)
     name = "three phases" if collective == "allreduce" else "two phases"
-    times = (f"{name} {three * 1e6:.4g} us ({parts}), NCCL over all {processes * k} GPUs {lax * 1e6:.4g} us; "
+    times = (f"{name} {ours * 1e6:.4g} us ({parts}), NCCL over all {processes * k} GPUs {lax * 1e6:.4g} us; "
              f"{network:g} GB/s per host ({source}), NCCL by its tuner's model")
-    if lax <= three:
+    if lax <= ours:
         return True, f"predicted faster than the {name}: {times}"
     return False, f"predicted fastest: {times}"
 
