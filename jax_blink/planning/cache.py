@@ -214,6 +214,7 @@ def planning(topology, options: tuple):
     past :data:`LOCK_WAIT_S`, this plans without it and logs a warning.
     """
     path = entry_path(cache_key(topology, options)).with_suffix(".lock")
+    fd = None
     try:
         import fcntl
 
@@ -227,6 +228,7 @@ def planning(topology, options: tuple):
     except (ImportError, OSError) as e:
         logger.warning("jax_blink plan cache: cannot lock %s (%s); planning without the lock, so "
                        "processes planning apart may disagree", path, getattr(e, "strerror", None) or e)
+    if fd is None:  # (outside the handler: an error while planning is not chained to this one)
         yield
         return
     try:
