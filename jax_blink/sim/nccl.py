@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from ..planning.rings import best_rings
 from ..topo.presets import gpu_of
@@ -237,35 +237,66 @@ def _sharded_tuner(gpu, nranks, nnodes, busbw, nvlink, port, size_bytes) -> Nccl
     """``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` for a reduce-scatter or all-gather
     (the two share every constant): the ring, and NVLS on one Hopper NVSwitch machine
     (``port``: its switch port's bandwidth, or None)."""
-    arch, cpu = ARCH_OF_GPU[gpu], CPU_OF_GPU[gpu]
-    ppn = nranks // nnodes
-    column = min(nnodes - 1, 2)  # the tables' one-node, two-node and more-node columns
-    ll_max = LL_MAX_BW[arch] if nnodes == 1 else LL_MAX_BW_NODES[cpu][column - 1]
-    hw = "nvlink" if nvlink else "pci"
-    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch][column]))
-    protocols = ["LL", "Simple"] + (["LL128"] if (nvlink or ppn == 1) and COMPCAP_OF_GPU[gpu] >= 70 else [])
-    nsteps = nranks - 1
-    inter_steps = nnodes - 1
-    times = {}
-    for proto in protocols:
-        bw = busbw
-        if proto == "LL":
-            bw = min(ll_max, busbw * 0.5)
-        elif proto == "LL128":
-            bw = min(busbw * 0.92, channels * PER_CH_MAX_RING_LL128[arch][column])
-        intra_lat = HW_LAT_US[hw]["ring"][proto]
-        if nnodes > 1:  # inter-node rings launch nsteps network operations
-            intra_lat = max(intra_lat, NET_OVERHEAD_US[cpu] * (3 if proto == "Simple" else 1))
-        # with one rank per node every latency is the network's tree latency
-        inter_lat = HW_LAT_US["net"]["tree" if ppn == 1 else "ring"][proto]
-        lat = BASE_LAT_US["ring"][proto] + (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat
-        times[("ring", proto)] = (lat + size_bytes / (1000 * bw * nranks / nsteps)) * 1e-6
-    if nnodes == 1 and arch in NVLS_EFFICIENCY and port is not None:
-        bw = port * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * (nranks - 1) / nranks
+    comm = _comm(gpu, nranks, nnodes, busbw, nvlink)
+    times = {("ring", proto): _ring_seconds(comm, proto, nranks - 1, nnodes - 1, size_bytes)
+             for proto in comm.protocols}
+    if nnodes == 1 and comm.arch in NVLS_EFFICIENCY and port is not None:
+        bw = port * NVLS_EFFICIENCY[comm.arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * (nranks - 1) / nranks
         times[("nvls", "Simple")] = (HW_LAT_US["nvlink"]["nvls"]["Simple"]
-                                     + size_bytes / (1000 * bw * nranks / nsteps)) * 1e-6
+                                     + size_bytes / (1000 * bw * nranks / (nranks - 1))) * 1e-6
     (algorithm, protocol), seconds = min(times.items(), key=lambda kv: kv[1])
     return NcclPrediction(seconds, algorithm, protocol, times)
+
+
+class _Comm(NamedTuple):
+    """What NCCL's tuner derives from a communicator before it times an algorithm."""
+
+    gpu: str
+    arch: str
+    cpu: str
+    nranks: int
+    nnodes: int
+    ppn: int
+    column: int  # the tables' one-node, two-node and more-node columns
+    busbw: float
+    ll_max: float
+    hw: str
+    channels: int
+    protocols: tuple
+
+
+def _comm(gpu, nranks, nnodes, busbw, nvlink) -> _Comm:
+    """``busbw``: the graph's ``nChannels * bw`` (GB/s); ``nvlink``: whether its ranks in a
+    node talk over NVLink."""
+    arch, cpu = ARCH_OF_GPU[gpu], CPU_OF_GPU[gpu]
+    ppn = nranks // nnodes
+    column = min(nnodes - 1, 2)
+    ll_max = LL_MAX_BW[arch] if nnodes == 1 else LL_MAX_BW_NODES[cpu][column - 1]
+    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch][column]))
+    # LL128 needs Volta or newer, over NVLink inside a node (or one GPU per node: a NIC path)
+    protocols = ("LL", "Simple") + (("LL128",) if (nvlink or ppn == 1) and COMPCAP_OF_GPU[gpu] >= 70 else ())
+    return _Comm(gpu, arch, cpu, nranks, nnodes, ppn, column, busbw, ll_max, "nvlink" if nvlink else "pci",
+                 channels, protocols)
+
+
+def _ring_seconds(comm, proto, nsteps, inter_steps, size_bytes, plateau=False) -> float:
+    """NCCL's ring of ``nsteps`` steps, ``inter_steps`` of them across nodes, with protocol
+    ``proto``: algorithm bandwidth = bus bandwidth (capped by the protocol) * n / nsteps.
+    ``plateau``: the allreduce's Simple-ring plateau factor across nodes."""
+    bw = comm.busbw
+    if proto == "LL":
+        bw = min(comm.ll_max, comm.busbw * 0.5)
+    elif proto == "LL128":
+        bw = min(comm.busbw * 0.92, comm.channels * PER_CH_MAX_RING_LL128[comm.arch][comm.column])
+    intra_lat = HW_LAT_US[comm.hw]["ring"][proto]
+    if comm.nnodes > 1:  # inter-node rings launch nsteps network operations
+        intra_lat = max(intra_lat, NET_OVERHEAD_US[comm.cpu] * (3 if proto == "Simple" else 1))
+    # with one rank per node every latency is the network's tree latency
+    inter_lat = HW_LAT_US["net"]["tree" if comm.ppn == 1 else "ring"][proto]
+    lat = BASE_LAT_US["ring"][proto] + (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat
+    if plateau and proto == "Simple" and comm.nnodes > 1 and size_bytes / (comm.channels * comm.nranks) >= 64:
+        lat *= RING_PLATEAU[COMPCAP_OF_GPU[comm.gpu] >= 80]
+    return (lat + size_bytes / (1000 * bw * comm.nranks / nsteps)) * 1e-6
 
 
 def predict_hosts(host, hosts: int, network_gbps: float, size_bytes: int) -> Optional[NcclPrediction]:
@@ -305,36 +336,13 @@ def _tuner(gpu, nranks, nnodes, busbw, nvlink, port, size_bytes, network_gbps=No
     """``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` for an allreduce: ``busbw`` is the
     graph's ``nChannels * bw`` (GB/s), ``nvlink`` whether its ranks in a node talk over NVLink,
     ``port`` the NVSwitch port joining a node's GPUs (NVLS), or None."""
-    arch = ARCH_OF_GPU[gpu]
-    cpu = CPU_OF_GPU[gpu]
-    ppn = nranks // nnodes
-    column = min(nnodes - 1, 2)  # the tables' one-node, two-node and more-node columns
-    ll_max = LL_MAX_BW[arch] if nnodes == 1 else LL_MAX_BW_NODES[cpu][column - 1]
-    hw = "nvlink" if nvlink else "pci"
-    channels = max(1, math.ceil(busbw / PER_CH_MAX_RING_LL128[arch][column]))
-    # LL128 needs Volta or newer, over NVLink inside a node (or one GPU per node: a NIC path)
-    protocols = ["LL", "Simple"] + (["LL128"] if (nvlink or ppn == 1) and COMPCAP_OF_GPU[gpu] >= 70 else [])
+    comm = _comm(gpu, nranks, nnodes, busbw, nvlink)
+    arch, ppn, column, ll_max, hw, channels = comm.arch, comm.ppn, comm.column, comm.ll_max, comm.hw, comm.channels
     nsteps = 2 * (nranks - 1)
-    inter_steps = 2 * (nnodes - 1)
     log_size = int(math.log2(max(size_bytes >> 6, 1))) if size_bytes >= 64 else -1
     times = {}
-    for proto in protocols:
-        # with one rank per node every latency is the network's tree latency
-        inter_lat = {a: HW_LAT_US["net"]["tree" if ppn == 1 else a][proto] for a in ("ring", "tree")}
-        # ring: algorithm bandwidth = bus bandwidth * n / nsteps
-        bw = busbw
-        if proto == "LL":
-            bw = min(ll_max, busbw * 0.5)
-        elif proto == "LL128":
-            bw = min(busbw * 0.92, channels * PER_CH_MAX_RING_LL128[arch][column])
-        intra_lat = HW_LAT_US[hw]["ring"][proto]
-        if nnodes > 1:  # inter-node rings launch nsteps network operations
-            intra_lat = max(intra_lat, NET_OVERHEAD_US[cpu] * (3 if proto == "Simple" else 1))
-        lat = (BASE_LAT_US["ring"][proto] + (nsteps - inter_steps) * intra_lat
-               + inter_steps * inter_lat["ring"])
-        if proto == "Simple" and nnodes > 1 and size_bytes / (channels * nranks) >= 64:
-            lat *= RING_PLATEAU[COMPCAP_OF_GPU[gpu] >= 80]
-        times[("ring", proto)] = (lat + size_bytes / (1000 * bw * nranks / nsteps)) * 1e-6
+    for proto in comm.protocols:
+        times[("ring", proto)] = _ring_seconds(comm, proto, nsteps, 2 * (nnodes - 1), size_bytes, plateau=True)
         # tree (allreduce): bus bandwidth capped, algorithm bandwidth = bus / 2
         bw = min(busbw * 0.92, channels * PER_CH_MAX_TREE[arch][column])
         if proto == "LL":
@@ -345,7 +353,7 @@ def _tuner(gpu, nranks, nnodes, busbw, nvlink, port, size_bytes, network_gbps=No
         if 0 <= log_size < 23:
             bw *= TREE_CORRECTION[proto][log_size]
         lat = BASE_LAT_US["tree"][proto] + 2 * ((ppn - 1) * HW_LAT_US[hw]["tree"][proto]
-                                                + int(math.log2(nnodes)) * inter_lat["tree"])
+                                                + int(math.log2(nnodes)) * HW_LAT_US["net"]["tree"][proto])
         times[("tree", proto)] = (lat + size_bytes / (1000 * bw * 0.5)) * 1e-6
     if arch in NVLS_EFFICIENCY and port is not None:
         # intraBw per channel x channels: the port's bandwidth, at NVLS's efficiency, twice for
