@@ -32,11 +32,17 @@ __all__ = ["fewest_trees", "lp_support", "exact_weights", "MILP_TIME_LIMIT_S"]
 MILP_TIME_LIMIT_S = 0.1
 
 
-def fewest_trees(packer, target: float, max_trees: int | None) -> list:
+def fewest_trees(packer, target: float, max_trees: int | None, fewer_than: int | None = None) -> list:
     """Fewest (then shallowest) columns of ``packer`` reaching ``target``; returns their indices.
 
     With ``max_trees``, the rate is maximised under that count first and
-    the target lowered to what it reaches.
+    the target lowered to what it reaches. With ``fewer_than`` (the count of a
+    packing the caller holds already), only packings of fewer columns are
+    sought, and ``[]`` is returned where the time-limited MILP finds none or
+    proves there is none: on the whole DGX-1s' broadcasts the carved packing of
+    :meth:`~jax_blink.planning.packing.Packer.carve` (6-13 trees) is what the
+    MILP does not reach in its time (it stops at 25-36 trees), and the bound
+    lets it prove a carved packing optimal in a fraction of its time.
 
     The MILP is scaled so that the solver's absolute tolerances are relative
     ones: each column's weight is a fraction ``x`` of its widest possible
@@ -80,9 +86,13 @@ def fewest_trees(packer, target: float, max_trees: int | None) -> list:
         goal = min(goal, float(best.value) * (1 - 1e-9))
     depth = np.array([c.depth for c in cols], dtype=float)
     epsilon = 1.0 / (m * (depth.max() + 1) + 1)  # depth only breaks ties of the count
+    if fewer_than is not None:
+        base.append(cp.sum(z) <= fewer_than - 1)
     problem = cp.Problem(cp.Minimize(cp.sum(z) + epsilon * depth @ z), base + [rate >= goal])
     solve(problem, time_limit_s=MILP_TIME_LIMIT_S, inaccurate_ok=True)  # keeps its best incumbent
     chosen = [] if z.value is None else [j for j in range(m) if z.value[j] > 0.5]
+    if fewer_than is not None:
+        return chosen
     return chosen or lp_support(packer, max_trees)
 
 

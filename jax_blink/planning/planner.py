@@ -243,19 +243,26 @@ def _pack(graph, collective, family, root, max_trees, tolerance, start_trees=())
     lp_rate, _, arc_price = packer.generate()
     target = lp_rate * (1.0 - tolerance) * (1 - 1e-9)
     candidates = []
+    fewer_than = None  # the MILP seeks only packings of fewer trees than the carved one
     if family == "tree":  # rsag's per-root balance already forces one tree per rank
         carved = packer.carve(lp_rate)
         packer.widest(runs=2)
         if carved is not None and (max_trees is None or len(carved) <= max_trees):
             candidates.append(exact_weights(packer, carved))
+            if max_trees is None and candidates[-1][0] >= target:
+                fewer_than = len(candidates[-1][1])
     for attempt in range(4):  # add columns until the MILP reaches the target
-        candidates.append(exact_weights(packer, fewest_trees(packer, target, max_trees)))
-        if candidates[-1][0] >= target or max_trees is None:
+        chosen = fewest_trees(packer, target, max_trees, fewer_than)
+        if chosen:  # (none: nothing beats the carved packing in the MILP's time)
+            candidates.append(exact_weights(packer, chosen))
+        if not candidates or candidates[-1][0] >= target or max_trees is None:
             break
         packer.widest(runs=2, seed=attempt + 1)
     if tolerance > 0 and max_trees is None:
         # the time-limited MILP may do better aiming at the optimum itself
-        candidates.append(exact_weights(packer, fewest_trees(packer, lp_rate * (1 - 1e-9), None)))
+        chosen = fewest_trees(packer, lp_rate * (1 - 1e-9), None, fewer_than)
+        if chosen:
+            candidates.append(exact_weights(packer, chosen))
     if max_trees is None:  # the time-limited MILP may fall short, or stop at more trees than the LP's own
         candidates.append(exact_weights(packer, lp_support(packer)))
     reaching = [c for c in candidates if c[0] >= target]

@@ -318,7 +318,7 @@ _AGREE = textwrap.dedent("""
     from jax_blink.topo import Topology
     from jax_blink.topo.presets import shm_processes
     if sys.argv[1] == "loaded":  # its MILP found nothing in time: the LP's support instead
-        planner.fewest_trees = lambda packer, target, max_trees: fewest.lp_support(packer, max_trees)
+        planner.fewest_trees = lambda packer, target, max_trees, fewer_than=None: fewest.lp_support(packer, max_trees)
     topology = Topology.from_links(*shm_processes([0] * 4 + [1] * 4))
     pathlib.Path(sys.argv[2] + "." + sys.argv[1]).touch()
     while not pathlib.Path(sys.argv[2]).exists():

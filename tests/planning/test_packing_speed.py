@@ -9,6 +9,7 @@ import pytest
 from jax_blink.planning import bounds, plan
 from jax_blink.planning.packing import Packer
 from jax_blink.topo import Topology
+from jax_blink.topo.presets import shm_processes
 
 
 def _nx_min_cut(num_nodes, arcs, capacity, source, sink):
@@ -87,6 +88,25 @@ def test_carving_packs_the_whole_rate_and_its_trees_are_kept(preset):
         p = plan(topology, "broadcast", root=root)
         assert p.rate_gbps == pytest.approx(p.bound_gbps, rel=1e-6)
         assert len(p.trees) <= len(carved)
+
+
+def test_the_tree_count_milp_seeks_only_fewer_trees_than_a_packing_held():
+    """fewest_trees(fewer_than=k) returns only packings of fewer than k trees that reach the
+    target, and [] where none exists: on a small topology its MILP ends proven optimal, so
+    with k the optimal count it finds nothing, with k + 1 that count again (the bound is what
+    empties the first answer: without it the same MILP returns that packing)."""
+    from jax_blink.planning.fewest import exact_weights, fewest_trees
+
+    topology = Topology.from_links(*shm_processes([0, 0, 1, 1, 2, 2]))
+    packer = Packer(topology.link_graph(), "allreduce", "tree", None)
+    rate, _, _ = packer.generate()
+    packer.widest(runs=2)
+    target = rate * (1 - 1e-9)
+    best = fewest_trees(packer, target, None)
+    assert len(best) == 3 and exact_weights(packer, best)[0] >= target
+    assert fewest_trees(packer, target, None, fewer_than=len(best)) == []
+    again = fewest_trees(packer, target, None, fewer_than=len(best) + 1)
+    assert len(again) == len(best) and exact_weights(packer, again)[0] >= target
 
 
 def test_multi_column_pricing_adds_only_trees_that_price_in():
