@@ -275,3 +275,29 @@ def test_the_reducer_is_the_topology_s_unless_the_model_gives_one():
     slow = simulate(s, t, model=SimModel(**quiet)).time_s
     fast = simulate(s, t, model=SimModel(reduce_gbps=math.inf, **quiet)).time_s
     assert slow == pytest.approx(4 * 2**20 / 10e9, rel=1e-6) and fast == pytest.approx(4 * 2**20 / 100e9, rel=1e-6)
+
+
+def test_simulating_leaves_the_garbage_collector_as_it_found_it():
+    """simulate() pauses Python's cyclic collector while it runs (jax_blink._gcpause) and
+    restores it after, on success and on error, and never turns on one that was off."""
+    import gc
+
+    topology = Topology.preset("shm:4")
+    schedule = ring_allreduce(topology, 1 << 12)
+    seen = []
+    model = SimModel()
+    original = model.reducer_gbps
+    object.__setattr__(model, "reducer_gbps", lambda t: seen.append(gc.isenabled()) or original(t))
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        simulate(schedule, topology, model=model)
+        assert seen == [False] and gc.isenabled()  # paused inside, restored after
+        with pytest.raises(SimError):
+            simulate(schedule, topology, size_bytes=0)
+        assert gc.isenabled()
+        gc.disable()
+        simulate(schedule, topology)
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        (gc.enable if was else gc.disable)()
