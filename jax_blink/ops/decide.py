@@ -740,7 +740,7 @@ def _detected_network():
 
 
 @functools.lru_cache(maxsize=64)
-def _across_hosts(groups, processes, host, network, chunks, source, collective="allreduce"):
+def _across_hosts(groups, processes, host, network, chunks, source, collective):
     """:func:`across_hosts`, predicted."""
     k = host.n
     before, across, after = _PHASES[collective]

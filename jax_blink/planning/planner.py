@@ -255,7 +255,7 @@ def _pack(graph, collective, family, root, max_trees, tolerance, start_trees=())
         chosen = fewest_trees(packer, target, max_trees, fewer_than)
         if chosen:  # (none: nothing beats the carved packing in the MILP's time)
             candidates.append(exact_weights(packer, chosen))
-        if not candidates or candidates[-1][0] >= target or max_trees is None:
+        if candidates[-1][0] >= target or max_trees is None:
             break
         packer.widest(runs=2, seed=attempt + 1)
     if tolerance > 0 and max_trees is None:
