@@ -3,7 +3,8 @@
 Runs ``--jobs`` local jax.distributed jobs of 2 processes x 2 CPU devices
 (jax_blink.launch.run_local). Each process makes ``--calls`` psums of random
 float32 vectors of random sizes over all 4 devices, the host transport
-carrying them, and checks every result per element against numpy's sum
+carrying them (about half of them sums of an intermediate, which run in
+place), and checks every result per element against numpy's sum
 (jax_blink.numerics). In every other job process 1 SIGKILLs itself at a
 random call, from a thread while its ranks are inside the call. Counts the
 calls checked, the wrong elements, the jobs that hung (still running at
@@ -47,17 +48,20 @@ def child(calls: int, seed: int, kill_at: int) -> None:
     try:
         for call in range(calls):
             size = int(rng.choice([1, 7, 100, 1000, 4096, 100_000, 1 << 20]))
+            scale = int(rng.integers(1, 3))  # 2: the sum of an intermediate, run in place
             x = rng.standard_normal((n, size)).astype(np.float32)
-            if size not in fns:
-                fns[size] = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "i", timeout_s=10),
-                                                  mesh=mesh, in_specs=P("i"), out_specs=P()))
+            if (size, scale) not in fns:
+                fns[size, scale] = jax.jit(jax.shard_map(
+                    lambda v, s=scale: jax_blink.psum(v * s if s != 1 else v, "i", timeout_s=10),
+                    mesh=mesh, in_specs=P("i"), out_specs=P()))
             xs = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("i")), lambda i: x[i])
             if pid == 1 and call == kill_at:
-                threading.Thread(target=fns[size], args=(xs,), daemon=True).start()
+                threading.Thread(target=fns[size, scale], args=(xs,), daemon=True).start()
                 time.sleep(float(rng.uniform(0, 0.002)))  # often inside the call
                 os.kill(os.getpid(), signal.SIGKILL)
-            out = np.asarray(fns[size](xs).addressable_shards[0].data)[0]
-            wrong += numerics.wrong_vs_reference(out, x.sum(0), np.abs(x).sum(0), n)
+            out = np.asarray(fns[size, scale](xs).addressable_shards[0].data)[0]
+            y = x * np.float32(scale)  # exact: a power of two
+            wrong += numerics.wrong_vs_reference(out, y.sum(0), np.abs(y).sum(0), n)
             checked += 1
         error = None
     except Exception as e:  # noqa: BLE001 (the survivor of a killed peer)

@@ -697,10 +697,22 @@ class RankRunner {
       if (!rv.steps[d].trivially_done && !PeerDone(v, d)) return false;
     }
     for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
-      const Step& g = rv.steps[rv.guards[k]];
-      if ((!g.src_input || PeerInPlace(v)) && !PeerDone(g.peer, g.match)) return false;
+      if (GuardWaits(v, rv.guards[k], PeerInPlace(v))) return false;
     }
     return true;
+  }
+
+  // Whether a write of rank `r` (this rank, or a peer of its process) must
+  // still wait on its earlier SEND `g` of the chunk it overwrites: until the
+  // receiver has read the value. A value sent from the input is overwritten
+  // only when `r` runs in place (the input is its accumulator); and a rank
+  // of another process reads it from the arena, where the SEND itself copied
+  // it (Stage), so then the write waits for that SEND only.
+  bool GuardWaits(int64_t r, int32_t g, bool in_place) const {
+    const Step& sg = s_.ranks[r].steps[g];
+    if (sg.src_input && !in_place) return false;
+    if (sg.src_input && Remote(sg.peer)) return !PeerDone(r, g);
+    return !PeerDone(sg.peer, sg.match);
   }
 
   // After the write `group[n-1]` (completing `group`), the SENDs of the
@@ -881,8 +893,7 @@ class RankRunner {
       return false;
     }
     for (int32_t k = st.guards_begin; k < st.guards_end; ++k) {
-      const Step& sg = rs_.steps[rs_.guards[k]];
-      if ((!sg.src_input || inplace_) && !PeerDone(sg.peer, sg.match)) {
+      if (GuardWaits(a_.rank, rs_.guards[k], inplace_)) {
         blocked_ = i;
         blocked_guard_ = rs_.guards[k];
         return false;
@@ -964,9 +975,14 @@ class RankRunner {
            << st.chunk << " to rank " << a_.rank << ")";
       } else {
         const Step& sg = rs_.steps[blocked_guard_];
-        os << "; " << StepText(rs_, blocked_) << " waits for rank " << sg.peer
-           << " to read chunk " << sg.chunk << " (its step " << sg.match
-           << ") before overwriting it";
+        if (sg.src_input && Remote(sg.peer)) {
+          os << "; " << StepText(rs_, blocked_) << " waits for its " << StepText(rs_, blocked_guard_)
+             << " to copy the chunk into the arena before overwriting it";
+        } else {
+          os << "; " << StepText(rs_, blocked_) << " waits for rank " << sg.peer
+             << " to read chunk " << sg.chunk << " (its step " << sg.match
+             << ") before overwriting it";
+        }
       }
     }
     return os.str();
@@ -1180,10 +1196,12 @@ void DebugLog(const ExecArgs& a, const ExecResult& res, Clock::time_point t0, in
       res.status.ok() ? "ok" : "error: ", res.status.message.c_str());
 }
 
-// A rank of a call whose ranks live in several processes of this host: its
-// input is copied into its process's arena, its accumulator lives there, and
-// the ranks meet in the host's slot table (sync/host_rendezvous.h); the same
-// RankRunner then runs its steps on that slot.
+// A rank of a call whose ranks live in several processes of this host: the
+// chunks of its input that other processes read are copied into its
+// process's arena, its accumulator lives there (but for the chunks only its
+// process reads: RankRunner::MarkPrivateChunks), and the ranks meet in the
+// host's slot table (sync/host_rendezvous.h); the same RankRunner then runs
+// its steps on that slot.
 ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_point deadline,
                           int64_t timeout_ms) {
   ExecResult res;
@@ -1203,12 +1221,15 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
   h.in = a.in;
   h.out = a.out;
   h.in_bytes = h.error.ok() ? a.in_count * static_cast<int64_t>(DTypeSize(s.dtype)) : 0;
-  // Unless the output overwrites the input (aliased), the rank and its peers
-  // in this process read the input where XLA put it, and the rank copies
-  // into the arena only the chunks it sends to other processes, when it
-  // sends them (RankRunner::Stage).
+  // The rank and its peers in this process read the input where XLA put it,
+  // and the rank copies into the arena only the chunks it sends to other
+  // processes, when it sends them (RankRunner::Stage); in place too, where
+  // the writes of a chunk wait for those copies (GuardWaits). Only an output
+  // that overwrites its input without running in place (CpuInPlace: a
+  // float16 accumulator, say) copies the whole input into the arena first,
+  // where every peer reads it.
   const bool aliased = a.in == a.out;
-  h.stage_input = aliased;
+  h.stage_input = aliased && !CpuInPlace(s, aliased);
   h.acc_bytes = s.count * static_cast<int64_t>(AccSize(s.dtype));
   const int64_t generation =
       a.generation >= 0 ? a.generation : HostReserve(h.site, a.group, a.rank);
@@ -1224,13 +1245,13 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
     Slot& slot = ticket.view;
     res.status = CheckConsistent(slot, Where(a, generation));
     if (res.status.ok()) {
-      // The rank writes only its own output. Aliased, it and its peers read
-      // the copy of its input staged before joining; else the input itself,
-      // and peers of other processes the chunks Stage() copies.
+      // The rank writes only its own output. With the input copied whole,
+      // it and its peers read that copy; else the input itself, and peers of
+      // other processes the chunks Stage() copies.
       ExecArgs staged = a;
-      if (aliased) staged.in = slot.info[a.rank].in;
+      if (h.stage_input) staged.in = slot.info[a.rank].in;
       RankRunner runner(staged, slot, slot.epoch, generation, deadline,
-                        aliased ? nullptr : static_cast<char*>(ticket.staging));
+                        h.stage_input ? nullptr : static_cast<char*>(ticket.staging));
       res.status = runner.Run();
       if (!res.status.ok()) slot.Fail(a.rank, res.status);
       const ExecTunables& tun = GetExecTunables();

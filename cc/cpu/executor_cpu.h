@@ -48,7 +48,7 @@ struct ExecArgs {
   int64_t generation = -1;
   // Where the ranks meet: kInProcess (every rank in this process), or
   // kHost (ranks in several processes of this host, sync/host_rendezvous.h:
-  // the input is staged in shared memory and the accumulator lives there).
+  // the chunks that other processes read are copied into shared memory).
   int32_t transport = 0;
 };
 

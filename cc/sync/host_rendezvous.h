@@ -89,10 +89,10 @@ struct HostRankArgs {
   void* out = nullptr;       // and output (peers of its process push into it)
   int64_t in_bytes = 0;
   // true: the input is copied into the arena before joining, and every peer
-  // reads the copy (its output overwrites it: XLA aliased them); false:
-  // peers in this process read `in` itself, and the rank copies the chunks
-  // that peers of other processes read into the arena as it sends them
-  // (cpu/executor_cpu.cc).
+  // reads the copy (its output overwrites it, and the rank does not run in
+  // place); false: peers in this process read `in` itself, and the rank
+  // copies the chunks that peers of other processes read into the arena as
+  // it sends them (cpu/executor_cpu.cc).
   bool stage_input = true;
   int64_t acc_bytes = 0;     // the accumulator's size, in the arena
   // Bytes every peer receives in HostTicket::blobs (at most kHostBlobBytes;

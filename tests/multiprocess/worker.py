@@ -327,6 +327,20 @@ def host():
             run(f"host {op} {dtype} over {one}", lambda v: getattr(jax_blink, op)(v, one),
                 lambda v: getattr(lax, op)(v, one), MESH1, P("i"), P(), x.reshape(N, 19),
                 exact=True)
+    # in place: the sum of an intermediate takes its buffer, and a rank's writes of a chunk wait
+    # for its copy into the arena for the other processes' ranks (several chunks per tree);
+    # float16 accumulates in float32, so it does not run in place and copies its input whole
+    for k, dtype in enumerate(("float32", "int32", "float16")):
+        x = data(dtype, (N, 200_003), 30 + k)
+        fn = lambda v: jax_blink.psum(v * 3, one)
+        lowered = jax.jit(jax.shard_map(fn, mesh=MESH1, in_specs=P("i"), out_specs=P())).lower(
+            placed(x, MESH1, P("i"))).as_text()
+        checks_before = len(failures)
+        if "output_operand_aliases" not in lowered:
+            failures.append(f"host psum in place {dtype}: the custom call is not aliased")
+        if len(failures) == checks_before:
+            run(f"host psum in place {dtype}", fn, lambda v: lax.psum(v * 3, one), MESH1, P("i"),
+                P(), x)
     x = data("float32", (NPROC, LOCAL, 11), 3)
     run("host pmean", lambda v: jax_blink.pmean(v, both), lambda v: lax.pmean(v, both),
         MESH2, P("host", "local"), P(), x)
