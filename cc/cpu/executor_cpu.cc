@@ -589,6 +589,7 @@ class RankRunner {
         for (int64_t r = 0; r < s_.nranks; ++r) {
           if (!remote_[r]) MarkPrivateChunks(r, &private_[r * s_.nchunks]);
         }
+        out_written_.assign(s_.nchunks, 0);
       }
       if (stage != nullptr) {
         stage_ = stage;
@@ -821,6 +822,24 @@ class RankRunner {
   }
   bool OwnStream(const Step& st, int64_t off) const { return StreamTo(a_.rank, st, off); }
 
+  // Host transport: the last write of a chunk of the arena (one that ranks
+  // of other processes read) writes its final value into this rank's output
+  // too, in the same pass, so that Finalize need not copy it back. Nobody
+  // reads the output's chunk during the call: in place, the chunk's first
+  // write waited for the readers of its input value (GuardWaits), and where
+  // the input was copied whole, every peer reads the copy. Sets *dst and
+  // returns 1, or returns 0 where the chunk needs no such write.
+  int OutputCopy(const Step& last, PushDst* dst) {
+    if (private_.empty() || !last.last_write || Private(last.chunk)) return 0;
+    const int64_t off = s_.chunk_offset[last.chunk];
+    const int64_t lo = s_.OutputOffset(a_.rank);
+    if (off < lo || off + s_.chunk_length[last.chunk] > lo + s_.out_count) return 0;
+    dst->p = static_cast<char*>(a_.out) + (off - lo) * tsize_;
+    dst->nt = nt_bytes_ > 0 && s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+    out_written_[last.chunk] = 1;
+    return 1;
+  }
+
   // Where element `off` of rank `rank`'s accumulator lives: in its output
   // buffer for its output range when RankInfo::acc_out is set (a
   // reduce_scatter's shard), else in RankInfo::acc.
@@ -903,7 +922,7 @@ class RankRunner {
     const int64_t len = s_.chunk_length[st.chunk];
     char* dst = OwnAcc(st.chunk, off);
     int32_t push_sends[kMaxPush];
-    PushDst push_dsts[kMaxPush];
+    PushDst push_dsts[kMaxPush + 1];  // and this rank's output (OutputCopy)
     if (st.op == Op::kRecvCopy) {
       if (!Claim(a_.rank, i)) return false;  // the sender got there first
       const Src src = SourceOf(st);
@@ -911,9 +930,10 @@ class RankRunner {
       bool all_pushed;
       const int np =
           CollectPushes(tr, &self, 1, push_sends, push_dsts, &all_pushed);
-      if (np > 0) {
+      const int nd = np + OutputCopy(st, push_dsts + np);
+      if (nd > 0) {
         kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), src, nullptr, 0, len,
-                    push_dsts, np);
+                    push_dsts, nd);
       } else if (OwnStream(st, off)) {
         StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
       } else {
@@ -947,9 +967,10 @@ class RankRunner {
     const int np = last.last_write ? CollectPushes(tr, group, k, push_sends,
                                                    push_dsts, &all_pushed)
                                    : 0;
-    if (np > 0) {
+    const int nd = np + OutputCopy(last, push_dsts + np);
+    if (nd > 0) {
       kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), base, srcs, k, len,
-                  push_dsts, np);
+                  push_dsts, nd);
     } else if (last.last_write && OwnStream(last, off)) {
       // The final value, read by nobody soon (a reduce_scatter's shard).
       kt_.produce(dst, true, base, srcs, k, len, nullptr, 0);
@@ -1056,6 +1077,7 @@ class RankRunner {
       if (off < out_lo || off + len > out_lo + s_.out_count) continue;
       char* dst = out + (off - out_lo) * tsize_;
       if (rs_.chunk_written[c]) {
+        if (!out_written_.empty() && out_written_[c]) continue;  // by OutputCopy
         const char* acc = OwnAcc(static_cast<int32_t>(c), off);
         if (acc != dst) kt_.finalize(dst, acc, len);
       } else {
@@ -1091,6 +1113,7 @@ class RankRunner {
   int32_t blocked_guard_ = -1;
   std::vector<uint8_t> private_;  // per rank x chunk: MarkPrivateChunks (empty: none)
   std::vector<uint8_t> remote_;   // per rank: in another process (empty: none)
+  std::vector<uint8_t> out_written_;  // per chunk: OutputCopy wrote the output (host transport)
   char* stage_ = nullptr;         // see the constructor
   std::vector<uint8_t> staged_;   // per chunk: copied to stage_
   Clock::time_point peers_checked_ = Clock::now();
