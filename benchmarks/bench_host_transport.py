@@ -13,10 +13,14 @@ interleaved:
   before the host transport.
 
 A ``1 x P*L`` run (one process with every device) gives the in-process
-reference the issue compares P x L against. Every result is checked per
-element against lax's (jax_blink.numerics); the ``step`` rows time a per-leaf
-MLP training step (8 layers of 512 x 512, gradients summed leaf by leaf) with
-each psum.
+reference the issue compares P x L against. ``alone`` times ``blink`` again
+with no other collective between its calls: the gloo calls of ``lax`` and
+``old`` slow the next call of a job of several processes (2 x 4 at 1e3
+elements: 0.75 ms interleaved, 0.51 ms alone, in the recorded run), and a
+one-process job makes none, so P x L is compared with 1 x P*L on these.
+Every result is checked per element against lax's (jax_blink.numerics); the
+``step`` rows time a per-leaf MLP training step (8 layers of 512 x 512,
+gradients summed leaf by leaf) with each psum.
 
     python benchmarks/bench_host_transport.py
     python benchmarks/bench_host_transport.py --layouts 2x1 --sizes 1e6 --json out.json
@@ -100,8 +104,9 @@ def child(sizes, reps, step_layers):
                  for k in fns if k != "lax"}
         count = max(10, min(reps, int(2e9 // (size * 4 * jax.local_device_count()))))
         med = timed(fns, (xs,), count)
+        alone = timed({"blink": fns["blink"]}, (xs,), count)["blink"]
         rows.append({"what": "psum", "size": size, "reps": count, "wrong": wrong,
-                     **{f"{k}_ms": 1e3 * v for k, v in med.items()},
+                     **{f"{k}_ms": 1e3 * v for k, v in med.items()}, "blink_alone_ms": 1e3 * alone,
                      "explain": explained.splitlines()[-1][:300]})
     # a per-leaf MLP step: grads summed leaf by leaf, as a data-parallel loop does
     width = 512
@@ -139,9 +144,11 @@ def child(sizes, reps, step_layers):
                     for a, b in zip(jax.tree.leaves(v), ref))
              for k, v in finals.items() if k not in ("lax", "none")}
     med = timed(steps, (rep, xb), max(5, reps))
+    alone = timed({"blink": steps["blink"]}, (rep, xb), max(5, reps))["blink"]
     rows.append({"what": f"step ({step_layers} x {width}x{width} MLP, per-leaf psum)",
                  "size": sum(w.size + b.size for w, b in params), "reps": max(5, reps),
-                 "wrong": wrong, **{f"{k}_ms": 1e3 * v for k, v in med.items()}})
+                 "wrong": wrong, **{f"{k}_ms": 1e3 * v for k, v in med.items()},
+                 "blink_alone_ms": 1e3 * alone})
     if pid == 0:
         print("RESULT " + json.dumps({"processes": jax.process_count(),
                                       "devices_per_process": jax.local_device_count(),
@@ -185,11 +192,12 @@ def main(argv=None):
             return 1
         results.append(res)
         print(f"\n{p} processes x {d} CPU devices, float32, medians")
-        print(f"{'what':>10} {'elements':>10} {'blink ms':>9} {'lax ms':>9} {'old ms':>9} "
-              f"{'blink/lax':>9} {'old/lax':>8}  wrong")
+        print(f"{'what':>10} {'elements':>10} {'blink ms':>9} {'alone ms':>9} {'lax ms':>9} "
+              f"{'old ms':>9} {'blink/lax':>9} {'old/lax':>8}  wrong")
         for row in res["rows"]:
             old = row.get("old_ms")
             print(f"{row['what'][:10]:>10} {row['size']:>10} {row['blink_ms']:>9.3f} "
+                  f"{row['blink_alone_ms']:>9.3f} "
                   f"{row['lax_ms']:>9.3f} {old if old is not None else float('nan'):>9.3f} "
                   f"{row['blink_ms'] / row['lax_ms']:>9.2f} "
                   f"{(old / row['lax_ms']) if old else float('nan'):>8.2f}  {row['wrong']}"

@@ -88,16 +88,19 @@ def multiprocess(data: dict) -> str:
 
 
 def host_transport(data: dict) -> str:
-    """bench_host_transport.py's rows: per layout and size, jax_blink over the host transport,
-    lax.psum (gloo) and the path without the host transport, in ms and as ratios to lax."""
-    lines = ["| processes x devices | elements per device | jax_blink | lax.psum | blink / lax | "
-             "without the host transport / lax | wrong |", "|---|---|---|---|---|---|---|"]
+    """bench_host_transport.py's rows: per layout and size, jax_blink over the host transport
+    (interleaved with the others, and alone), lax.psum (gloo) and the path without the host
+    transport, in ms and as ratios to lax."""
+    lines = ["| processes x devices | elements per device | jax_blink | jax_blink alone | lax.psum | "
+             "blink / lax | without the host transport / lax | wrong |",
+             "|---|---|---|---|---|---|---|---|"]
     for res in data["results"]:
         for r in res["rows"]:
             what = _size(r["size"]) if r["what"] == "psum" else r["what"]
             old = f"{r['old_ms'] / r['lax_ms']:.2f}" if "old_ms" in r else "-"
+            alone = f"{r['blink_alone_ms']:.3f} ms" if "blink_alone_ms" in r else "-"
             lines.append(f"| {res['processes']} x {res['devices_per_process']} | {what} "
-                         f"| {r['blink_ms']:.3f} ms | {r['lax_ms']:.3f} ms "
+                         f"| {r['blink_ms']:.3f} ms | {alone} | {r['lax_ms']:.3f} ms "
                          f"| {r['blink_ms'] / r['lax_ms']:.2f} | {old} | {r['wrong']['blink']} |")
     return "\n".join(lines) + "\n"
 

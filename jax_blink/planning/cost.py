@@ -114,13 +114,12 @@ CPU_ALLREDUCE_US = {
 #: the host transport (shared memory), ``lax`` = lax.psum over gloo
 #: (the 2 x 1 rows of ``benchmarks/bench_host_transport.py`` on a 2-core AMD
 #: EPYC, ``benchmarks/results/host_transport_amd-epyc-2core.json``; a test
-#: replays it). gloo's allreduce takes 2-3 ms at one size or another, which
-#: changes between runs (400 B in earlier ones, 400 KB in this one), and ours
-#: at 100 elements is slower than at 1,000: the model keeps what was measured.
+#: replays it). Runs differ: gloo's allreduce took 2-3 ms at 400 B in some and
+#: at 400 KB in another; the model keeps what this run measured.
 CPU_HOST_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 4_000_000),
-    "blink": (86.1, 161.7, 132.6, 150.2, 230.1, 1232.0, 4313.1),
-    "lax": (113.3, 262.6, 301.7, 330.8, 3282.0, 4138.4, 12471.6),
+    "blink": (111.8, 108.8, 123.0, 145.4, 256.2, 1219.7, 4167.4),
+    "lax": (126.7, 270.4, 301.3, 319.5, 517.8, 3208.1, 11911.9),
 }
 
 
