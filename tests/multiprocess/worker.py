@@ -335,12 +335,10 @@ def host():
         fn = lambda v: jax_blink.psum(v * 3, one)
         lowered = jax.jit(jax.shard_map(fn, mesh=MESH1, in_specs=P("i"), out_specs=P())).lower(
             placed(x, MESH1, P("i"))).as_text()
-        checks_before = len(failures)
         if "output_operand_aliases" not in lowered:
             failures.append(f"host psum in place {dtype}: the custom call is not aliased")
-        if len(failures) == checks_before:
-            run(f"host psum in place {dtype}", fn, lambda v: lax.psum(v * 3, one), MESH1, P("i"),
-                P(), x)
+            continue
+        run(f"host psum in place {dtype}", fn, lambda v: lax.psum(v * 3, one), MESH1, P("i"), P(), x)
     x = data("float32", (NPROC, LOCAL, 11), 3)
     run("host pmean", lambda v: jax_blink.pmean(v, both), lambda v: lax.pmean(v, both),
         MESH2, P("host", "local"), P(), x)
