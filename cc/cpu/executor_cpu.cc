@@ -779,11 +779,7 @@ class RankRunner {
   // others live in the arena, where every peer reads them.
   void MarkPrivateChunks(int64_t r, uint8_t* marks) const {
     const RankSteps& rs = s_.ranks[r];
-    const int64_t lo = s_.OutputOffset(r);
-    for (int64_t c = 0; c < s_.nchunks; ++c) {
-      const int64_t off = s_.chunk_offset[c];
-      marks[c] = rs.chunk_written[c] && off >= lo && off + s_.chunk_length[c] <= lo + s_.out_count;
-    }
+    for (int64_t c = 0; c < s_.nchunks; ++c) marks[c] = rs.chunk_written[c] && InOutput(r, c);
     for (const Step& st : rs.steps) {
       if (st.op == Op::kSend && !st.src_input) marks[st.chunk] = 0;
     }
@@ -811,13 +807,19 @@ class RankRunner {
     staged_[chunk] = 1;
   }
   char* OwnAcc(int32_t chunk, int64_t off) const { return AccOf(a_.rank, chunk, off); }
+  // Chunk `c` lies inside rank `r`'s output range.
+  bool InOutput(int64_t r, int64_t c) const {
+    const int64_t lo = s_.OutputOffset(r);
+    return s_.chunk_offset[c] >= lo && s_.chunk_offset[c] + s_.chunk_length[c] <= lo + s_.out_count;
+  }
+  // The collective's vector is large enough for non-temporal stores.
+  bool Large() const {
+    return nt_bytes_ > 0 && s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+  }
   // A final value written by `recv` of rank `r` into its output, read by
   // nobody soon.
   bool StreamTo(int64_t r, const Step& recv, int64_t off) const {
-    if (Private(r, recv.chunk)) {
-      return !recv.sent_after && nt_bytes_ > 0 &&
-             s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
-    }
+    if (Private(r, recv.chunk)) return !recv.sent_after && Large();
     return UseStreamStores(r, recv, off);
   }
   bool OwnStream(const Step& st, int64_t off) const { return StreamTo(a_.rank, st, off); }
@@ -830,12 +832,13 @@ class RankRunner {
   // the input was copied whole, every peer reads the copy. Sets *dst and
   // returns 1, or returns 0 where the chunk needs no such write.
   int OutputCopy(const Step& last, PushDst* dst) {
-    if (private_.empty() || !last.last_write || Private(last.chunk)) return 0;
-    const int64_t off = s_.chunk_offset[last.chunk];
-    const int64_t lo = s_.OutputOffset(a_.rank);
-    if (off < lo || off + s_.chunk_length[last.chunk] > lo + s_.out_count) return 0;
-    dst->p = static_cast<char*>(a_.out) + (off - lo) * tsize_;
-    dst->nt = nt_bytes_ > 0 && s_.count * static_cast<int64_t>(asize_) >= nt_bytes_;
+    if (private_.empty() || !last.last_write || Private(last.chunk) ||
+        !InOutput(a_.rank, last.chunk)) {
+      return 0;
+    }
+    dst->p = static_cast<char*>(a_.out) +
+             (s_.chunk_offset[last.chunk] - s_.OutputOffset(a_.rank)) * tsize_;
+    dst->nt = Large();
     out_written_[last.chunk] = 1;
     return 1;
   }
@@ -856,9 +859,7 @@ class RankRunner {
   // Element `off` of rank `rank`'s accumulator is in its output buffer (not
   // a workspace) and the collective's vector is large.
   bool StreamEligible(int64_t rank, int64_t off) const {
-    if (!same_types_ || nt_bytes_ <= 0 || s_.count * static_cast<int64_t>(asize_) < nt_bytes_) {
-      return false;
-    }
+    if (!same_types_ || !Large()) return false;
     const RankInfo& ri = slot_.info[rank];
     if (ri.acc == ri.out) return true;
     const int64_t lo = s_.OutputOffset(rank);
@@ -1074,7 +1075,7 @@ class RankRunner {
     for (int64_t c = 0; c < s_.nchunks; ++c) {
       const int64_t off = s_.chunk_offset[c];
       const int64_t len = s_.chunk_length[c];
-      if (off < out_lo || off + len > out_lo + s_.out_count) continue;
+      if (!InOutput(a_.rank, c)) continue;
       char* dst = out + (off - out_lo) * tsize_;
       if (rs_.chunk_written[c]) {
         if (!out_written_.empty() && out_written_[c]) continue;  // by OutputCopy

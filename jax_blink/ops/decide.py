@@ -43,7 +43,7 @@ from jax_blink.topo.presets import gpu_of, shm_processes
 
 __all__ = ["PlanRequest", "EncodedSchedule", "Decision", "decide", "environment_reason",
            "topology_for", "schedule_for", "launch_s", "record", "recent", "lax_equivalent",
-           "across_hosts", "tuned_schedule", "SUPPORTED_DTYPES"]
+           "across_hosts", "phases_name", "tuned_schedule", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = tuple(DTYPES)
 
@@ -731,6 +731,12 @@ _PHASES = {"allreduce": ("reduce_scatter", "allreduce", "allgather"),
 _PHASE_NAMES = {"reduce_scatter": "reduce-scatter", "allreduce": "allreduce", "allgather": "all-gather"}
 
 
+def phases_name(collective: str) -> str:
+    """How explain() names the phases of ``collective`` across hosts: "three phases" for the
+    allreduce, "two phases" for the reduce-scatter and all-gather (see :data:`_PHASES`)."""
+    return f"{'three' if all(_PHASES[collective]) else 'two'} phases"
+
+
 @functools.lru_cache(maxsize=1)
 def _detected_network():
     """:func:`jax_blink.topo.detect.detect_network_gbps`, once per process."""
@@ -769,7 +775,7 @@ def _across_hosts(groups, processes, host, network, chunks, source, collective):
         (f"in-process {_PHASE_NAMES[before]}" if before else None, phases[0]),
         (f"across {processes} hosts", phases[1]),
         (f"{_PHASE_NAMES[after]}" if after else None, phases[2])) if label)
-    name = "three phases" if collective == "allreduce" else "two phases"
+    name = phases_name(collective)
     times = (f"{name} {ours * 1e6:.4g} us ({parts}), NCCL over all {processes * k} GPUs {lax * 1e6:.4g} us; "
              f"{network:g} GB/s per host ({source}), NCCL by its tuner's model")
     if lax <= ours:

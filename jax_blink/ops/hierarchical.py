@@ -98,15 +98,16 @@ def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op
         for leaf in leaves:  # one collective per dtype group, as run() makes them
             dtype = np.dtype(jnp.result_type(leaf)).name
             groups[dtype] = groups.get(dtype, 0) + int(np.size(leaf))
+        collective = collective or "allreduce"
         lax_faster, why = _decide.across_hosts(tuple((c, d) for d, c in groups.items()),
                                                span.nprocesses, span.per_process,
-                                               collective=collective or "allreduce",
-                                               topology=topology, chunks=chunks)
+                                               collective=collective, topology=topology,
+                                               chunks=chunks)
         if lax_faster:
             span = why
         else:
-            phases = "three phases" if collective is None else "two phases"
-            _decide.record(f"{name} over {axes}: {phases} across processes ({why})")
+            _decide.record(f"{name} over {axes}: {_decide.phases_name(collective)} across processes "
+                           f"({why})")
     elif isinstance(span, Spanning) and collective is not None:
         span = prefers_lax(collective, nbytes) or span
     if isinstance(span, str):
