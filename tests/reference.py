@@ -157,6 +157,14 @@ def v2_schedules(nranks, count, dtype, op, chunks=2):
     return {name: s.validate() for name, s in out.items()}
 
 
+def v1_words(s):
+    """``s`` (a sum schedule) encoded as format version 1 (the 9-word header)."""
+    from jax_blink.schedule.constants import MAGIC
+
+    w = s.encode().tolist()
+    return np.asarray([MAGIC, 1] + w[2:7] + w[10:], np.int64)
+
+
 def assert_bit_identical(outputs):
     for o in outputs[1:]:
         assert o.tobytes() == outputs[0].tobytes()

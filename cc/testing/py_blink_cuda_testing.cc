@@ -31,6 +31,7 @@
 #include "sync/ipc_record.h"
 #include "sync/join.h"
 #include "sync/rendezvous.h"
+#include "testing/sim_ranks.h"
 
 namespace py = pybind11;
 
@@ -56,98 +57,92 @@ struct DevBuf {
   ~DevBuf() { if (p) cudaFree(p); }
 };
 
-// N simulated ranks on one device: an input buffer, an output buffer, a
-// stream, a workspace and an executor each, over one transport.
-struct SimRanks {
-  const Schedule& s;
-  int device;
-  size_t in_bytes, out_bytes;  // of each rank's input and output
-  StreamPlan plan;
-  CudaTransport transport;
-  std::vector<DevBuf> in, out, ws;
-  std::vector<size_t> ws_bytes;
-  std::vector<cudaStream_t> streams;
-  std::vector<StreamId> ids;
-  std::vector<std::unique_ptr<StreamRankExecutor>> ex;
-  std::vector<StreamExecStats> stats;  // of each rank's last call
-  int64_t run_id;
-
-  SimRanks(const Schedule& sched, int dev) : s(sched), device(dev) {
-    static std::atomic<int64_t> next_run{int64_t{3} << 48};
-    run_id = next_run.fetch_add(1);
-    const int64_t n = s.nranks;
-    in_bytes = static_cast<size_t>(s.in_count) * DTypeSize(s.dtype);
-    out_bytes = static_cast<size_t>(s.out_count) * DTypeSize(s.dtype);
-    const std::string err = plan.Build(s);
-    if (!err.empty()) throw std::runtime_error(err);
-    ws.resize(n);
-    ws_bytes.assign(n, 0);
-    stats.resize(n);
-    for (int64_t r = 0; r < n; ++r) {
-      in.emplace_back(in_bytes);
-      out.emplace_back(out_bytes);
-      cudaStream_t st;
-      Check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
-      streams.push_back(st);
-      ids.push_back(transport.Adopt(device, st));
-      ex.push_back(std::make_unique<StreamRankExecutor>(&transport));
-    }
+// The CUDA runtime under the shared harness (testing/sim_ranks.h): buffers
+// from cudaMalloc, non-blocking caller streams, uploads and fills enqueued
+// with cudaMemcpyAsync / cudaMemsetAsync on the stream they are given.
+class CudaHarnessDevice {
+ public:
+  explicit CudaHarnessDevice(int device) : device_(device) {}
+  ~CudaHarnessDevice() {
+    for (auto& [id, st] : created_) cudaStreamDestroy(st);
   }
-  ~SimRanks() {
-    cudaDeviceSynchronize();
-    ex.clear();  // their streams and events, before the transport goes
-    for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  CudaTransport& transport() { return tp_; }
+  std::string EnterThread() {
+    const cudaError_t e = cudaSetDevice(device_);
+    return e == cudaSuccess ? std::string() : CudaErrorText("cudaSetDevice", e);
   }
-
-  // `calls` collectives back to back: every rank on its own thread joins and
-  // enqueues its part, as XLA's device threads do. Returns "" or the first
-  // rank's error.
-  std::string Run(int64_t calls, bool direct, int64_t timeout_ms = 60000) {
-    const int64_t n = s.nranks;
-    std::vector<std::string> errs(n);
-    std::vector<std::thread> threads;
-    for (int64_t r = 0; r < n; ++r) {
-      threads.emplace_back([this, r, calls, direct, timeout_ms, &errs] {
-        Check(cudaSetDevice(device), "cudaSetDevice");
-        const WorkspaceFn workspace = [this, r](size_t b, void** p) -> std::string {
-          if (ws_bytes[r] < b) {  // grows once; the harness, not the executor
-            ws[r] = DevBuf(b);
-            ws_bytes[r] = b;
-          }
-          *p = ws[r].p;
-          return std::string();
-        };
-        for (int64_t k = 0; k < calls && errs[r].empty(); ++k) {
-          RankInfo info = StreamRankInfo(s, static_cast<int32_t>(s.dtype), in[r].p, out[r].p,
-                                         s.in_count, s.out_count, device, streams[r], Status());
-          int64_t generation = -1;
-          errs[r] = JoinAndEnqueue(RendezvousKey{run_id, 0, 0}, s, plan, r, std::move(info),
-                                   ids[r], direct, transport, *ex[r], workspace,
-                                   Clock::now() + std::chrono::milliseconds(timeout_ms),
-                                   timeout_ms, &generation)
-                        .Text();
-          stats[r] = ex[r]->stats();
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (const std::string& e : errs) {
-      if (!e.empty()) return e;
-    }
+  std::string Alloc(size_t bytes, void** p) {
+    std::string e = EnterThread();
+    if (e.empty()) e = Text(cudaMalloc(p, bytes ? bytes : 1), "cudaMalloc");
+    return e;
+  }
+  void Free(void* p) { cudaFree(p); }
+  std::string CallerStream(int64_t /*rank*/, StreamId* s, void** handle) {
+    cudaStream_t st = nullptr;
+    const std::string e =
+        Text(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (!e.empty()) return e;
+    *s = tp_.Adopt(device_, st);
+    *handle = st;
+    std::lock_guard<std::mutex> lk(mu_);
+    created_[*s] = st;
     return std::string();
   }
-
-  void Sync() {
-    for (cudaStream_t st : streams) Check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+  std::string LegacyStream(StreamId* s) {
+    *s = tp_.Adopt(device_, cudaStreamLegacy);
+    std::lock_guard<std::mutex> lk(mu_);
+    legacy_ = *s;
+    return std::string();
   }
+  std::string Upload(StreamId s, void* dst, const void* host, size_t bytes,
+                     const std::string& what) {
+    return Text(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, StreamOf(s)),
+                what.c_str());
+  }
+  std::string Fill(StreamId s, void* dst, int byte, size_t bytes, const std::string& what) {
+    return Text(cudaMemsetAsync(dst, byte, bytes, StreamOf(s)), what.c_str());
+  }
+  std::string Finish() { return Text(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+  std::string Download(void* host, const void* src, size_t bytes) {
+    return Text(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  }
+  void DestroyCallerStream(StreamId s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = created_.find(s);
+    if (it == created_.end()) return;
+    cudaStreamDestroy(it->second);
+    created_.erase(it);
+  }
+
+ private:
+  static std::string Text(cudaError_t e, const char* what) {
+    return e == cudaSuccess ? std::string() : CudaErrorText(what, e);
+  }
+  cudaStream_t StreamOf(StreamId s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (s == legacy_) return cudaStreamLegacy;
+    auto it = created_.find(s);
+    return it == created_.end() ? nullptr : it->second;
+  }
+
+  const int device_;
+  CudaTransport tp_;
+  std::mutex mu_;  // guards the maps
+  std::map<StreamId, cudaStream_t> created_;
+  StreamId legacy_ = -1;
 };
+using CudaSimRanks = SimRanks<CudaHarnessDevice>;
+
+void ThrowIfError(const std::string& e) {
+  if (!e.empty()) throw std::runtime_error(e);
+}
 
 // Per-rank counters of the last call, and their means.
-py::dict StatsDict(const SimRanks& sim) {
+py::dict StatsDict(const CudaSimRanks& sim) {
   py::dict d;
   py::list per_rank;
   double enqueue = 0, gate = 0, calls = 0, ws = 0;
-  for (const StreamExecStats& st : sim.stats) {
+  for (const StreamExecStats& st : sim.stats()) {
     py::dict r;
     r["kernels"] = st.kernels;
     r["copies"] = st.copies;
@@ -163,21 +158,22 @@ py::dict StatsDict(const SimRanks& sim) {
     calls += st.kernels + st.copies + st.waits + st.records;
     ws = std::max<double>(ws, st.workspace_bytes);
   }
-  const double n = static_cast<double>(sim.stats.size());
+  const double n = static_cast<double>(sim.stats().size());
   d["per_rank"] = per_rank;
   d["api_calls_per_rank"] = calls / n;
   d["enqueue_us_per_rank"] = enqueue / n;
   d["gate_us_per_rank"] = gate / n;
   d["max_workspace_bytes"] = ws;
   int64_t fused = 0;
-  for (const StreamPlan::Rank& R : sim.plan.ranks) fused += R.fused_steps;
+  for (const StreamPlan::Rank& R : sim.plan().ranks) fused += R.fused_steps;
   d["fused_steps"] = fused;
   return d;
 }
 
 // Runs `schedule` over N device buffers on one GPU; returns the outputs.
+// legacy_upload: tests only, the harness's old upload order (sim_ranks.h).
 py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, bool direct,
-                     int64_t repeat, int device) {
+                     int64_t repeat, int device, bool legacy_upload) {
   Schedule s = ScheduleFromPython(schedule);
   const int64_t n = s.nranks;
   if (static_cast<int64_t>(py::len(inputs)) != n) {
@@ -196,26 +192,24 @@ py::list RunSchedule(const py::object& schedule, const py::sequence& inputs, boo
     host.push_back(a);
   }
   Check(cudaSetDevice(device), "cudaSetDevice");
-  SimRanks sim(s, device);
-  for (int64_t r = 0; r < n; ++r) {
-    Check(cudaMemcpy(sim.in[r].p, host[r].data(), sim.in_bytes, cudaMemcpyHostToDevice),
-          "cudaMemcpy H2D");
-    Check(cudaMemset(sim.out[r].p, 0xA5, sim.out_bytes), "cudaMemset");  // poison
-  }
-  std::string err;
-  {
-    py::gil_scoped_release nogil;
-    err = sim.Run(repeat, direct);
-    if (err.empty()) sim.Sync();
-  }
-  if (!err.empty()) throw std::runtime_error(err);
+  CudaHarnessDevice dev(device);
   py::module_ np = py::module_::import("numpy");
   py::list out;
-  for (int64_t r = 0; r < n; ++r) {
-    py::array o = np.attr("empty")(s.out_count, host[r].dtype());
-    Check(cudaMemcpy(o.mutable_data(), sim.out[r].p, sim.out_bytes, cudaMemcpyDeviceToHost),
-          "cudaMemcpy D2H");
-    out.append(o);
+  {
+    CudaSimRanks sim(s, dev, {device, legacy_upload});
+    std::string err = sim.Init();
+    for (int64_t r = 0; r < n && err.empty(); ++r) err = sim.Load(r, host[r].data());
+    {
+      py::gil_scoped_release nogil;
+      if (err.empty()) err = sim.Run(repeat, direct);
+      if (err.empty()) err = sim.Finish();
+    }
+    ThrowIfError(err);
+    for (int64_t r = 0; r < n; ++r) {
+      py::array o = np.attr("empty")(s.out_count, host[r].dtype());
+      ThrowIfError(sim.Read(r, o.mutable_data()));
+      out.append(o);
+    }
   }
   return out;
 }
@@ -231,32 +225,35 @@ py::dict TimeSchedule(const py::object& schedule, int64_t iters, int64_t warmup,
   Schedule s = ScheduleFromPython(schedule);
   const int64_t n = s.nranks;
   Check(cudaSetDevice(device), "cudaSetDevice");
-  SimRanks sim(s, device);
-  for (int64_t r = 0; r < n; ++r) Check(cudaMemset(sim.in[r].p, 0, sim.in_bytes), "cudaMemset");
+  CudaHarnessDevice dev(device);
+  CudaSimRanks sim(s, dev, {device, false});
+  std::string err = sim.Init();
+  for (int64_t r = 0; r < n && err.empty(); ++r) err = sim.Zero(r);
+  ThrowIfError(err);
+  auto stream = [&sim](int64_t r) { return static_cast<cudaStream_t>(sim.handle(r)); };
   cudaEvent_t t0, t1, joined;
   Check(cudaEventCreate(&t0), "cudaEventCreate");
   Check(cudaEventCreate(&t1), "cudaEventCreate");
   Check(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming), "cudaEventCreate");
   float ms = 0;
-  std::string err;
   {
     py::gil_scoped_release nogil;
     if (warmup > 0) err = sim.Run(warmup, direct);
+    if (err.empty()) err = sim.Finish();
     if (err.empty()) {
-      sim.Sync();
       // Every rank's stream starts after t0.
-      Check(cudaEventRecord(t0, sim.streams[0]), "cudaEventRecord");
+      Check(cudaEventRecord(t0, stream(0)), "cudaEventRecord");
       for (int64_t r = 1; r < n; ++r) {
-        Check(cudaStreamWaitEvent(sim.streams[r], t0, 0), "cudaStreamWaitEvent");
+        Check(cudaStreamWaitEvent(stream(r), t0, 0), "cudaStreamWaitEvent");
       }
       err = sim.Run(iters, direct);
     }
     if (err.empty()) {
       for (int64_t r = 1; r < n; ++r) {
-        Check(cudaEventRecord(joined, sim.streams[r]), "cudaEventRecord");
-        Check(cudaStreamWaitEvent(sim.streams[0], joined, 0), "cudaStreamWaitEvent");
+        Check(cudaEventRecord(joined, stream(r)), "cudaEventRecord");
+        Check(cudaStreamWaitEvent(stream(0), joined, 0), "cudaStreamWaitEvent");
       }
-      Check(cudaEventRecord(t1, sim.streams[0]), "cudaEventRecord");
+      Check(cudaEventRecord(t1, stream(0)), "cudaEventRecord");
       Check(cudaEventSynchronize(t1), "cudaEventSynchronize");
       Check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
     }
@@ -281,10 +278,11 @@ double TimeKernel(int dtype, int64_t count, int64_t iters, bool from_input, bool
   Check(cudaSetDevice(device), "cudaSetDevice");
   const size_t asize = AccSize(d), tsize = DTypeSize(d);
   DevBuf dst(count * asize), a(count * asize), b(count * asize);
-  Check(cudaMemset(a.p, 0, count * asize), "cudaMemset");
-  Check(cudaMemset(b.p, 0, count * asize), "cudaMemset");
   cudaStream_t stream;
   Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // On the timed stream: a non-blocking stream does not wait for the legacy one.
+  Check(cudaMemsetAsync(a.p, 0, count * asize, stream), "cudaMemsetAsync");
+  Check(cudaMemsetAsync(b.p, 0, count * asize, stream), "cudaMemsetAsync");
   cudaEvent_t t0, t1;
   Check(cudaEventCreate(&t0), "cudaEventCreate");
   Check(cudaEventCreate(&t1), "cudaEventCreate");
@@ -524,10 +522,15 @@ py::object IpcRunRank(const py::object& schedule, int64_t rank, const py::array&
   DevBuf in_alloc(in_bytes + kOffset), out_alloc(out_bytes + kOffset);
   char* in = static_cast<char*>(in_alloc.p) + kOffset;
   char* out = static_cast<char*>(out_alloc.p) + kOffset;
-  Check(cudaMemcpy(in, input.data(), in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-  Check(cudaMemset(out, 0xA5, out_bytes), "cudaMemset");  // poison
   cudaStream_t stream;
   Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // The input and the poisoned output are written on the rank's caller stream,
+  // whose start event the peers wait for (testing/sim_ranks.h: a blocking
+  // cudaMemcpy on the legacy stream is not ordered before the executor's
+  // non-blocking streams).
+  Check(cudaMemcpyAsync(in, input.data(), in_bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync H2D");
+  Check(cudaMemsetAsync(out, 0xA5, out_bytes, stream), "cudaMemsetAsync");  // poison
   CudaTransport tp(/*interprocess_events=*/true);
   Status st;
   double seconds = 0;
@@ -614,9 +617,12 @@ PYBIND11_MODULE(_blink_cuda_testing, m) {
         "ipc_export_test_buffer made.");
   m.def("run_schedule", &RunSchedule, py::arg("schedule"), py::arg("inputs"),
         py::arg("direct") = true, py::arg("repeat") = 1, py::arg("device") = 0,
+        py::arg("legacy_upload") = false,
         "Runs every rank of `schedule` on one GPU (N simulated ranks, each with its own "
         "streams) over copies of `inputs` (numpy arrays); returns the outputs. "
-        "direct=False copies peers' chunks into staging buffers first.");
+        "direct=False copies peers' chunks into staging buffers first. legacy_upload "
+        "(tests only): upload the inputs on the legacy default stream, unordered with the "
+        "executor's streams, as the harness once did (testing/sim_ranks.h).");
   m.def("time_schedule", &TimeSchedule, py::arg("schedule"), py::arg("iters") = 10,
         py::arg("warmup") = 2, py::arg("direct") = true, py::arg("device") = 0,
         "Times back-to-back collective calls (all N ranks on one GPU, a host thread "

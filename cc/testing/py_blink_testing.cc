@@ -32,6 +32,7 @@
 #include "sync/host_rendezvous.h"
 #include "sync/ipc_record.h"
 #include "sync/rendezvous.h"
+#include "testing/sim_ranks.h"
 #include "testing/stream_emulator.h"
 
 namespace py = pybind11;
@@ -572,6 +573,97 @@ py::bytes IpcRecordEncode(int64_t pid, const py::bytes& uuid, const py::object& 
   return py::bytes(EncodeIpcRecord(r));
 }
 
+// The stream emulator under the shared single-GPU harness (testing/sim_ranks.h,
+// the harness _blink_cuda_testing.run_schedule runs over CUDA): allocations
+// and streams of one emulated device, uploads and fills as pseudo-ops on the
+// stream they are given; Finish runs every queued op (in the seed's order).
+class EmulatorHarnessDevice {
+ public:
+  EmulatorHarnessDevice(int device, uint64_t seed) : device_(device), seed_(seed) {}
+  StreamEmulator& transport() { return em_; }
+  std::string EnterThread() { return std::string(); }
+  std::string Alloc(size_t bytes, void** p) { return em_.Alloc(device_, bytes, p); }
+  void Free(void* p) { em_.Free(device_, p); }
+  std::string CallerStream(int64_t rank, StreamId* s, void** handle) {
+    std::string e = em_.CreateStream(device_, s);
+    if (e.empty()) em_.NameStream(*s, "caller[" + std::to_string(rank) + "]");
+    *handle = nullptr;
+    return e;
+  }
+  std::string LegacyStream(StreamId* s) {
+    std::string e = em_.CreateStream(device_, s);
+    if (e.empty()) em_.NameStream(*s, "legacy default stream");
+    return e;
+  }
+  std::string Upload(StreamId s, void* dst, const void* host, size_t bytes,
+                     const std::string& what) {
+    return em_.Touch(s, {}, {{dst, bytes}}, what,
+                     [dst, host, bytes] { std::memcpy(dst, host, bytes); });
+  }
+  std::string Fill(StreamId s, void* dst, int byte, size_t bytes, const std::string& what) {
+    return em_.Touch(s, {}, {{dst, bytes}}, what,
+                     [dst, byte, bytes] { std::memset(dst, byte, bytes); });
+  }
+  std::string Finish() { return em_.Run(seed_); }
+  std::string Download(void* host, const void* src, size_t bytes) {
+    std::memcpy(host, src, bytes);
+    return std::string();
+  }
+  void DestroyCallerStream(StreamId s) { em_.DestroyStream(s); }
+
+ private:
+  const int device_;
+  const uint64_t seed_;
+  StreamEmulator em_;
+};
+
+// The CUDA harness's run_schedule over the emulator: the same SimRanks code,
+// so the race checker judges the harness's uploads and reads as well as the
+// executor. Returns {'outputs', 'races'}.
+py::dict EmulateRunSchedule(const py::object& schedule, const py::sequence& inputs, bool direct,
+                            int64_t repeat, uint64_t seed, bool legacy_upload) {
+  const Schedule s = ScheduleFromPython(schedule);
+  const int64_t n = s.nranks;
+  if (static_cast<int64_t>(py::len(inputs)) != n) {
+    throw py::value_error("need " + std::to_string(n) + " inputs");
+  }
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  std::vector<Buffer> host;
+  for (int64_t r = 0; r < n; ++r) {
+    host.push_back(GetBuffer(inputs[r], false, "inputs", r, DTypeSize(s.dtype)));
+    if (host.back().count != s.in_count) {
+      throw py::value_error("inputs[" + std::to_string(r) + "] must have " +
+                            std::to_string(s.in_count) + " elements");
+    }
+  }
+  EmulatorHarnessDevice dev(0, seed);
+  py::module_ np = py::module_::import("numpy");
+  py::list outputs, races;
+  {
+    SimRanks<EmulatorHarnessDevice> sim(s, dev, {0, legacy_upload});
+    std::string err = sim.Init();
+    for (int64_t r = 0; r < n && err.empty(); ++r) err = sim.Load(r, host[r].ptr);
+    {
+      py::gil_scoped_release nogil;
+      if (err.empty()) err = sim.Run(repeat, direct, 20000);
+      if (err.empty()) err = sim.Finish();
+    }
+    if (!err.empty()) throw std::runtime_error(err);
+    for (int64_t r = 0; r < n; ++r) {
+      py::array o = np.attr("empty")(
+          s.out_count, py::reinterpret_borrow<py::array>(inputs[r]).dtype());
+      sim.Read(r, o.mutable_data());
+      outputs.append(o);
+    }
+  }
+  for (const std::string& x : dev.transport().races()) races.append(x);
+  py::dict d;
+  d["outputs"] = outputs;
+  d["races"] = races;
+  d["race_count"] = dev.transport().stats().races;
+  return d;
+}
+
 // ipc_record_decode(record, rank): its fields, checked as a peer checks them.
 py::dict IpcRecordDecode(const py::bytes& record, int64_t rank) {
   IpcRankRecord r;
@@ -646,6 +738,14 @@ PYBIND11_MODULE(_blink_testing, m) {
         "'races': [str], 'stats': "
         "{str: int}}; raises ValueError for bad arguments, RuntimeError for "
         "an emulator error.");
+  m.def("emulate_run_schedule", &EmulateRunSchedule, py::arg("schedule"), py::arg("inputs"),
+        py::kw_only(), py::arg("direct") = true, py::arg("repeat") = 1, py::arg("seed") = 0,
+        py::arg("legacy_upload") = false,
+        "Test harness: the CUDA harness's run_schedule (testing/sim_ranks.h: N ranks of one "
+        "device, each uploading its input on its caller stream, a thread each meeting "
+        "through JoinAndEnqueue) over the stream emulator instead of CUDA. legacy_upload: "
+        "upload on a stream the executor's streams do not wait for, as the harness once did "
+        "with cudaMemcpy. Returns {'outputs': [array], 'races': [str], 'race_count': int}.");
   m.def("host_arena", &HostArenaPy,
         "This module's arena for the host transport (its own state, apart from _blink_ext's): "
         "(pid, fd).");

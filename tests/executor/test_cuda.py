@@ -194,6 +194,10 @@ def test_configure_debug_logs_each_cuda_call(jax_gpus, capfd):
     from jax_blink import _blink_cuda
     from reference import one_device_collective
 
+    # The first registration hands the environment's settings (JAX_BLINK_DEBUG unset:
+    # off) to the module: register before configuring, or a worker that lowers here
+    # for the first time turns debug off again (it did under pytest-xdist).
+    _ffi.ensure_registered("cuda")
     saved = _blink_cuda.configuration()
     try:
         _blink_cuda.configure(debug=True)

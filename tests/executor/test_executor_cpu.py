@@ -554,6 +554,36 @@ def test_cuda_module_configure_sets_debug():
     assert ext.configuration()["debug"] is False  # each module has its own
 
 
+def test_configure_after_registration_holds_in_a_fresh_process():
+    """The first registration (at the first lowering) hands the environment's settings
+    to C++ once; configure() after it is kept. Run where nothing was registered yet,
+    as in a pytest-xdist worker's first test (the CUDA debug-log test lost its
+    configure() that way: issue 42)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_BLINK_")}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["JAX_PLATFORMS"] = "cpu"
+    code = """
+import jax, jax.numpy as jnp, jax_blink
+from jax.sharding import PartitionSpec as P
+from jax_blink import _ffi
+_ffi.ensure_registered("cpu")
+ext = _ffi.load_extension()
+ext.configure(**dict(ext.configuration(), debug=True))
+from jax.sharding import NamedSharding
+mesh = jax.make_mesh((2,), ("i",))
+f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "i", min_bytes=0), mesh=mesh,
+                          in_specs=P("i"), out_specs=P()))
+x = jax.device_put(jnp.ones(2 * 1000), NamedSharding(mesh, P("i")))
+print(f(x)[:2], ext.configuration()["debug"])
+"""
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split()[-1] == "True", res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("jax_blink: op=")]
+    assert sorted(ln.split()[3] for ln in lines) == ["rank=0", "rank=1"], res.stderr[-3000:]
+
+
 # ------------------------------------------------------------ random trees
 def _random_tree(rng, nranks, root):
     """A random spanning tree rooted at `root` (random parent among the

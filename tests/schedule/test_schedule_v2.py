@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from jax_blink.schedule import Schedule, ScheduleError, Step, lower_ring, lower_trees
 from jax_blink.schedule.constants import HEADER_WORDS, MAGIC
 from numpy_executor import numpy_execute, reduce_pair
-from reference import v2_schedules
+from reference import v1_words, v2_schedules
 
 OPS = ("sum", "max", "min")
 
@@ -67,12 +67,6 @@ def test_the_header_has_twelve_words_and_records_op_and_buffer_sizes():
     g = lower_ring([0, 1, 2], collective="allgather", count=12, dtype="float32", op="min")
     assert g.encode().tolist()[4:10] == [4, -1, 0, 2, 4, 12]
     assert Schedule.decode(g.encode()) == g
-
-
-def v1_words(s):
-    """``s`` encoded as format version 1 (the 9-word header)."""
-    w = s.encode().tolist()
-    return np.asarray([MAGIC, 1] + w[2:7] + w[10:], np.int64)
 
 
 def test_version_1_arrays_still_decode_as_sum_schedules():
