@@ -1,4 +1,4 @@
-"""``python -m jax_blink {plan,bench} ...`` (see :mod:`jax_blink.cli`)."""
+"""``python -m jax_blink {plan,bench,calibrate} ...`` (see :mod:`jax_blink.cli`)."""
 
 import sys
 

@@ -22,7 +22,8 @@ from typing import Optional
 __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S",
            "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
            "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
-           "cuda_enabled", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor"]
+           "cuda_enabled", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor",
+           "profile_file", "PROFILE_DEFAULTS"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
 #: On 8 CPU devices jax_blink is faster at every size measured, down to one
@@ -242,6 +243,21 @@ def cache_dir() -> Path:
     if xdg is not None:
         return Path(xdg) / "jax_blink"
     return Path.home() / ".cache" / "jax_blink"
+
+
+#: ``JAX_BLINK_PROFILE`` value that keeps psum on the recorded costs, without a note.
+PROFILE_DEFAULTS = "defaults"
+
+
+def profile_file():
+    """``JAX_BLINK_PROFILE``: the machine profile to use (a file ``python -m jax_blink
+    calibrate`` wrote, e.g. on another machine of the same kind); ``"defaults"``
+    (:data:`PROFILE_DEFAULTS`): none, the costs recorded in ``planning.cost``, without a
+    note; None when unset: this machine's own profile, in :func:`cache_dir`."""
+    text = _env("JAX_BLINK_PROFILE")
+    if text is None:
+        return None
+    return PROFILE_DEFAULTS if text == PROFILE_DEFAULTS else Path(text)
 
 
 @dataclasses.dataclass(frozen=True)

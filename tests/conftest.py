@@ -24,3 +24,7 @@ os.environ.setdefault("PJRT_NPROC", "64")
 # machine with an NVIDIA GPU jax starts its CUDA backend too, so that the XLA:GPU tests
 # (tests/executor/test_cuda.py, jax.devices("gpu")) run under plain pytest.
 os.environ.setdefault("JAX_PLATFORMS", "cpu,cuda" if _nvidia_gpu_for_jax() else "cpu")
+# psum's choices in the tests come from the costs recorded in jax_blink.planning.cost, never
+# from a machine profile `python -m jax_blink calibrate` may have left on this machine
+# (tests/ops/test_profile.py points JAX_BLINK_PROFILE at profiles of its own).
+os.environ["JAX_BLINK_PROFILE"] = "defaults"

@@ -10,7 +10,9 @@ leaves are taken last first: for ``jax.grad`` of a layered model the
 gradients of the last layers are produced first.
 
 The size comes from the cost model of the executor that will run the
-buckets (:func:`jax_blink.planning.cost.bucket_bytes`), or from
+buckets (:func:`jax_blink.planning.cost.bucket_bytes` over
+:func:`jax_blink.ops.predict.cpu_allreduce`: this machine's profile, else the
+recorded costs), or from
 ``bucket_bytes=`` / ``JAX_BLINK_BUCKET_BYTES``.
 """
 
@@ -19,7 +21,8 @@ from __future__ import annotations
 from typing import Optional
 
 from jax_blink import settings
-from jax_blink.planning.cost import bucket_bytes as _model_bytes, cpu_allreduce_seconds
+from jax_blink.ops import predict
+from jax_blink.planning.cost import bucket_bytes as _model_bytes
 
 __all__ = ["bucket_size", "split"]
 
@@ -31,7 +34,8 @@ def bucket_size(value, platform: str) -> tuple:
     if chosen is not None:
         return chosen, "bucket_bytes=" if value is not None else "JAX_BLINK_BUCKET_BYTES"
     if platform == "cpu":
-        return _model_bytes(lambda s: cpu_allreduce_seconds("blink", s)), "the CPU model"
+        source = predict.cpu_allreduce(4).source
+        return _model_bytes(lambda s: predict.cpu_allreduce(s).blink_s), f"the CPU model from {source}"
     # On GPUs the CUDA executor enqueues on XLA's compute stream, in program order: a bucket
     # would not overlap the backward pass, only add its per-call cost.
     return None, "one bucket: the CUDA executor runs in the compute stream's order"

@@ -29,10 +29,10 @@ import jax
 from jax_blink import _ffi, settings
 from jax_blink._gcpause import gc_paused
 from jax_blink._jsonio import parse_json, read_text_file
+from jax_blink.ops import predict
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, MAX_RANKS, Plan, plan
 from jax_blink.planning.cache import files_digest, load_keyed, source_digest, store_keyed
-from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, CUDA_STREAM,
-                                     cpu_allreduce_seconds)
+from jax_blink.planning.cost import CUDA_STREAM
 from jax_blink.schedule import DTYPES, Schedule, ScheduleError, lower_trees
 from jax_blink.schedule.constants import COLLECTIVE_CODE, FORMAT_VERSION, HEADER_WORDS, MAGIC, REDUCE_OP_CODE
 from jax_blink.sim import nccl as nccl_model, simulate, tune
@@ -445,9 +445,10 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
     topology names no GPU, NCCL's ring and tree simulated. A baseline that
     the topology's links or the size cannot carry (two ranks with no link or
     switch path between them) is listed as n/a and not chosen. On CPU
-    devices the CPU model (``planning.cost.cpu_allreduce_seconds``)
-    predicts the plan and lax: in one process, or across processes of one
-    host (the host transport against lax over gloo)."""
+    devices the CPU model (:func:`jax_blink.ops.predict.cpu_allreduce`: this
+    machine's profile, else the recorded costs) predicts the plan and lax: in
+    one process, or across processes of one host (the host transport against
+    lax over gloo)."""
     forced = settings.algo()
     if settings.plan_file():
         request = dataclasses.replace(request, algo="file", plan_file=settings.plan_file())
@@ -506,22 +507,16 @@ def _rules_digest() -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _predicted_cached(request, count, dtype, gpu, candidates, processes=1):
-    """``((name, seconds or None), ...)``, how ``lax`` was predicted, and ``((name, bound), ...)``:
-    candidates not simulated because a lower bound of their time already exceeds NCCL's.
+def _predicted_cached(request, count, dtype, candidates):
+    """On GPUs: ``((name, seconds or None), ...)``, how ``lax`` was predicted, and ``((name,
+    bound), ...)``: candidates not simulated because a lower bound of their time already
+    exceeds NCCL's.
 
-    On GPUs the prediction is kept on disk beside the plan cache, keyed by
+    The prediction is kept on disk beside the plan cache, keyed by
     everything it depends on (the sources included: :func:`planning.cache.source_digest`
     and this module's),
     so a later process decides without planning, tuning or simulating."""
     size = count * DTYPES[dtype][1]
-    if not gpu:
-        table = CPU_HOST_ALLREDUCE_US if processes > 1 else CPU_ALLREDUCE_US
-        out = ({"blink": cpu_allreduce_seconds("blink", size, table)}
-               if "blink" in candidates else {})
-        out["lax"] = cpu_allreduce_seconds("lax", size, table)
-        return tuple(out.items()), ("CPU model across processes" if processes > 1
-                                    else "CPU model"), ()
     key = _gpu_key(request, request=[request.chunks, request.launch_s, request.collective, request.root],
                    size_bytes=size, dtype=dtype, candidates=list(candidates))
     kept = load_keyed("decide", _PREDICTION_FORMAT, key)
@@ -787,7 +782,11 @@ def _predicted(request, count, dtype, gpu, candidates, processes=1):
     """``(predicted seconds per candidate and lax, how, bounds)``, by the model of the platform;
     None for a schedule the topology or size cannot carry. The reduction (sum, max,
     min) does not change a prediction, so they share one."""
+    if not gpu:  # read afresh: a calibration may have written this machine's profile since
+        p = predict.cpu_allreduce(count * DTYPES[dtype][1], processes, request.topology.n // max(processes, 1))
+        out = {"blink": p.blink_s} if "blink" in candidates else {}
+        out["lax"] = p.lax_s
+        return out, f"CPU model{' across processes' if processes > 1 else ''} from {p.source}", {}
     request = dataclasses.replace(request, op="sum")
-    times, how, bounds = _predicted_cached(request, count, dtype, gpu, tuple(candidates),
-                                           1 if gpu else processes)
+    times, how, bounds = _predicted_cached(request, count, dtype, tuple(candidates))
     return dict(times), how, dict(bounds)

@@ -1,0 +1,167 @@
+"""Calibration: measure what an allreduce costs on this machine, by jax_blink's executor and
+by lax, and keep it as the machine's profile (``python -m jax_blink calibrate``).
+
+:func:`measure_allreduce` times, per size, jitted programs one call at a time with a sync
+after each, interleaved (so each time is one call's latency): ``none`` (``x * 2``, the
+program without a collective), ``blink`` (``jax_blink.psum`` forced onto the plan), ``lax``
+(``lax.psum``) and, for benchmarks, ``auto`` (``jax_blink.psum`` as users call it). What a
+collective adds to a program is its median minus ``none``'s: the quantity psum's choice and
+the bucket size compare (:mod:`jax_blink.ops.predict`). ``benchmarks/bench_psum_cpu.py``
+measures with the same function.
+
+:func:`calibrate` measures the devices of this process (one layout, ``1xN``) and writes the
+profile (:mod:`jax_blink.planning.profile`, keyed by :func:`jax_blink.ops.machine.machine_key`)
+atomically into the cache directory. A full calibration measures 7 sizes (1 to 1e7 float32
+per device, about a minute on 8 CPU devices of a 2-core VM); ``quick`` 4 sizes with fewer
+calls (about 10 s). Every collective is bounded by psum's timeout, so it never hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+import jax
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jax_blink import numerics
+from jax_blink.ops import machine
+from jax_blink.ops.psum import psum
+from jax_blink.planning import profile as profiles
+
+__all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "measure_allreduce", "calibrate"]
+
+#: The programs :func:`measure_allreduce` can time (see the module docstring).
+VARIANTS = ("none", "blink", "lax", "auto")
+#: Float32 elements per device a full calibration measures (the sizes of
+#: :data:`jax_blink.planning.cost.CPU_ALLREDUCE_US`), and a quick one.
+FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
+#: The least time a collective is taken to add (microseconds): a median below the
+#: collective-free program's is noise, and a profile's times must be positive.
+MIN_ADDED_US = 1.0
+
+
+@contextlib.contextmanager
+def _algo(value: str):
+    """``JAX_BLINK_ALGO=value`` while a program is traced (psum reads it at trace time)."""
+    old = os.environ.get("JAX_BLINK_ALGO")
+    os.environ["JAX_BLINK_ALGO"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("JAX_BLINK_ALGO", None)
+        else:
+            os.environ["JAX_BLINK_ALGO"] = old
+
+
+def _rounds(elements: int, rounds: int) -> int:
+    return rounds if elements <= 1_000_000 else max(5, rounds // 4)
+
+
+def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Sequence[str] = ("none", "blink", "lax"),
+                      progress: Optional[Callable[[int, int, str], None]] = None) -> list:
+    """Per size (float32 elements per device), the median time of one call of each program
+    in ``variants`` over every device of this process, and what each collective adds to
+    ``none`` (``<variant>_added_us``; needs ``"none"``), with ``wrong``: elements of the
+    plan's result outside the summation-order bound (:mod:`jax_blink.numerics`).
+    ``progress(done, total, what)`` is called after each size."""
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; use some of {VARIANTS}")
+    n = jax.device_count()
+    if n < 2:
+        raise ValueError(f"measuring an allreduce needs at least 2 devices, this process has {n}")
+    mesh = jax.make_mesh((n,), ("x",))
+
+    def shard(fn):
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+    # (the collective's input is a value the program computes, as a gradient is: XLA would
+    # copy a parameter before jax_blink's in-place allreduce)
+    bodies = {"none": lambda v: v * 2, "blink": lambda v: psum(v * 2, "x"),
+              "lax": lambda v: lax.psum(v * 2, "x"), "auto": lambda v: psum(v * 2, "x")}
+    rows = []
+    for i, count in enumerate(elements):
+        programs = {k: shard(bodies[k]) for k in variants}
+        x = np.random.default_rng(0).standard_normal((n, int(count))).astype(np.float32)
+        xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+        for k, f in programs.items():  # trace, compile and run once
+            with _algo("blink") if k == "blink" else contextlib.nullcontext():
+                got = jax.block_until_ready(f(xs))
+            if k == "blink":
+                wrong = numerics.wrong_elements(np.asarray(got), 2 * x)
+        times = {k: [] for k in programs}
+        for r in range(_rounds(int(count), rounds)):
+            for k in (list(programs) if r % 2 == 0 else list(programs)[::-1]):
+                start = time.perf_counter()
+                jax.block_until_ready(programs[k](xs))
+                times[k].append(time.perf_counter() - start)
+        med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
+        row = {"count": int(count), "size_bytes": int(count) * 4, **{f"{k}_us": v for k, v in med.items()}}
+        if "none" in med:
+            row.update({f"{k}_added_us": max(med[k] - med["none"], MIN_ADDED_US) for k in med if k != "none"})
+        if "blink" in programs:
+            row["wrong"] = wrong
+        rows.append(row)
+        if progress is not None:
+            progress(i + 1, len(elements), f"{count:g} float32 per device")
+    return rows
+
+
+def _bar(out=sys.stderr):
+    """A one-line progress bar on ``out`` (redrawn in place on a terminal, a line per step
+    otherwise)."""
+    start = time.monotonic()
+    tty = out.isatty()
+
+    def show(done, total, what):
+        filled = int(20 * done / total)
+        text = (f"calibrating [{'#' * filled}{'.' * (20 - filled)}] {done}/{total} {what}, "
+                f"{time.monotonic() - start:.0f} s")
+        print(("\r" + text) if tty else text, end="" if tty and done < total else "\n", file=out, flush=True)
+
+    return show
+
+
+def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, progress: bool = True):
+    """Measures this process's devices and writes their profile; returns ``(profile, path)``.
+
+    ``path``: where to write it (default: this machine's place in the cache directory,
+    where psum looks); ``rounds``: calls per program and size (default 21, quick 7).
+    """
+    start = time.monotonic()
+    elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
+    rows = measure_allreduce(elements, rounds or (7 if quick else 21), ("none", "blink", "lax"),
+                             _bar() if progress else None)
+    wrong = sum(r["wrong"] for r in rows)
+    if wrong:
+        raise RuntimeError(f"jax_blink calibrate: the plan's allreduce gave {wrong} wrong elements; "
+                           f"nothing was written (report this: {rows})")
+    layout = f"1x{jax.device_count()}"
+    table = {"elements": [r["count"] for r in rows], "blink": [r["blink_added_us"] for r in rows],
+             "lax": [r["lax_added_us"] for r in rows]}
+    made = profiles.Profile(key=machine.machine_key(), tables={layout: table}, quick=quick,
+                            seconds=round(time.monotonic() - start, 2),
+                            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    where = profiles.save(made, path if path is not None else machine.profile_path())
+    machine.forget()
+    return made, where
+
+
+def describe(p: profiles.Profile) -> str:
+    """One line per layout and size: both times and which is faster."""
+    lines = []
+    for layout, t in p.tables.items():
+        for count, b, x in zip(t["elements"], t["blink"], t["lax"]):
+            lines.append(f"  {layout:>5} {count:>10g} float32/device: jax_blink {b:9.1f} us, lax {x:9.1f} us"
+                         f"  -> {'jax_blink' if b < x else 'lax'}")
+    return "\n".join(lines)

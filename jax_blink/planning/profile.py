@@ -1,0 +1,169 @@
+"""Machine profiles: the costs of jax_blink's executor and of the lax collectives, measured
+on the machine that runs them (``python -m jax_blink calibrate``).
+
+A profile holds, per layout of devices (``"1x8"``: one process of 8 devices), what one
+allreduce adds to a program's time by float32 elements per device, for jax_blink's CPU
+executor (``blink``) and for ``lax.psum`` (``lax``): the tables of
+:data:`jax_blink.planning.cost.CPU_ALLREDUCE_US`, measured here rather than on the VM
+those constants come from. It is keyed by everything that makes the numbers valid (CPU
+model and core count, device kind and count, jax and jaxlib versions, the extension's
+build), so another machine, an upgrade or a rebuilt executor never reuses it; a profile
+whose key differs, or that is corrupt, is ignored with a warning (:func:`load`).
+
+Like FFTW's wisdom, a profile is a plain JSON file (``"format":
+"jax_blink.machine_profile"``) that can be copied to machines of the same kind.
+
+Pure Python: never imports jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Optional
+
+from jax_blink._jsonio import read_document
+from jax_blink.planning.cache import disk_store
+from jax_blink.planning.cost import cpu_allreduce_seconds
+
+__all__ = ["Profile", "ProfileError", "FORMAT", "VERSION", "path_for", "load", "save", "nearest_layout"]
+
+logger = logging.getLogger("jax_blink")
+
+FORMAT = "jax_blink.machine_profile"
+VERSION = 1
+_WHICH = ("blink", "lax")
+
+
+class ProfileError(ValueError):
+    """A machine profile that cannot be used: unreadable, corrupt, or of another machine."""
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _check_table(layout: str, table) -> dict:
+    """``table`` as the cost model's table, or ProfileError naming what is wrong."""
+    if not isinstance(table, dict) or set(table) != {"elements", *_WHICH}:
+        raise ProfileError(f"layout {layout!r}: expected an object with 'elements', 'blink' and 'lax'")
+    columns = {k: table[k] for k in ("elements", *_WHICH)}
+    n = len(columns["elements"]) if isinstance(columns["elements"], (list, tuple)) else -1
+    if n < 2:
+        raise ProfileError(f"layout {layout!r}: needs at least two measured sizes")
+    for k, column in columns.items():
+        if (not isinstance(column, (list, tuple)) or len(column) != n
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                           for v in column)):
+            raise ProfileError(f"layout {layout!r}: {k!r} must be {n} positive numbers")
+    if list(columns["elements"]) != sorted(set(columns["elements"])):
+        raise ProfileError(f"layout {layout!r}: 'elements' must increase")
+    return {k: tuple(float(v) if k != "elements" else int(v) for v in column) for k, column in columns.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What one calibration measured on one machine.
+
+    ``key``: the machine's identity (:func:`jax_blink.ops.machine.machine_key`);
+    ``tables``: per layout (``"<processes>x<devices per process>"``), microseconds one
+    allreduce adds to a program, by float32 elements per device, for ``blink`` and
+    ``lax``; ``quick``: made by ``calibrate --quick`` (fewer sizes and calls);
+    ``seconds``: how long the calibration took; ``created``: when (ISO 8601).
+    """
+
+    key: dict
+    tables: dict
+    quick: bool = False
+    seconds: float = 0.0
+    created: str = ""
+
+    def __post_init__(self):  # checked and normalised (tuples) however it was made
+        if not isinstance(self.tables, dict) or not self.tables:
+            raise ProfileError("machine profile: 'tables' must name at least one layout")
+        object.__setattr__(self, "tables", {str(k): _check_table(str(k), t) for k, t in self.tables.items()})
+
+    def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
+        """The measured time of an allreduce of ``size_bytes`` per device by ``which``
+        (``"blink"`` or ``"lax"``) in ``layout``, interpolated as the cost model's
+        recorded tables are (:func:`jax_blink.planning.cost.cpu_allreduce_seconds`).
+
+        Examples
+        --------
+        >>> p = Profile({}, {"1x8": {"elements": [1, 1000], "blink": [50.0, 80.0], "lax": [90.0, 95.0]}})
+        >>> round(p.allreduce_seconds("blink", 4000, "1x8") * 1e6, 1)
+        80.0
+        """
+        return cpu_allreduce_seconds(which, size_bytes, self.tables[layout])
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "key": self.key, "quick": self.quick,
+                "seconds": self.seconds, "created": self.created,
+                "tables": {k: {c: list(v) for c, v in t.items()} for k, t in self.tables.items()}}
+
+    @classmethod
+    def from_json(cls, source) -> "Profile":
+        """A profile from a dict, JSON text or a file path; ProfileError for anything else."""
+        d = read_document(source, fmt=FORMAT, version=VERSION, error=ProfileError, what="machine profile")
+        if not isinstance(d.get("key"), dict):
+            raise ProfileError("machine profile: 'key' must be an object")
+        seconds = d.get("seconds", 0.0)
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            raise ProfileError("machine profile: 'seconds' must be a number")
+        return cls(key=d["key"], tables=d.get("tables"),
+                   quick=bool(d.get("quick", False)), seconds=float(seconds), created=str(d.get("created", "")))
+
+
+def path_for(key: dict, directory) -> Path:
+    """Where the profile of the machine ``key`` lives in ``directory`` (the cache directory)."""
+    return Path(directory) / f"profile-{_digest(key)}.json"
+
+
+def load(path, key: dict) -> Optional[Profile]:
+    """The profile at ``path`` if it was made for ``key``; None if there is none; None with a
+    warning (what is wrong, and the command that makes a valid one) if it is unreadable,
+    corrupt, or of another machine."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        profile = Profile.from_json(path)
+        if profile.key != key:
+            differ = sorted(k for k in set(profile.key) | set(key) if profile.key.get(k) != key.get(k))
+            raise ProfileError("it was made for another machine or build (" + ", ".join(
+                f"{k}: {profile.key.get(k)!r} there, {key.get(k)!r} here" for k in differ[:4]) + ")")
+        return profile
+    except (ProfileError, OSError, RecursionError) as e:
+        logger.warning("jax_blink: ignoring the machine profile %s: %s; run `python -m jax_blink "
+                       "calibrate` to measure this machine", path, e)
+        return None
+
+
+def save(profile: Profile, path) -> Path:
+    """Writes ``profile`` to ``path`` atomically (a reader sees the old file or the new one)."""
+    path = Path(path)
+    disk_store(path, json.dumps(profile.to_json(), indent=1) + "\n")
+    return path
+
+
+def nearest_layout(layouts, processes: int, devices: int) -> Optional[str]:
+    """Of ``layouts`` (a profile's, ``"<processes>x<devices>"``), the one with ``processes``
+    processes whose device count is nearest ``devices`` (a table for 8 devices also serves a
+    psum over 4 of them), or None when none has that many processes.
+
+    Examples
+    --------
+    >>> layouts = ["1x8", "1x2", "2x1"]
+    >>> nearest_layout(layouts, 1, 6), nearest_layout(layouts, 2, 1), nearest_layout(layouts, 4, 1)
+    ('1x8', '2x1', None)
+    """
+    found = []
+    for layout in layouts:
+        p, _, d = layout.partition("x")
+        if p.isdigit() and d.isdigit() and int(p) == processes:
+            found.append((abs(math.log(int(d) / max(devices, 1))), layout))
+    return min(found)[1] if found else None

@@ -1,0 +1,196 @@
+"""Machine profiles (issue 45): calibration writes one, psum's choices read it, and a profile
+that does not fit this machine is ignored with a warning.
+
+The choice is checked against the numbers a profile holds (a recorded one is replayed),
+never against a copy of the choosing code.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jax
+
+from jax_blink.ops import buckets, calibrate, decide, machine, predict
+from jax_blink.planning import profile as profiles
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = sorted((ROOT / "benchmarks" / "results").glob("profile_*.json"))
+
+
+@pytest.fixture
+def use_profile(monkeypatch, tmp_path):
+    """Installs a profile's tables under this machine's key at a path of the test's own and
+    points JAX_BLINK_PROFILE at it; returns the path."""
+    machine.forget()
+
+    def install(tables, key=None, quick=False):
+        p = profiles.Profile(key=machine.machine_key() if key is None else key,
+                             tables={k: {c: list(v) for c, v in t.items()} for k, t in tables.items()},
+                             quick=quick, created="2026-11-28T00:00:00+00:00")
+        path = profiles.save(p, tmp_path / "profile.json")
+        monkeypatch.setenv("JAX_BLINK_PROFILE", str(path))
+        machine.forget()
+        return path
+
+    yield install
+    machine.forget()
+
+
+def choice(count, nranks=8):
+    return decide.decide(count, "float32", nranks, platform="cpu")
+
+
+def runs_blink(d):
+    return d.request is not None
+
+
+LAX_WINS = {"elements": [1, 1000, 100_000], "blink": [300.0, 400.0, 900.0], "lax": [100.0, 150.0, 300.0]}
+BLINK_WINS = {"elements": [1, 1000, 100_000], "blink": [50.0, 60.0, 200.0], "lax": [100.0, 150.0, 300.0]}
+
+
+@pytest.mark.parametrize("tables, blink", [(LAX_WINS, False), (BLINK_WINS, True)])
+def test_auto_follows_the_profile_and_names_it(use_profile, tables, blink):
+    use_profile({"1x8": tables})
+    for count in (1, 1000, 100_000, 30_000):
+        d = choice(count)
+        assert runs_blink(d) == blink, d.text
+        assert "this machine's profile (1x8, 2026-11-28)" in d.text
+
+
+def test_a_profile_for_another_machine_is_ignored_with_a_warning(use_profile, caplog):
+    key = dict(machine.machine_key(), jax="0.0.1", cores=4096)
+    path = use_profile({"1x8": LAX_WINS}, key=key)
+    with caplog.at_level(logging.WARNING, logger="jax_blink"):
+        d = choice(1000)
+    assert "defaults recorded on a 2-core AMD EPYC" in d.text
+    assert runs_blink(d)  # the recorded costs: the plan at 4 KB
+    assert any(str(path) in r.message and "another machine" in r.message and "jax" in r.message
+               and "python -m jax_blink calibrate" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"format": "jax_blink.machine_profile", "version": 1}',
+                                  '{"format": "jax_blink.machine_profile", "version": 1, "key": {}, '
+                                  '"tables": {"1x8": {"elements": [1, 2], "blink": [1, -1], "lax": [1, 1]}}}'])
+def test_a_corrupt_profile_is_ignored_with_a_warning(monkeypatch, tmp_path, caplog, text):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    monkeypatch.setenv("JAX_BLINK_PROFILE", str(path))
+    machine.forget()
+    with caplog.at_level(logging.WARNING, logger="jax_blink"):
+        assert machine.profile() is None
+        assert "defaults recorded" in predict.cpu_allreduce(4000).source
+    assert any("ignoring the machine profile" in r.message for r in caplog.records)
+    machine.forget()
+
+
+def test_without_a_profile_the_defaults_are_used_and_said_once(monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv("JAX_BLINK_PROFILE")
+    monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path))
+    machine.forget()
+    with caplog.at_level(logging.WARNING, logger="jax_blink"):
+        first = predict.cpu_allreduce(4000)
+        predict.cpu_allreduce(400)
+    notes = [r for r in caplog.records if "no machine profile" in r.message]
+    assert len(notes) == 1 and "python -m jax_blink calibrate" in notes[0].message
+    assert "defaults recorded" in first.source
+    machine.forget()
+
+
+def test_jax_blink_profile_defaults_is_quiet(caplog):
+    assert os.environ["JAX_BLINK_PROFILE"] == "defaults"  # tests/conftest.py
+    with caplog.at_level(logging.WARNING, logger="jax_blink"):
+        assert "defaults recorded" in predict.cpu_allreduce(4000).source
+    assert not caplog.records
+
+
+def test_a_profile_without_the_layout_falls_back_to_the_recorded_table(use_profile):
+    use_profile({"2x1": LAX_WINS})
+    p = predict.cpu_allreduce(4000, processes=1, devices=8)
+    assert "the profile has no layout of 1 process" in p.source
+    assert runs_blink(choice(1000))
+
+
+def test_the_bucket_size_follows_the_profile(use_profile):
+    """The smallest power of two (from 4 KB) whose measured time is at least twice the fixed
+    cost (the time of one element): larger where the fixed cost is larger."""
+    sizes = [1, 10_000, 1_000_000, 10_000_000]
+    chosen = []
+    for fixed_us in (100.0, 2000.0):
+        use_profile({"1x8": {"elements": sizes, "blink": [fixed_us + 4e-3 * s for s in sizes],
+                             "lax": [1e6] * 4}})
+        p = machine.profile()
+        size, why = buckets.bucket_size(None, "cpu")
+        t = lambda b: p.allreduce_seconds("blink", b, "1x8")  # noqa: E731
+        assert t(size) >= 2 * t(4) and (size == 4096 or t(size // 2) < 2 * t(4)), size
+        assert "profile" in why
+        chosen.append(size)
+    assert chosen[1] >= 16 * chosen[0]
+
+
+def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
+    """A quick calibration on this process's 8 CPU devices: every row measured, the file
+    valid, and psum then reads it."""
+    monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("JAX_BLINK_PROFILE")
+    made, where = calibrate.calibrate(quick=True, rounds=3, progress=False)
+    assert where == machine.profile_path() and where.parent == tmp_path
+    again = profiles.Profile.from_json(where)
+    assert again == made and again.key == machine.machine_key()
+    table = made.tables[f"1x{jax.device_count()}"]
+    assert table["elements"] == calibrate.QUICK_ELEMENTS and all(t > 0 for t in table["blink"] + table["lax"])
+    assert "this machine's quick profile" in predict.cpu_allreduce(4000).source
+    machine.forget()
+
+
+def test_the_command_line_calibration_writes_a_valid_profile(tmp_path):
+    out = tmp_path / "p.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_BLINK_", "XLA_FLAGS"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    res = subprocess.run([sys.executable, "-m", "jax_blink", "calibrate", "--quick", "--rounds", "2",
+                          "--cpu-devices", "4", "--out", str(out)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"wrote {out}" in res.stdout and "calibrating [" in res.stderr
+    made = profiles.Profile.from_json(out)
+    assert list(made.tables) == ["1x4"] and made.quick
+
+
+def test_the_command_line_refuses_bad_arguments_by_name():
+    res = subprocess.run([sys.executable, "-m", "jax_blink", "calibrate", "--cpu-devices", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--cpu-devices must be >= 2" in res.stderr
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_auto_picks_every_recorded_winner_that_was_clear(use_profile, path):
+    """The recorded calibration replayed: wherever one side measured at least 10% faster,
+    psum's auto choice at that size takes it."""
+    recorded = json.loads(path.read_text())
+    tables = recorded["tables"]
+    use_profile(tables)
+    layout = next(iter(tables))
+    nranks = int(layout.split("x")[1])
+    t = tables[layout]
+    checked = 0
+    for count, b, x in zip(t["elements"], t["blink"], t["lax"]):
+        if min(b, x) > 0.9 * max(b, x):
+            continue
+        assert runs_blink(choice(count, nranks)) == (b < x), (count, b, x)
+        checked += 1
+    assert checked >= 3
+
+
+def test_the_replay_rejects_a_swapped_profile(use_profile):
+    """The replay's check fails on a choice against the numbers: with blink and lax swapped in
+    the profile, the winners flip."""
+    use_profile({"1x8": {"elements": LAX_WINS["elements"], "blink": LAX_WINS["lax"], "lax": LAX_WINS["blink"]}})
+    assert all(runs_blink(choice(c)) for c in LAX_WINS["elements"])
+    use_profile({"1x8": LAX_WINS})
+    assert not any(runs_blink(choice(c)) for c in LAX_WINS["elements"])
