@@ -1,21 +1,23 @@
 """jax_blink.psum against lax.psum on 8 virtual CPU devices, per call: the CPU model's data.
 
-For each per-device size (float32 elements) three jitted programs run, interleaved, one
+For each per-device size (float32 elements) four jitted programs run, interleaved, one
 call at a time with a sync after each (so each time is one call's latency, not a burst's
-throughput):
+throughput), measured by :func:`jax_blink.ops.calibrate.measure_allreduce` (the function
+``python -m jax_blink calibrate`` measures a machine's profile with):
 
 * ``none``:  ``x * 2``, the program without a collective;
-* ``blink``: ``jax_blink.psum(x * 2)``;
-* ``lax``:   ``lax.psum(x * 2)``.
+* ``blink``: ``jax_blink.psum(x * 2)`` forced onto the plan (``JAX_BLINK_ALGO=blink``);
+* ``lax``:   ``lax.psum(x * 2)``;
+* ``auto``:  ``jax_blink.psum(x * 2)`` as users call it: the plan or lax, as psum's choice
+  takes it from this machine's profile (``calibrate``), else from the recorded costs.
 
 (The collective's input is a value the program computes, as a gradient is, not a
 parameter: XLA would copy a parameter before jax_blink's in-place allreduce.) The medians
 are reported per call, and the collectives' own cost as the difference with ``none``
 (``*_added_us``): what adding the collective costs a program. ``planning.cost.CPU_ALLREDUCE_US``
-(psum's ``auto`` choice between the plan and lax on CPU devices, and the bucket size) is
-that added cost, copied from this benchmark's recorded results, which a test replays
-(tests/test_cost_model.py). ``#wrong`` counts elements outside the summation-order bound
-(jax_blink.numerics).
+(the recorded costs psum uses without a profile) is that added cost, copied from this
+benchmark's recorded results, which a test replays (tests/test_cost_model.py). ``#wrong``
+counts elements outside the summation-order bound (jax_blink.numerics).
 
     python benchmarks/bench_psum_cpu.py [--sizes 1,1e2,...] [--rounds 41] [--out FILE]
 """
@@ -27,20 +29,15 @@ os.environ.setdefault("PJRT_NPROC", "64")
 
 import argparse
 import json
-import time
 
 import numpy as np
 
 import jax
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
-from jax_blink import numerics
+from jax_blink.ops import predict
+from jax_blink.ops.calibrate import measure_allreduce
 from _machine import RUN_COMMIT, machine
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def device_machine():
     return machine(jax=jax.__version__, devices=f"{jax.device_count()} x {jax.devices()[0].platform}")
@@ -53,47 +50,29 @@ def main():
     ap.add_argument("--out", default=None, help="write results JSON here")
     args = ap.parse_args()
     n = jax.device_count()
-    mesh = jax.make_mesh((n,), ("x",))
-    shard = lambda fn: jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x")))  # noqa: E731
-    programs = {"none": shard(lambda v: v * 2),
-                "blink": shard(lambda v: jax_blink.psum(v * 2, "x")),
-                "lax": shard(lambda v: lax.psum(v * 2, "x"))}
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    source = predict.cpu_allreduce(4, devices=n).source
+    print(f"# {device_machine()}\n# auto: psum's choice from {source}")
+    print(f"{'count':>10} {'none_us':>9} {'blink_us':>9} {'lax_us':>9} {'auto_us':>9} {'blink_added':>11} "
+          f"{'lax_added':>9} {'added ratio':>11} {'auto/lax':>8} {'#wrong':>6}")
     rows = []
-    print(f"# {device_machine()}")
-    print(f"{'count':>10} {'none_us':>9} {'blink_us':>9} {'lax_us':>9} {'blink_added':>11} "
-          f"{'lax_added':>9} {'added ratio':>11} {'#wrong':>6}")
-    for size in (int(float(s)) for s in args.sizes.split(",")):
-        x = np.random.default_rng(0).standard_normal((n, size)).astype(np.float32)
-        xs = jax.device_put(x, NamedSharding(mesh, P("x")))
-        got = np.asarray(programs["blink"](xs))
-        wrong = numerics.wrong_elements(got, 2 * x)  # every device's row against the exact sum
-        times = {k: [] for k in programs}
-        for f in programs.values():
-            jax.block_until_ready(f(xs))
-        rounds = args.rounds if size <= 10**6 else max(9, args.rounds // 4)
-        for i in range(rounds):
-            order = list(programs) if i % 2 == 0 else list(programs)[::-1]
-            for k in order:
-                start = time.perf_counter()
-                jax.block_until_ready(programs[k](xs))
-                times[k].append(time.perf_counter() - start)
-        med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
-        added = {k: med[k] - med["none"] for k in ("blink", "lax")}
-        row = {"count": size, "size_bytes": size * 4, "none_us": med["none"], "blink_us": med["blink"],
-               "lax_us": med["lax"], "blink_added_us": added["blink"], "lax_added_us": added["lax"],
-               "ratio_blink_over_lax": med["blink"] / med["lax"],
-               "added_ratio_blink_over_lax": added["blink"] / added["lax"], "wrong": wrong,
-               "decision": jax_blink.explain(jax.ShapeDtypeStruct((size,), np.float32), n)}
+    for size in sizes:  # one at a time, to print as it goes
+        row = measure_allreduce([size], args.rounds, ("none", "blink", "lax", "auto"))[0]
+        row.update(ratio_blink_over_lax=row["blink_us"] / row["lax_us"],
+                   added_ratio_blink_over_lax=row["blink_added_us"] / row["lax_added_us"],
+                   ratio_auto_over_lax=row["auto_us"] / row["lax_us"],
+                   decision=jax_blink.explain(jax.ShapeDtypeStruct((size,), np.float32), n))
         rows.append(row)
-        print(f"{size:>10} {med['none']:>9.1f} {med['blink']:>9.1f} {med['lax']:>9.1f} "
-              f"{added['blink']:>11.1f} {added['lax']:>9.1f} {added['blink'] / added['lax']:>11.2f} "
-              f"{wrong:>6}")
+        print(f"{size:>10} {row['none_us']:>9.1f} {row['blink_us']:>9.1f} {row['lax_us']:>9.1f} "
+              f"{row['auto_us']:>9.1f} {row['blink_added_us']:>11.1f} {row['lax_added_us']:>9.1f} "
+              f"{row['added_ratio_blink_over_lax']:>11.2f} {row['ratio_auto_over_lax']:>8.2f} {row['wrong']:>6}")
     if args.out:
-        commit = RUN_COMMIT
         with open(args.out, "w") as f:
-            json.dump({"machine": device_machine(), "commit": commit, "rounds": args.rounds,
+            json.dump({"machine": device_machine(), "commit": RUN_COMMIT, "rounds": args.rounds,
+                       "profile": source,
                        "method": "per call, a sync after each, programs interleaved; *_added_us: "
-                                 "the program's time minus the same program without the collective",
+                                 "the program's time minus the same program without the collective; "
+                                 "blink forced onto the plan, auto as psum chooses",
                        "rows": rows}, f, indent=1)
 
 

@@ -535,6 +535,27 @@ def launch(argv, args) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def calibrate_if_needed(platform: str) -> None:
+    """psum chooses between its plan and lax.psum from this machine's measured costs: where
+    none were measured yet (``python -m jax_blink calibrate``), measure them quickly first,
+    in one process of CPU devices (JAX_BLINK_PROFILE=defaults keeps the recorded ones)."""
+    if platform != "cpu" or jax.process_count() > 1 or os.environ.get("JAX_BLINK_PROFILE"):
+        return
+    import logging
+
+    quiet = logging.getLogger("jax_blink")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the one line below says it instead of the 'no profile' note
+    try:
+        if jax_blink.machine_profile() is not None:
+            return
+        made, where = jax_blink.calibrate(quick=True, progress=False)
+    finally:
+        quiet.setLevel(level)
+    print(f"jax_blink: this machine had no profile: a quick calibration ({made.seconds:.0f} s) measured "
+          f"psum's costs here and wrote {where}")
+
+
 def main(argv=None) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
@@ -573,6 +594,8 @@ def main(argv=None) -> int:
     }
 
     names = ["blink", "lax"] if args.compare else [args.psum]
+    if "blink" in names:
+        calibrate_if_needed(devices[0].platform)
     runs = train(args, names, data, mesh, n_dev)
 
     if process_id != 0:  # process 0 reports; every process trained the same model

@@ -40,6 +40,8 @@ _EXPORTS = {
     "broadcast": "ops",
     "pvary": "ops",
     "explain": "ops",
+    "calibrate": "ops",
+    "machine_profile": "ops",
     "has_cuda_support": "_ffi",
 }
 

@@ -138,6 +138,9 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     ``path``: where to write it (default: this machine's place in the cache directory,
     where psum looks); ``rounds``: calls per program and size (default 21, quick 7).
     """
+    if jax.process_count() > 1:
+        raise ValueError("calibrate measures the devices of one process: run `python -m jax_blink calibrate` "
+                         "alone, not inside a multi-process job")
     start = time.monotonic()
     elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
     rows = measure_allreduce(elements, rounds or (7 if quick else 21), ("none", "blink", "lax"),

@@ -106,3 +106,22 @@ def test_two_processes_train_as_one_and_agree_with_lax(tmp_path):
     assert "one schedule over the shared memory of this host's processes: 2 processes" in \
         result["jax_blink_explain"]
     assert result["runs"]["blink"]["collectives"]["jax_blink"] >= 2
+
+
+def test_example_calibrates_a_machine_without_a_profile(tmp_path):
+    """The README's first command on a fresh machine: there is no profile, so the example
+    first measures psum's costs here (a quick calibration, one line), and psum's choices then
+    name that profile."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_BLINK_PROFILE"}
+    env["JAX_BLINK_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--epochs", "1", "--width", "8",
+                           "--batch-size", "64", "--out-dir", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = [ln for ln in proc.stdout.splitlines() if ln.startswith("jax_blink: this machine had no profile")]
+    assert len(said) == 1, proc.stdout[-3000:]
+    assert len(list((tmp_path / "cache").glob("profile-*.json"))) == 1
+    assert "no machine profile" not in proc.stderr  # the one line says it
+    with open(tmp_path / "results.json") as f:
+        assert "this machine's quick profile (1x8" in json.load(f)["jax_blink_explain"]
