@@ -11,13 +11,13 @@
 * :mod:`~jax_blink.ops.broadcast`: ``broadcast``.
 * :mod:`~jax_blink.ops.pvary`: ``pvary`` (its transpose is ``psum``).
 * :mod:`~jax_blink.ops.measure`: the ops against lax on the devices present.
-* :mod:`~jax_blink.ops.machine`, :mod:`~jax_blink.ops.calibrate`,
+* :mod:`~jax_blink.ops.machine`, :mod:`~jax_blink.ops.calibration`,
   :mod:`~jax_blink.ops.predict`: this machine's profile (``calibrate``,
   ``machine_profile``), how it is measured, and the CPU predictions read from it.
 """
 
 from jax_blink.ops.broadcast import broadcast
-from jax_blink.ops.calibrate import calibrate
+from jax_blink.ops.calibration import calibrate
 from jax_blink.ops.machine import profile as machine_profile
 from jax_blink.ops.psum import explain, pmax, pmean, pmin, psum
 from jax_blink.ops.pvary import pvary

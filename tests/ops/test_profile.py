@@ -17,7 +17,7 @@ import pytest
 
 import jax
 
-from jax_blink.ops import buckets, calibrate, decide, machine, predict
+from jax_blink.ops import buckets, calibration, decide, machine, predict
 from jax_blink.planning import profile as profiles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,12 +139,12 @@ def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     valid, and psum then reads it."""
     monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("JAX_BLINK_PROFILE")
-    made, where = calibrate.calibrate(quick=True, rounds=3, progress=False)
+    made, where = calibration.calibrate(quick=True, rounds=3, progress=False)
     assert where == machine.profile_path() and where.parent == tmp_path
     again = profiles.Profile.from_json(where)
     assert again == made and again.key == machine.machine_key()
     table = made.tables[f"1x{jax.device_count()}"]
-    assert table["elements"] == calibrate.QUICK_ELEMENTS and all(t > 0 for t in table["blink"] + table["lax"])
+    assert table["elements"] == calibration.QUICK_ELEMENTS and all(t > 0 for t in table["blink"] + table["lax"])
     assert "this machine's quick profile" in predict.cpu_allreduce(4000).source
     machine.forget()
 
