@@ -13,8 +13,8 @@ throughput), measured by :func:`jax_blink.ops.calibration.measure_allreduce` (th
 
 (The collective's input is a value the program computes, as a gradient is, not a
 parameter: XLA would copy a parameter before jax_blink's in-place allreduce.) The medians
-are reported per call, and the collectives' own cost as the difference with ``none``
-(``*_added_us``): what adding the collective costs a program. ``planning.cost.CPU_ALLREDUCE_US``
+are reported per call, and the collectives' own cost as the median of each round's
+difference with ``none`` (``*_added_us``): what adding the collective costs a program. ``planning.cost.CPU_ALLREDUCE_US``
 (the recorded costs psum uses without a profile) is that added cost, copied from this
 benchmark's recorded results, which a test replays (tests/test_cost_model.py). ``#wrong``
 counts elements outside the summation-order bound (jax_blink.numerics).
@@ -71,8 +71,9 @@ def main():
             json.dump({"machine": device_machine(), "commit": RUN_COMMIT, "rounds": args.rounds,
                        "profile": source,
                        "method": "per call, a sync after each, programs interleaved; *_added_us: "
-                                 "the program's time minus the same program without the collective; "
-                                 "blink forced onto the plan, auto as psum chooses",
+                                 "the median over rounds of the program's time minus the same "
+                                 "program's without the collective in that round; blink forced onto "
+                                 "the plan, auto as psum chooses",
                        "rows": rows}, f, indent=1)
 
 

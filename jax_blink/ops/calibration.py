@@ -5,8 +5,9 @@ by lax, and keep it as the machine's profile (``python -m jax_blink calibrate``)
 after each, interleaved (so each time is one call's latency): ``none`` (``x * 2``, the
 program without a collective), ``blink`` (``jax_blink.psum`` forced onto the plan), ``lax``
 (``lax.psum``) and, for benchmarks, ``auto`` (``jax_blink.psum`` as users call it). What a
-collective adds to a program is its median minus ``none``'s: the quantity psum's choice and
-the bucket size compare (:mod:`jax_blink.ops.predict`). ``benchmarks/bench_psum_cpu.py``
+collective adds to a program is the median, over the rounds, of its call's time minus the
+collective-free call's next to it (paired, so that the machine's drift cancels): the quantity
+psum's choice and the bucket size compare (:mod:`jax_blink.ops.predict`). ``benchmarks/bench_psum_cpu.py``
 measures with the same function.
 
 :func:`calibrate` measures the devices of this process (one layout, ``1xN``) and writes the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import sys
 import time
@@ -37,6 +39,8 @@ from jax_blink.ops.psum import psum
 from jax_blink.planning import profile as profiles
 
 __all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "measure_allreduce", "calibrate"]
+
+logger = logging.getLogger("jax_blink")
 
 #: The programs :func:`measure_allreduce` can time (see the module docstring).
 VARIANTS = ("none", "blink", "lax", "auto")
@@ -107,8 +111,10 @@ def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Seque
                 times[k].append(time.perf_counter() - start)
         med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
         row = {"count": int(count), "size_bytes": int(count) * 4, **{f"{k}_us": v for k, v in med.items()}}
-        if "none" in med:
-            row.update({f"{k}_added_us": max(med[k] - med["none"], MIN_ADDED_US) for k in med if k != "none"})
+        if "none" in med:  # paired: each round's call minus the collective-free call next to it
+            none = np.asarray(times["none"])
+            row.update({f"{k}_added_us": max(float(np.median(np.asarray(v) - none)) * 1e6, MIN_ADDED_US)
+                        for k, v in times.items() if k != "none"})
         if "blink" in programs:
             row["wrong"] = wrong
         rows.append(row)
@@ -142,6 +148,10 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
         raise ValueError("calibrate measures the devices of one process: run `python -m jax_blink calibrate` "
                          "alone, not inside a multi-process job")
     start = time.monotonic()
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        logger.warning("jax_blink calibrate: this machine is busy (load average %.1f on %d cores): the "
+                       "measurements will be noisy and may choose wrong; calibrate on an idle machine", load, cores)
     elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
     rows = measure_allreduce(elements, rounds or (7 if quick else 21), ("none", "blink", "lax"),
                              _bar() if progress else None)
