@@ -35,7 +35,7 @@ import numpy as np
 import jax
 
 import jax_blink
-from jax_blink.ops import predict
+from jax_blink.ops import predict_cpu
 from jax_blink.ops.calibration import measure_allreduce
 from _machine import RUN_COMMIT, machine
 
@@ -51,7 +51,7 @@ def main():
     args = ap.parse_args()
     n = jax.device_count()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
-    source = predict.cpu_allreduce(4, devices=n).source
+    source = predict_cpu.cpu_allreduce(4, devices=n).source
     print(f"# {device_machine()}\n# auto: psum's choice from {source}")
     print(f"{'count':>10} {'none_us':>9} {'blink_us':>9} {'lax_us':>9} {'auto_us':>9} {'blink_added':>11} "
           f"{'lax_added':>9} {'added ratio':>11} {'auto/lax':>8} {'#wrong':>6}")

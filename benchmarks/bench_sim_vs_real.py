@@ -2,7 +2,7 @@
 
 Measures ``jax_blink.psum`` (forced on with ``min_bytes=0``) with
 :func:`jax_blink.ops.measure.run_devices`, simulates the schedule psum runs
-(its decision's own, ``ops.decide.schedule_for``: the same trees and chunks,
+(its decision's own, ``ops.schedules.schedule_for``: the same trees and chunks,
 whatever bandwidth the model assumes) and reports the relative error of the
 predicted time:
 
@@ -52,7 +52,7 @@ def shm_topology(n, port_gbps):
 def psum_schedule(size, n):
     """The schedule jax_blink.psum runs for ``size`` bytes per device on n CPU devices (the
     decision's own: the same plan, chunks and trees)."""
-    from jax_blink.ops.decide import PlanRequest, schedule_for
+    from jax_blink.ops.schedules import PlanRequest, schedule_for
 
     return schedule_for(PlanRequest(Topology.preset(f"shm:{n}")), size // 4, "float32")[1]
 

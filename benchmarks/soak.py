@@ -5,7 +5,7 @@ jax_blink's caches bounded.
 
 Reports resident memory (RSS) at the start, after the calls and after the
 shapes, and the sizes of jax_blink's own caches: the schedule cache
-(``ops.decide.schedule_for``, an LRU of 256), the process plan cache
+(``ops.schedules.schedule_for``, an LRU of 256), the process plan cache
 (``planning.cache``), the recorded decisions (64 at most) and the in-process
 rendezvous (entries, active and pooled slots, tombstones). Each new shape is a
 new trace, lowering and XLA compilation, so part of the memory growth over
@@ -39,7 +39,8 @@ def main(argv=None):
 
     import jax_blink
     from jax_blink import _ffi
-    from jax_blink.ops import decide
+    from jax_blink.ops import decisions as _decisions
+    from jax_blink.ops import schedules as _schedules
     from jax_blink.planning import cache
 
     proc = psutil.Process(os.getpid())
@@ -47,9 +48,9 @@ def main(argv=None):
     mesh = jax.make_mesh((n,), ("i",))
 
     def caches():
-        return {"schedules": decide.schedule_for.cache_info().currsize,
+        return {"schedules": _schedules.schedule_for.cache_info().currsize,
                 "plans_in_process": len(cache._MEMORY_CACHE),
-                "decisions": len(decide.recent()),
+                "decisions": len(_decisions.recent()),
                 "rendezvous": _ffi.load_testing().rendezvous_stats()}
 
     def snapshot(label, t0):

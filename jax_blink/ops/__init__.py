@@ -12,7 +12,7 @@
 * :mod:`~jax_blink.ops.pvary`: ``pvary`` (its transpose is ``psum``).
 * :mod:`~jax_blink.ops.measure`: the ops against lax on the devices present.
 * :mod:`~jax_blink.ops.machine`, :mod:`~jax_blink.ops.calibration`,
-  :mod:`~jax_blink.ops.predict`: this machine's profile (``calibrate``,
+  :mod:`~jax_blink.ops.predict_cpu`: this machine's profile (``calibrate``,
   ``machine_profile``), how it is measured, and the CPU predictions read from it.
 """
 

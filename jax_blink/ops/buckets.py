@@ -11,7 +11,7 @@ gradients of the last layers are produced first.
 
 The size comes from the cost model of the executor that will run the
 buckets (:func:`jax_blink.planning.cost.bucket_bytes` over
-:func:`jax_blink.ops.predict.cpu_allreduce`: this machine's profile, else the
+:func:`jax_blink.ops.predict_cpu.cpu_allreduce`: this machine's profile, else the
 recorded costs), or from
 ``bucket_bytes=`` / ``JAX_BLINK_BUCKET_BYTES``.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 from jax_blink import settings
-from jax_blink.ops import predict
+from jax_blink.ops import predict_cpu
 from jax_blink.planning.cost import bucket_bytes as _model_bytes
 
 __all__ = ["bucket_size", "split"]
@@ -34,8 +34,8 @@ def bucket_size(value, platform: str) -> tuple:
     if chosen is not None:
         return chosen, "bucket_bytes=" if value is not None else "JAX_BLINK_BUCKET_BYTES"
     if platform == "cpu":
-        source = predict.cpu_allreduce(4).source
-        return _model_bytes(lambda s: predict.cpu_allreduce(s).blink_s), f"the CPU model from {source}"
+        source = predict_cpu.cpu_allreduce(4).source
+        return _model_bytes(lambda s: predict_cpu.cpu_allreduce(s).blink_s), f"the CPU model from {source}"
     # On GPUs the CUDA executor enqueues on XLA's compute stream, in program order: a bucket
     # would not overlap the backward pass, only add its per-call cost.
     return None, "one bucket: the CUDA executor runs in the compute stream's order"

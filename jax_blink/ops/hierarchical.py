@@ -35,6 +35,8 @@ from jax import lax
 
 from jax_blink import settings
 from jax_blink.ops import decide as _decide
+from jax_blink.ops import across_hosts as _hosts
+from jax_blink.ops import decisions as _decisions
 from jax_blink.ops.collective import run
 from jax_blink.ops.processes import HostLocal, Spanning, layout
 from jax_blink.planning.cost import CPU_CROSS_PROCESS_BYTES
@@ -72,7 +74,7 @@ def prefers_lax(collective: str, nbytes: int) -> Optional[str]:
     for ``nbytes`` of input per device, or None: on CPU devices, outside
     :data:`~jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` (unless
     ``JAX_BLINK_ALGO=blink``); elsewhere never (on GPUs :func:`path` asks the model
-    of :func:`jax_blink.ops.decide.across_hosts` instead)."""
+    of :func:`jax_blink.ops.across_hosts.across_hosts` instead)."""
     if settings.algo() == "blink" or jax.default_backend() != "cpu":
         return None
     low, high = CPU_CROSS_PROCESS_BYTES[collective]
@@ -87,7 +89,7 @@ def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op
     """Which path a call over ``axes`` takes: None (in-process: :func:`run`), a
     :class:`Spanning` layout (this module), or why ``lax_text`` (the lax
     collective) runs it instead, recorded for ``explain()``. On GPUs,
-    :func:`jax_blink.ops.decide.across_hosts` compares the phases of ``collective``
+    :func:`jax_blink.ops.across_hosts.across_hosts` compares the phases of ``collective``
     (``"reduce_scatter"``, ``"allgather"``; None: an allreduce) over ``leaves`` with NCCL
     over all the devices (``topology`` and ``chunks``: the op's keywords); on CPUs a
     reduce-scatter or all-gather asks :func:`prefers_lax` about ``nbytes`` of input per
@@ -99,19 +101,19 @@ def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op
             dtype = np.dtype(jnp.result_type(leaf)).name
             groups[dtype] = groups.get(dtype, 0) + int(np.size(leaf))
         collective = collective or "allreduce"
-        lax_faster, why = _decide.across_hosts(tuple((c, d) for d, c in groups.items()),
+        lax_faster, why = _hosts.across_hosts(tuple((c, d) for d, c in groups.items()),
                                                span.nprocesses, span.per_process,
                                                collective=collective, topology=topology,
                                                chunks=chunks)
         if lax_faster:
             span = why
         else:
-            _decide.record(f"{name} over {axes}: {_decide.phases_name(collective)} across processes "
+            _decisions.record(f"{name} over {axes}: {_hosts.phases_name(collective)} across processes "
                            f"({why})")
     elif isinstance(span, Spanning) and collective is not None:
         span = prefers_lax(collective, nbytes) or span
     if isinstance(span, str):
-        _decide.record(f"{name} over {axes}: {lax_text} ({span})")
+        _decisions.record(f"{name} over {axes}: {lax_text} ({span})")
     return span
 
 
@@ -126,7 +128,7 @@ def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
     groups = span.groups
     cross = (f"lax.p{op}{_where(span)}" if span.groups is None else
              f"lax.psum_scatter + lax.all_gather{_where(span)}")
-    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
+    _decisions.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"{cross})")
     # each shard splits again across processes in the one-axis layout
     multiple = k * (hosts if groups is not None else 1)
@@ -191,7 +193,7 @@ def reduce_scatter(blocks: list, axes: tuple, span: Spanning, *, name: str, **ke
     local = span.local_axes if span.local_axes is not None else axes
     cross = span.cross_axes if span.cross_axes is not None else axes
     cross_groups = span.cross_groups
-    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
+    _decisions.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"lax.psum_scatter{_where(span)})")
     shape, perm = _rank_order(axes, span)
     # row j of the in-process input: the blocks of the ranks at position j
@@ -214,7 +216,7 @@ def all_gather(blocks: list, axes: tuple, span: Spanning, *, name: str, **keywor
     k, hosts = span.per_process, span.nprocesses
     local = span.local_axes if span.local_axes is not None else axes
     cross = span.cross_axes if span.cross_axes is not None else axes
-    _decide.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
+    _decisions.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"lax.all_gather{_where(span)})")
     across = [_LAX_ALL_GATHER(b[0], cross, axis_index_groups=span.cross_groups, tiled=True)
               .reshape(1, -1) for b in blocks]

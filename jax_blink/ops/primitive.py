@@ -2,9 +2,9 @@
 batching and its lowering to the ``jax_blink_collective`` XLA FFI custom call.
 
 One primitive serves every collective: its ``request``
-(:class:`~jax_blink.ops.decide.PlanRequest`) says which (allreduce, broadcast,
+(:class:`~jax_blink.ops.schedules.PlanRequest`) says which (allreduce, broadcast,
 reduce, reduce_scatter, allgather), with which reduction and root, and on
-which topology; the encoded schedule (:class:`~jax_blink.ops.decide.EncodedSchedule`)
+which topology; the encoded schedule (:class:`~jax_blink.ops.schedules.EncodedSchedule`)
 is what lowering embeds. The operand is always a 1-D vector: the whole
 vector for allreduce, broadcast, reduce and reduce_scatter (its ``n`` shards
 laid out one after another), one shard for allgather. Rank and group are int32
@@ -35,7 +35,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
-from jax_blink.ops.decide import schedule_for
+from jax_blink.ops.schedules import schedule_for
 from jax_blink.ops.processes import check_lowered_mesh
 from jax_blink.schedule.constants import COLLECTIVE_CODE, REDUCE_OP_CODE
 

@@ -12,6 +12,7 @@ from jax import lax
 
 from jax_blink import settings
 from jax_blink.ops import buckets as _buckets, decide as _decide, hierarchical
+from jax_blink.ops import decisions as _decisions
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import carried_as, run
 
@@ -38,7 +39,7 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
         arrays = [jnp.asarray(leaf) for leaf in leaves]
         if op != "sum":
             return treedef.unflatten(arrays)
-        _decide.record(f"psum over {axes}: constants, multiplied by {size} as lax.psum does")
+        _decisions.record(f"psum over {axes}: constants, multiplied by {size} as lax.psum does")
         return treedef.unflatten([(a.astype(np.int32) if a.dtype == np.bool_ else a) * size
                                   for a in arrays])
 
@@ -48,7 +49,7 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
         size, why = _buckets.bucket_size(bucket_bytes, jax.default_backend())
         nbytes = [int(np.size(leaf)) * np.dtype(jnp.result_type(leaf)).itemsize for leaf in leaves]
         buckets = _buckets.split(nbytes, size)
-        _decide.record(f"{name} over {axes}: {len(leaves)} leaves ({sum(nbytes)} B per device) in "
+        _decisions.record(f"{name} over {axes}: {len(leaves)} leaves ({sum(nbytes)} B per device) in "
                        f"{len(buckets)} bucket(s), last leaf first ("
                        + (f"bucket_bytes {size} from {why})" if size is not None else f"{why})"))
     elif bucket_bytes is not None:
@@ -213,7 +214,7 @@ def explain(x=None, axis_size=None, *, op="psum", root=0, topology=None, min_byt
     call) as it happens.
     """
     if x is None:
-        return "\n".join(_decide.recent()) or "no jax_blink collective has been traced yet"
+        return "\n".join(_decisions.recent()) or "no jax_blink collective has been traced yet"
     if axis_size is None:
         raise TypeError("explain(x, axis_size): give the number of devices reduced over")
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):

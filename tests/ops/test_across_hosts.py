@@ -1,5 +1,5 @@
 """psum across processes on GPUs: Blink's three phases against NCCL over all the devices,
-by one model (``ops.decide.across_hosts``), and never the path it says is slower."""
+by one model (``ops.across_hosts.across_hosts``), and never the path it says is slower."""
 
 import types
 
@@ -8,6 +8,10 @@ import pytest
 
 from jax_blink import Topology, settings
 from jax_blink.ops import decide, hierarchical
+from jax_blink.ops import across_hosts as _hosts
+from jax_blink.ops import decisions as _decisions
+from jax_blink.ops import predict_gpu as _predict_gpu
+from jax_blink.ops import schedules as _schedules
 from jax_blink.ops.processes import Spanning
 from jax_blink.planning.cost import CUDA_STREAM
 from jax_blink.schedule import DTYPES
@@ -20,10 +24,10 @@ def _clean(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_BLINK_NETWORK_GBPS", raising=False)
     monkeypatch.delenv("JAX_BLINK_ALGO", raising=False)
     monkeypatch.delenv("JAX_BLINK_CHUNKS", raising=False)
-    decide._across_hosts.cache_clear()
-    decide._other_predicted.cache_clear()
-    decide.tuned_schedule.cache_clear()
-    monkeypatch.setattr(decide, "_detected_network", lambda: None)  # this machine's NICs play no part
+    _hosts._across_hosts.cache_clear()
+    _predict_gpu.other.cache_clear()
+    _schedules.tuned_schedule.cache_clear()
+    monkeypatch.setattr(_hosts, "_detected_network", lambda: None)  # this machine's NICs play no part
 
 
 def test_the_network_setting(monkeypatch):
@@ -37,16 +41,16 @@ def test_the_network_setting(monkeypatch):
 
 
 def test_without_a_network_bandwidth_the_three_phases_run_and_say_why():
-    lax_faster, why = decide.across_hosts([(1 << 20, "float32")], 4, 8, topology="dgx1-v100")
+    lax_faster, why = _hosts.across_hosts([(1 << 20, "float32")], 4, 8, topology="dgx1-v100")
     assert not lax_faster and "JAX_BLINK_NETWORK_GBPS" in why
 
 
 def test_the_network_found_in_sysfs_unless_the_setting_says(monkeypatch):
-    monkeypatch.setattr(decide, "_detected_network", lambda: (50.0, "mlx5_0 port 1 400 Gb/s"))
-    lax_faster, why = decide.across_hosts([(1 << 26, "float32")], 4, 8, topology="dgx1-v100")
+    monkeypatch.setattr(_hosts, "_detected_network", lambda: (50.0, "mlx5_0 port 1 400 Gb/s"))
+    lax_faster, why = _hosts.across_hosts([(1 << 26, "float32")], 4, 8, topology="dgx1-v100")
     assert lax_faster and "50 GB/s per host (found in sysfs: mlx5_0 port 1 400 Gb/s)" in why
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")  # the setting wins: the NIC decides
-    lax_faster, why = decide.across_hosts([(1 << 26, "float32")], 4, 8, topology="dgx1-v100")
+    lax_faster, why = _hosts.across_hosts([(1 << 26, "float32")], 4, 8, topology="dgx1-v100")
     assert not lax_faster and "12.5 GB/s per host (JAX_BLINK_NETWORK_GBPS)" in why
 
 
@@ -83,7 +87,7 @@ def test_detect_network_gbps_reads_rdma_ports_then_ethernet(tmp_path):
 
 def test_without_a_gpu_model_the_three_phases_run_and_say_why(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "25")
-    lax_faster, why = decide.across_hosts([(1 << 20, "float32")], 4, 4, topology="shm:4")
+    lax_faster, why = _hosts.across_hosts([(1 << 20, "float32")], 4, 4, topology="shm:4")
     assert not lax_faster and "no NCCL model for shm:4" in why
 
 
@@ -95,8 +99,8 @@ def _three_phases(host, hosts, network, count, dtype="float32"):
     item = DTYPES[dtype][1]
     total = nccl.predict_hosts(host.subset([0]), hosts, network / k, padded // k * item).seconds
     for collective in ("reduce_scatter", "allgather"):
-        request = decide.PlanRequest(host, None, decide.launch_s("gpu"), collective, algo="blink-tuned")
-        schedule = decide.schedule_for(request, padded, dtype)[1]
+        request = _schedules.PlanRequest(host, None, _schedules.launch_s("gpu"), collective, algo="blink-tuned")
+        schedule = _schedules.schedule_for(request, padded, dtype)[1]
         ours = CUDA_STREAM.seconds(simulate(schedule, host).time_s, schedule)
         total += min(ours, nccl.predict_collective(host, collective, padded * item).seconds)
     return total
@@ -110,7 +114,7 @@ def _three_phases(host, hosts, network, count, dtype="float32"):
 def test_the_faster_path_by_the_model(monkeypatch, preset, network, count, lax_expected):
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", str(network))
     host = Topology.preset(preset)
-    lax_faster, why = decide.across_hosts([(count, "float32")], 4, host.n, topology=host)
+    lax_faster, why = _hosts.across_hosts([(count, "float32")], 4, host.n, topology=host)
     three = _three_phases(host, 4, network, count)
     lax = nccl.predict_hosts(host, 4, network, count * 4).seconds
     assert lax_faster == (lax <= three) == lax_expected  # never the path predicted slower
@@ -127,8 +131,8 @@ def _two_phases(host, hosts, network, collective, count, dtype="float32"):
     k, item = host.n, DTYPES[dtype][1]
     inside = count * hosts if collective == "allgather" else count  # elements of the in-process phase
     whole = inside * k if collective == "allgather" else inside
-    request = decide.PlanRequest(host, None, decide.launch_s("gpu"), collective, algo="blink-tuned")
-    schedule = decide.schedule_for(request, whole, dtype)[1]
+    request = _schedules.PlanRequest(host, None, _schedules.launch_s("gpu"), collective, algo="blink-tuned")
+    schedule = _schedules.schedule_for(request, whole, dtype)[1]
     ours = CUDA_STREAM.seconds(simulate(schedule, host).time_s, schedule)
     local = min(ours, nccl.predict_collective(host, collective, whole * item).seconds)
     shard = inside if collective == "allgather" else inside // k
@@ -147,7 +151,7 @@ def test_reduce_scatter_and_allgather_across_hosts_take_the_faster_by_the_model(
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", str(network))
     host = Topology.preset(preset)
     count = count * (32 if collective == "reduce_scatter" else 1)
-    lax_faster, why = decide.across_hosts([(count, "float32")], 4, 8, collective=collective, topology=host)
+    lax_faster, why = _hosts.across_hosts([(count, "float32")], 4, 8, collective=collective, topology=host)
     two = _two_phases(host, 4, network, collective, count)
     whole = count * (32 if collective == "allgather" else 1) * 4
     lax = nccl.predict_collective_hosts(host, 4, network, collective, whole).seconds
@@ -162,14 +166,14 @@ def test_reduce_scatter_and_allgather_across_hosts_take_the_faster_by_the_model(
 def test_across_hosts_names_the_collectives_it_models(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")
     with pytest.raises(ValueError, match="no phases for 'broadcast'"):
-        decide.across_hosts([(1 << 20, "float32")], 4, 8, collective="broadcast", topology="dgx1-v100")
+        _hosts.across_hosts([(1 << 20, "float32")], 4, 8, collective="broadcast", topology="dgx1-v100")
 
 
 def test_dtype_groups_add_up(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")
     host = Topology.preset("dgx1-v100").subset([0, 1, 2, 3])
     groups = [(1 << 20, "float32"), (1 << 19, "bfloat16")]
-    _, why = decide.across_hosts(groups, 2, 4, topology=host)
+    _, why = _hosts.across_hosts(groups, 2, 4, topology=host)
     three = sum(_three_phases(host, 2, 12.5, c, d) for c, d in groups)
     lax = sum(nccl.predict_hosts(host, 2, 12.5, c * DTYPES[d][1]).seconds for c, d in groups)
     assert f"three phases {three * 1e6:.4g} us" in why and f"{lax * 1e6:.4g} us" in why
@@ -178,16 +182,16 @@ def test_dtype_groups_add_up(monkeypatch):
 def test_dtypes_jax_blink_does_not_reduce_are_left_out(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")
     host = Topology.preset("dgx1-v100")
-    lax_faster, why = decide.across_hosts([(1 << 10, "bool"), (0, "float32")], 4, 8, topology=host)
+    lax_faster, why = _hosts.across_hosts([(1 << 10, "bool"), (0, "float32")], 4, 8, topology=host)
     assert not lax_faster and "no value of a dtype jax_blink reduces" in why
-    with_bool = decide.across_hosts([(1 << 10, "bool"), (1 << 26, "float32")], 4, 8, topology=host)
-    assert with_bool == decide.across_hosts([(1 << 26, "float32")], 4, 8, topology=host)
+    with_bool = _hosts.across_hosts([(1 << 10, "bool"), (1 << 26, "float32")], 4, 8, topology=host)
+    assert with_bool == _hosts.across_hosts([(1 << 26, "float32")], 4, 8, topology=host)
 
 
 def test_one_gpu_per_process_is_lax(monkeypatch):
     """One GPU per process: nothing to reduce inside a process, the same NCCL call either way."""
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "25")
-    lax_faster, why = decide.across_hosts([(1 << 20, "float32")], 8, 1,
+    lax_faster, why = _hosts.across_hosts([(1 << 20, "float32")], 8, 1,
                                           topology=Topology.preset("dgx-a100").subset([0]))
     assert lax_faster and "reduce-scatter 0," in why
 
@@ -204,7 +208,7 @@ def test_reduce_scatter_and_allgather_on_gpus_are_tuned_for_the_cuda_executor(mo
         assert "tuned for the CUDA executor" in tuned.text and "tuned" not in plain.text
         times = []
         for d in (tuned, plain):
-            schedule = decide.schedule_for(d.request, count, "float32")[1]
+            schedule = _schedules.schedule_for(d.request, count, "float32")[1]
             times.append(CUDA_STREAM.seconds(simulate(schedule, host).time_s, schedule))
         assert times[0] < 0.5 * times[1]
         forced = decide.decide(count, "float32", 8, collective=collective, topology=host, platform="gpu",
@@ -227,9 +231,9 @@ def test_the_other_collectives_on_gpus_run_nccl_where_it_is_predicted_faster(col
                           platform="gpu")
         theirs = (nccl.predict(topology, count * 4) if collective == "broadcast"
                   else nccl.predict_collective(topology, collective, count * 4)).seconds
-        request = decide.PlanRequest(topology, None, decide.launch_s("gpu"), collective, root=root,
+        request = _schedules.PlanRequest(topology, None, _schedules.launch_s("gpu"), collective, root=root,
                                      algo="blink-tuned")
-        schedule = decide.schedule_for(request, count, "float32")[1]
+        schedule = _schedules.schedule_for(request, count, "float32")[1]
         ours = CUDA_STREAM.seconds(simulate(schedule, topology).time_s, schedule)
         assert d.uses_blink == blink == (ours < theirs), (topology.name, d.text)
         assert f"{theirs * 1e6:.4g} us" in d.text
@@ -266,11 +270,11 @@ def test_psums_path_takes_lax_where_the_model_says_so(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_NETWORK_GBPS", "12.5")
     out = hierarchical.path("psum", ("h", "l"), None, leaves, "lax.psum", topology="dgx1-v100")
     assert isinstance(out, str) and "predicted faster than the three phases" in out
-    assert decide.recent()[-1].startswith("psum over ('h', 'l'): lax.psum (predicted faster")
+    assert _decisions.recent()[-1].startswith("psum over ('h', 'l'): lax.psum (predicted faster")
     big = [types.SimpleNamespace(shape=(1 << 26,), dtype=np.float32, size=1 << 26)]
     monkeypatch.setattr(hierarchical.jnp, "result_type", lambda leaf: leaf.dtype)
     assert hierarchical.path("psum", ("h", "l"), None, big, "lax.psum", topology="dgx1-v100") is span
-    assert "three phases across processes (predicted fastest" in decide.recent()[-1]
+    assert "three phases across processes (predicted fastest" in _decisions.recent()[-1]
     monkeypatch.setenv("JAX_BLINK_ALGO", "blink")  # forced: no prediction
     assert hierarchical.path("psum", ("h", "l"), None, leaves, "lax.psum", topology="dgx1-v100") is span
 
@@ -291,8 +295,8 @@ def test_psum_scatter_and_all_gathers_path_on_gpus_follows_the_model(monkeypatch
         out = hierarchical.path(name, ("h", "l"), None, big, f"lax.{name}", collective=collective,
                                 nbytes=count * 4, topology="dgx-a100")
         assert isinstance(out, str) and out.startswith("predicted faster than the two phases")
-        assert decide.recent()[-1].startswith(f"{name} over ('h', 'l'): lax.{name} (predicted faster")
+        assert _decisions.recent()[-1].startswith(f"{name} over ('h', 'l'): lax.{name} (predicted faster")
         small = [types.SimpleNamespace(shape=(64,), dtype=np.float32, size=64)]
         assert hierarchical.path(name, ("h", "l"), None, small, f"lax.{name}", collective=collective,
                                  nbytes=256, topology="dgx-a100") is span
-        assert "two phases across processes (predicted fastest" in decide.recent()[-1]
+        assert "two phases across processes (predicted fastest" in _decisions.recent()[-1]

@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_blink
 from jax_blink import Topology, plan
 from jax_blink.ops import decide as _decide
+from jax_blink.ops import schedules as _schedules
 
 N = 8
 
@@ -33,9 +34,9 @@ def predictions(text):
 
 @pytest.fixture(autouse=True)
 def fresh_caches():
-    _decide.schedule_for.cache_clear()
+    _schedules.schedule_for.cache_clear()
     yield
-    _decide.schedule_for.cache_clear()
+    _schedules.schedule_for.cache_clear()
 
 
 @pytest.mark.parametrize("algo", ["blink", "ring", "tree", "chain", "lax"])
@@ -83,8 +84,8 @@ def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
         assert "lax" in predicted and "blink-tuned" in predicted
         for name, bound in bounded.items():  # a baseline whose busiest link alone loses to NCCL:
             assert bound >= predicted["lax"]   # sound, since no simulation of it beats that link
-            request = _decide.PlanRequest(topology, None, _decide.launch_s("gpu"), algo=name)
-            schedule = _decide.schedule_for(request, count, "float32")[1]
+            request = _schedules.PlanRequest(topology, None, _schedules.launch_s("gpu"), algo=name)
+            schedule = _schedules.schedule_for(request, count, "float32")[1]
             simulated = CUDA_STREAM.seconds(simulate(schedule, topology).time_s, schedule) * 1e6
             assert simulated >= bound * (1 - 1e-3), (name, simulated, bound)
             pruned += 1
@@ -96,7 +97,7 @@ def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
             assert not d.uses_blink, d.text
             continue
         assert d.request.algo == best and predicted[best] <= predicted["lax"]
-        schedule = _decide.schedule_for(d.request, count, "float32")[1]
+        schedule = _schedules.schedule_for(d.request, count, "float32")[1]
         transfer = simulate(schedule, topology).time_s
         assert CUDA_STREAM.seconds(transfer, schedule) * 1e6 == pytest.approx(predicted[best], rel=1e-3)
     assert pruned  # at 16 MB the baselines' busiest links alone lose to NCCL
@@ -129,7 +130,7 @@ def test_on_an_nvswitch_h100_nccl_wins_at_1_mb():
     tuned plan under the executor's costs has few chunks."""
     d = _decide.decide(1 << 18, "float32", N, topology="hgx-h100", platform="gpu")
     assert not d.uses_blink and "lax = NCCL nvls/Simple" in d.text, d.text
-    tuned = _decide._tuned(Topology.preset("hgx-h100"), "allreduce", None, 1 << 18, "float32")
+    tuned = _schedules.tuned(Topology.preset("hgx-h100"), "allreduce", None, 1 << 18, "float32")
     assert len(tuned.schedule.chunks) <= 64, len(tuned.schedule.chunks)
 
 
@@ -149,7 +150,7 @@ def test_plan_file_is_used_and_refused_where_it_does_not_fit(monkeypatch, tmp_pa
                                   np.broadcast_to(x.sum(0), x.shape))
     assert f"JAX_BLINK_PLAN {good}" in jax_blink.explain().splitlines()[-1]
     schedule = tmp_path / "schedule.json"
-    schedule.write_text(_decide.schedule_for(_decide.PlanRequest(Topology.preset("shm:8")), 64,
+    schedule.write_text(_schedules.schedule_for(_schedules.PlanRequest(Topology.preset("shm:8")), 64,
                                              "float32")[1].to_json())
     monkeypatch.setenv("JAX_BLINK_PLAN", str(schedule))
     np.testing.assert_array_equal(rows(lambda v: jax_blink.psum(v, "x"), x),
@@ -167,7 +168,7 @@ def test_plan_file_is_used_and_refused_where_it_does_not_fit(monkeypatch, tmp_pa
         if text is not None:
             path.write_text(text)
         monkeypatch.setenv("JAX_BLINK_PLAN", str(path))
-        _decide.schedule_for.cache_clear()
+        _schedules.schedule_for.cache_clear()
         with pytest.raises(ValueError, match=message):
             rows(lambda v: jax_blink.psum(v, "x"), x)
     # a schedule of another size

@@ -8,6 +8,8 @@ import pytest
 
 from jax_blink import Topology
 from jax_blink.ops import decide as _decide
+from jax_blink.ops import predict_gpu as _predict_gpu
+from jax_blink.ops import schedules as _schedules
 from jax_blink.planning import cache as plan_cache
 
 #: a partial DGX-1 V100 where the tuned plan beats NCCL's model at 64 MB, and one where
@@ -18,11 +20,11 @@ CASES = [(Topology.preset("dgx1-v100").subset([0, 1, 2, 5]), 2**24, True),
 
 def _forget():
     """What a new process would not have: every in-process cache of the decision."""
-    _decide._predicted_cached.cache_clear()
-    _decide._other_predicted.cache_clear()
-    _decide._tuned.cache_clear()
-    _decide.tuned_schedule.cache_clear()
-    _decide.schedule_for.cache_clear()
+    _predict_gpu.allreduce.cache_clear()
+    _predict_gpu.other.cache_clear()
+    _schedules.tuned.cache_clear()
+    _schedules.tuned_schedule.cache_clear()
+    _schedules.schedule_for.cache_clear()
     plan_cache.clear_memory_cache()
 
 
@@ -43,13 +45,14 @@ def _no_recomputing(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("recomputed although the decision is on disk")
 
-    monkeypatch.setattr(_decide, "simulate", refuse)
-    monkeypatch.setattr(_decide.nccl_model, "predict", refuse)
-    monkeypatch.setattr(_decide.nccl_model, "predict_collective", refuse)
-    monkeypatch.setattr(_decide, "_predict_gpu", refuse)
+    monkeypatch.setattr(_predict_gpu, "simulate", refuse)
+    monkeypatch.setattr(_predict_gpu.nccl_model, "predict", refuse)
+    monkeypatch.setattr(_predict_gpu.nccl_model, "predict_collective", refuse)
+    monkeypatch.setattr(_predict_gpu, "_predict_allreduce", refuse)
     monkeypatch.setattr("jax_blink.sim.tuning.simulate", refuse)
     # nor planned or lowered: the tuned schedule is on disk too
-    monkeypatch.setattr(_decide, "plan", refuse)
+    monkeypatch.setattr(_schedules, "plan", refuse)
+    monkeypatch.setattr(_predict_gpu, "plan", refuse)
     monkeypatch.setattr("jax_blink.planning.result.lower_trees", refuse)
 
 
@@ -80,14 +83,15 @@ def test_an_entry_for_other_sources_or_a_corrupt_one_is_recomputed(cache_dir, mo
     assert json.loads(entry.read_text())["value"] == data["value"]
 
 
-@pytest.mark.parametrize("name", ["decide.py", "nccl.py", "cost.py", "simulator.py", "settings.py"])
+@pytest.mark.parametrize("name", ["schedules.py", "predict_gpu.py", "nccl.py", "cost.py", "simulator.py",
+                                  "settings.py"])
 def test_the_key_changes_with_the_decision_rules_and_the_model(name, monkeypatch):
     from pathlib import Path
 
     def digests():
         plan_cache.source_digest.cache_clear()
-        _decide._rules_digest.cache_clear()
-        return plan_cache.source_digest(), _decide._rules_digest()
+        _schedules.rules_digest.cache_clear()
+        return plan_cache.source_digest(), _schedules.rules_digest()
 
     before = digests()
     assert digests() == before  # stable
@@ -96,7 +100,7 @@ def test_the_key_changes_with_the_decision_rules_and_the_model(name, monkeypatch
     try:
         after = digests()
         assert after != before
-        assert (after[1] != before[1]) == (name == "decide.py")
+        assert (after[1] != before[1]) == (name in ("schedules.py", "predict_gpu.py"))
     finally:
         monkeypatch.undo()
         digests()
@@ -111,17 +115,17 @@ def test_unreadable_sources_keep_entries_to_their_process(monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", unreadable)
     try:
         plan_cache.source_digest.cache_clear()
-        _decide._rules_digest.cache_clear()
-        first = (plan_cache.source_digest(), _decide._rules_digest())
+        _schedules.rules_digest.cache_clear()
+        first = (plan_cache.source_digest(), _schedules.rules_digest())
         plan_cache.source_digest.cache_clear()
-        _decide._rules_digest.cache_clear()
-        again = (plan_cache.source_digest(), _decide._rules_digest())
+        _schedules.rules_digest.cache_clear()
+        again = (plan_cache.source_digest(), _schedules.rules_digest())
         assert all(d.startswith("process-") for d in first)
         assert first[0] != again[0] and first[1] != again[1]  # never matches another process's
     finally:
         monkeypatch.undo()
         plan_cache.source_digest.cache_clear()
-        _decide._rules_digest.cache_clear()
+        _schedules.rules_digest.cache_clear()
 
 
 def _tuned(collective="allreduce", op="sum", root=None):

@@ -12,12 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import jax
 
-from jax_blink.ops import buckets, calibration, decide, machine, predict
+from jax_blink.ops import buckets, calibration, decide, machine, predict_cpu
 from jax_blink.planning import profile as profiles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +84,7 @@ def test_a_corrupt_profile_is_ignored_with_a_warning(monkeypatch, tmp_path, capl
     machine.forget()
     with caplog.at_level(logging.WARNING, logger="jax_blink"):
         assert machine.profile() is None
-        assert "defaults recorded" in predict.cpu_allreduce(4000).source
+        assert "defaults recorded" in predict_cpu.cpu_allreduce(4000).source
     assert any("ignoring the machine profile" in r.message for r in caplog.records)
     machine.forget()
 
@@ -95,8 +94,8 @@ def test_without_a_profile_the_defaults_are_used_and_said_once(monkeypatch, tmp_
     monkeypatch.setenv("JAX_BLINK_CACHE_DIR", str(tmp_path))
     machine.forget()
     with caplog.at_level(logging.WARNING, logger="jax_blink"):
-        first = predict.cpu_allreduce(4000)
-        predict.cpu_allreduce(400)
+        first = predict_cpu.cpu_allreduce(4000)
+        predict_cpu.cpu_allreduce(400)
     notes = [r for r in caplog.records if "no machine profile" in r.message]
     assert len(notes) == 1 and "python -m jax_blink calibrate" in notes[0].message
     assert "defaults recorded" in first.source
@@ -106,13 +105,13 @@ def test_without_a_profile_the_defaults_are_used_and_said_once(monkeypatch, tmp_
 def test_jax_blink_profile_defaults_is_quiet(caplog):
     assert os.environ["JAX_BLINK_PROFILE"] == "defaults"  # tests/conftest.py
     with caplog.at_level(logging.WARNING, logger="jax_blink"):
-        assert "defaults recorded" in predict.cpu_allreduce(4000).source
+        assert "defaults recorded" in predict_cpu.cpu_allreduce(4000).source
     assert not caplog.records
 
 
 def test_a_profile_without_the_layout_falls_back_to_the_recorded_table(use_profile):
     use_profile({"2x1": LAX_WINS})
-    p = predict.cpu_allreduce(4000, processes=1, devices=8)
+    p = predict_cpu.cpu_allreduce(4000, processes=1, devices=8)
     assert "the profile has no layout of 1 process" in p.source
     assert runs_blink(choice(1000))
 
@@ -145,7 +144,7 @@ def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     assert again == made and again.key == machine.machine_key()
     table = made.tables[f"1x{jax.device_count()}"]
     assert table["elements"] == calibration.QUICK_ELEMENTS and all(t > 0 for t in table["blink"] + table["lax"])
-    assert "this machine's quick profile" in predict.cpu_allreduce(4000).source
+    assert "this machine's quick profile" in predict_cpu.cpu_allreduce(4000).source
     machine.forget()
 
 

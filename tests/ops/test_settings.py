@@ -207,9 +207,9 @@ def test_path_settings_are_read_bounded_and_errors_name_the_variable(monkeypatch
     import numpy as np
 
     import jax_blink
-    from jax_blink.ops import decide
+    from jax_blink.ops import schedules as _schedules
 
-    decide.schedule_for.cache_clear()
+    _schedules.schedule_for.cache_clear()
     path, message = _paths(tmp_path)[kind]
     monkeypatch.setenv(name, path)
     start = time.perf_counter()

@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_blink
 from jax_blink import Topology
 from jax_blink.ops import decide as _decide
+from jax_blink.ops import schedules as _schedules
 from jax_blink.settings import ALGOS
 from jax_blink.topo.presets import preset_names
 
@@ -30,7 +31,7 @@ def test_every_count_from_one_has_a_decision(monkeypatch, preset, platform, algo
             if algo != "auto":  # forced: that schedule; auto: the model's choice, either
                 assert d.uses_blink == (algo != "lax"), d.text
             if d.uses_blink:  # the schedule the custom call gets is valid for this count
-                schedule = _decide.schedule_for(d.request, count, "float32")[1]
+                schedule = _schedules.schedule_for(d.request, count, "float32")[1]
                 assert (schedule.count, schedule.nranks) == (count, n)
 
 
