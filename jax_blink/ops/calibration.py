@@ -83,8 +83,9 @@ def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Seque
         raise ValueError(f"unknown variants {sorted(unknown)}; use some of {VARIANTS}")
     n = jax.device_count()
     if n < 2:
-        raise ValueError(f"measuring an allreduce needs at least 2 devices, this process has {n}")
+        raise ValueError(f"measuring an allreduce needs at least 2 devices, the job has {n}")
     mesh = jax.make_mesh((n,), ("x",))
+    sharding = NamedSharding(mesh, P("x"))
 
     def shard(fn):
         return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
@@ -97,12 +98,14 @@ def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Seque
     for i, count in enumerate(elements):
         programs = {k: shard(bodies[k]) for k in variants}
         x = np.random.default_rng(0).standard_normal((n, int(count))).astype(np.float32)
-        xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+        # every process holds its own devices' rows (one process: all of them)
+        xs = jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
         for k, f in programs.items():  # trace, compile and run once
             with _algo("blink") if k == "blink" else contextlib.nullcontext():
                 got = jax.block_until_ready(f(xs))
             if k == "blink":
-                wrong = numerics.wrong_elements(np.asarray(got), 2 * x)
+                mine = np.concatenate([np.asarray(s.data) for s in got.addressable_shards])
+                wrong = numerics.wrong_elements(mine, 2 * x)
         times = {k: [] for k in programs}
         for r in range(_rounds(int(count), rounds)):
             for k in (list(programs) if r % 2 == 0 else list(programs)[::-1]):
@@ -138,11 +141,48 @@ def _bar(out=sys.stderr):
     return show
 
 
+#: Processes of one host a full calibration measures (one CPU device each, as
+#: :data:`jax_blink.planning.cost.CPU_HOST_ALLREDUCE_US` was), and the sizes.
+HOST_PROCESSES = 2
+HOST_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
+#: How long the processes' job may take before it is stopped (seconds).
+HOST_TIMEOUT_S = 180.0
+
+
+def _measure_processes(processes: int, elements, rounds: int) -> list:
+    """:func:`measure_allreduce` in a local job of ``processes`` processes of one CPU device
+    each (:func:`jax_blink.launch.run_local`: 127.0.0.1, gloo for lax, jax_blink over the
+    host's shared memory); RuntimeError naming what failed."""
+    import json
+
+    from jax_blink.launch import run_local
+
+    spec = json.dumps({"elements": list(elements), "rounds": rounds})
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    results = run_local([sys.executable, "-m", "jax_blink.ops.calibration", spec], processes,
+                        devices_per_process=1, timeout_s=HOST_TIMEOUT_S, env=env)
+    line = next((ln for ln in results[0].stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None or not all(r.ok for r in results):
+        why = "; ".join(f"process {r.process_id}: " + ("killed at the time limit" if r.returncode is None
+                                                       else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
+                        for r in results if not r.ok) or "process 0 printed no result"
+        raise RuntimeError(f"measuring {processes} processes of one host failed ({why})")
+    return json.loads(line[len("RESULT "):])
+
+
+def _table(rows) -> dict:
+    return {"elements": [r["count"] for r in rows], "blink": [r["blink_added_us"] for r in rows],
+            "lax": [r["lax_added_us"] for r in rows]}
+
+
 def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, progress: bool = True):
-    """Measures this process's devices and writes their profile; returns ``(profile, path)``.
+    """Measures this process's devices and, unless ``quick``, :data:`HOST_PROCESSES`
+    processes of one host, and writes their profile; returns ``(profile, path)``.
 
     ``path``: where to write it (default: this machine's place in the cache directory,
     where psum looks); ``rounds``: calls per program and size (default 21, quick 7).
+    Where the processes' job fails, the profile keeps the in-process layout alone, with a
+    warning saying why.
     """
     if jax.process_count() > 1:
         raise ValueError("calibrate measures the devices of one process: run `python -m jax_blink calibrate` "
@@ -153,16 +193,24 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
         logger.warning("jax_blink calibrate: this machine is busy (load average %.1f on %d cores): the "
                        "measurements will be noisy and may choose wrong; calibrate on an idle machine", load, cores)
     elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
-    rows = measure_allreduce(elements, rounds or (7 if quick else 21), ("none", "blink", "lax"),
-                             _bar() if progress else None)
-    wrong = sum(r["wrong"] for r in rows)
+    rounds = rounds or (7 if quick else 21)
+    bar = _bar() if progress else None
+    steps = len(elements) + (0 if quick else 1)
+    rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
+                             None if bar is None else lambda done, _, what: bar(done, steps, what))
+    tables = {f"1x{jax.device_count()}": rows}
+    if not quick:
+        try:
+            tables[f"{HOST_PROCESSES}x1"] = _measure_processes(HOST_PROCESSES, HOST_ELEMENTS, max(5, rounds // 2))
+        except RuntimeError as e:
+            logger.warning("jax_blink calibrate: %s; the profile keeps one process's layout", e)
+        if bar is not None:
+            bar(steps, steps, f"{HOST_PROCESSES} processes of one host")
+    wrong = sum(r["wrong"] for t in tables.values() for r in t)
     if wrong:
         raise RuntimeError(f"jax_blink calibrate: the plan's allreduce gave {wrong} wrong elements; "
-                           f"nothing was written (report this: {rows})")
-    layout = f"1x{jax.device_count()}"
-    table = {"elements": [r["count"] for r in rows], "blink": [r["blink_added_us"] for r in rows],
-             "lax": [r["lax_added_us"] for r in rows]}
-    made = profiles.Profile(key=machine.machine_key(), tables={layout: table}, quick=quick,
+                           f"nothing was written (report this: {tables})")
+    made = profiles.Profile(key=machine.machine_key(), tables={k: _table(t) for k, t in tables.items()}, quick=quick,
                             seconds=round(time.monotonic() - start, 2),
                             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     where = profiles.save(made, path if path is not None else machine.profile_path())
@@ -178,3 +226,14 @@ def describe(p: profiles.Profile) -> str:
             lines.append(f"  {layout:>5} {count:>10g} float32/device: jax_blink {b:9.1f} us, lax {x:9.1f} us"
                          f"  -> {'jax_blink' if b < x else 'lax'}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # a process of _measure_processes' job
+    import json
+
+    from jax_blink.launch import initialize
+
+    if initialize() == 0:
+        print("RESULT " + json.dumps(measure_allreduce(**json.loads(sys.argv[1]))), flush=True)
+    else:
+        measure_allreduce(**json.loads(sys.argv[1]))

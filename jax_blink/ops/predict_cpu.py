@@ -35,7 +35,8 @@ class CpuPrediction:
 def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] = None) -> CpuPrediction:
     """The predicted allreduce of ``size_bytes`` per device over ``devices`` devices in each
     of ``processes`` processes of one host (None: the most devices measured): from the
-    profile's nearest layout with that many processes, else from the recorded tables
+    profile's nearest layout (:func:`jax_blink.planning.profile.nearest_layout`), else from
+    the recorded tables
     (:data:`~jax_blink.planning.cost.CPU_ALLREDUCE_US` in one process,
     :data:`~jax_blink.planning.cost.CPU_HOST_ALLREDUCE_US` across processes)."""
     found = machine.profile()
@@ -48,7 +49,8 @@ def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] 
                              found.allreduce_seconds("lax", size_bytes, layout),
                              f"this machine's {kind}profile ({layout}, {found.created[:10] or 'undated'})")
     table = CPU_HOST_ALLREDUCE_US if processes > 1 else CPU_ALLREDUCE_US
-    why = "no profile" if found is None else f"the profile has no layout of {processes} process(es)"
+    kind = "several processes" if processes > 1 else "one process"
+    why = "no profile" if found is None else f"the profile has no layout of {kind}"
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
                          cpu_allreduce_seconds("lax", size_bytes, table),
                          f"defaults recorded on a 2-core AMD EPYC ({why}: `python -m jax_blink calibrate`)")

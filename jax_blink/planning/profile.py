@@ -151,19 +151,24 @@ def save(profile: Profile, path) -> Path:
 
 
 def nearest_layout(layouts, processes: int, devices: int) -> Optional[str]:
-    """Of ``layouts`` (a profile's, ``"<processes>x<devices>"``), the one with ``processes``
-    processes whose device count is nearest ``devices`` (a table for 8 devices also serves a
-    psum over 4 of them), or None when none has that many processes.
+    """Of ``layouts`` (a profile's, ``"<processes>x<devices>"``), the one that best stands for
+    ``processes`` processes of ``devices`` devices each: one process for one process, several
+    for several (a table for 2 processes also serves 4), nearest in process count, then in
+    devices per process (a table for 8 devices also serves a psum over 4 of them); None
+    when none is of the same kind.
 
     Examples
     --------
     >>> layouts = ["1x8", "1x2", "2x1"]
     >>> nearest_layout(layouts, 1, 6), nearest_layout(layouts, 2, 1), nearest_layout(layouts, 4, 1)
-    ('1x8', '2x1', None)
+    ('1x8', '2x1', '2x1')
+    >>> nearest_layout(["2x1"], 1, 8) is None
+    True
     """
     found = []
     for layout in layouts:
         p, _, d = layout.partition("x")
-        if p.isdigit() and d.isdigit() and int(p) == processes:
-            found.append((abs(math.log(int(d) / max(devices, 1))), layout))
-    return min(found)[1] if found else None
+        if p.isdigit() and d.isdigit() and (int(p) > 1) == (processes > 1):
+            found.append((abs(math.log(int(p) / max(processes, 1))), abs(math.log(int(d) / max(devices, 1))),
+                          layout))
+    return min(found)[2] if found else None

@@ -109,10 +109,21 @@ def test_jax_blink_profile_defaults_is_quiet(caplog):
     assert not caplog.records
 
 
+def test_processes_of_one_host_read_their_own_layout(use_profile):
+    """psum across processes of one host (the host transport against lax over gloo) reads
+    the profile's layout of several processes, never the one-process table."""
+    use_profile({"1x8": BLINK_WINS, "2x1": LAX_WINS})
+    for processes, devices in ((2, 1), (4, 1), (2, 4)):
+        p = predict_cpu.cpu_allreduce(4000, processes=processes, devices=devices)
+        assert p.lax_s < p.blink_s and "(2x1," in p.source, p
+    p = predict_cpu.cpu_allreduce(4000, processes=1, devices=8)
+    assert p.blink_s < p.lax_s and "(1x8," in p.source
+
+
 def test_a_profile_without_the_layout_falls_back_to_the_recorded_table(use_profile):
     use_profile({"2x1": LAX_WINS})
     p = predict_cpu.cpu_allreduce(4000, processes=1, devices=8)
-    assert "the profile has no layout of 1 process" in p.source
+    assert "the profile has no layout of one process" in p.source
     assert runs_blink(choice(1000))
 
 
@@ -193,3 +204,25 @@ def test_the_replay_rejects_a_swapped_profile(use_profile):
     assert all(runs_blink(choice(c)) for c in LAX_WINS["elements"])
     use_profile({"1x8": LAX_WINS})
     assert not any(runs_blink(choice(c)) for c in LAX_WINS["elements"])
+
+
+def test_processes_of_one_host_are_measured_in_a_local_job():
+    """The full calibration's second layout: two processes of one CPU device each (127.0.0.1),
+    jax_blink over their shared memory against lax over gloo, every size measured and summed
+    right."""
+    rows = calibration._measure_processes(2, (1, 1000), 3)
+    assert [r["count"] for r in rows] == [1, 1000]
+    assert all(r["wrong"] == 0 and r["blink_added_us"] > 0 and r["lax_added_us"] > 0 for r in rows)
+
+
+def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_path, caplog):
+    def fail(*args):
+        raise RuntimeError("measuring 2 processes of one host failed (process 1: exit -9)")
+
+    monkeypatch.setattr(calibration, "_measure_processes", fail)
+    monkeypatch.setattr(calibration, "FULL_ELEMENTS", (1, 1000))
+    with caplog.at_level(logging.WARNING, logger="jax_blink"):
+        made, where = calibration.calibrate(path=tmp_path / "p.json", rounds=2, progress=False)
+    assert list(made.tables) == [f"1x{jax.device_count()}"] and not made.quick
+    assert any("process 1: exit -9" in r.message and "one process's layout" in r.message for r in caplog.records)
+    machine.forget()
