@@ -184,7 +184,8 @@ def markdown(result):
              f"{result['rounds']} interleaved rounds. `vs none`: step time over the step with no "
              "communication; `vs lax`: over the step whose gradients lax.psum sums. `calls`: "
              "jax_blink custom calls per step; `#wrong`: summed-gradient elements outside the "
-             "summation-order bound (MLPs).", "",
+             "summation-order bound (MLPs). psum's choices and buckets from "
+             f"{result.get('profile', 'the recorded costs')}.", "",
              "| model | gradients summed by | step ms | CPU ms | vs none | vs lax | calls | #wrong |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -209,6 +210,10 @@ def main():
     except OSError as e:
         ap.error(f"--out {args.out}: {e.strerror or e}")
     tag = "amd-epyc-2core" if "EPYC" in machine()["cpu"] else machine()["cpu"].split()[0].lower()
+    from jax_blink.ops import predict_cpu
+
+    profile = predict_cpu.cpu_allreduce(4, devices=jax.device_count()).source
+    print(f"# jax_blink (auto): psum's choices and buckets from {profile}")
     rows, devices = run_steps(MLPS, rounds=args.rounds)
     if not args.no_resnet:
         rows += resnet_steps(args.rounds)
@@ -222,7 +227,7 @@ def main():
                   "(default buckets), 8 CPU devices", png)
     commit = RUN_COMMIT
     result = {"machine": machine(jax=jax.__version__), "devices": devices, "commit": commit,
-              "rounds": args.rounds, "rows": rows, "png": png,
+              "rounds": args.rounds, "profile": profile, "rows": rows, "png": png,
               "timeline": {str(d): row for d, row in devices_tl.items()}}
     base = os.path.join(args.out, f"steps_{tag}")
     with open(base + ".json", "w") as f:
