@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["axes_tuple", "axis_size", "typed", "rank_and_group", "canonical_groups"]
+__all__ = ["axes_tuple", "axis_size", "typed", "unreduced_kind", "check_unreduced_kind",
+           "rank_and_group", "canonical_groups"]
 
 
 def axes_tuple(axis_name) -> tuple:
@@ -37,13 +38,16 @@ def axis_size(axes: tuple, name: str) -> int:
     return size
 
 
-def typed(a, axes: tuple, name: str, *, unreduced_ok: bool = True):
+def typed(a, axes: tuple, name: str, *, unreduced_op=None):
     """``(value, mode)``: the value as the primitive takes it and its typing mode
     (:data:`~jax_blink.ops.primitive.MODES`).
 
     As lax's collectives do, a value that is neither varying nor unreduced over
     ``axes`` (invariant or reduced) is cast to varying first, so that it counts
     once per device. A value must be in one state over all of ``axes``.
+    ``unreduced_op``: the reduction ("sum", "max", "min") the collective applies
+    to a value unreduced over ``axes``, or None where it takes none (as lax);
+    see :func:`check_unreduced_kind`.
     """
     mat = jax.typeof(a).manual_axis_type
     unreduced = [ax for ax in axes if ax in mat.unreduced]
@@ -53,15 +57,38 @@ def typed(a, axes: tuple, name: str, *, unreduced_ok: bool = True):
                 f"jax_blink.{name}: the value is unreduced over {tuple(unreduced)} but not over "
                 f"all of {axes} ({jax.typeof(a).str_short(True)}); reduce over one state at a time, "
                 "as lax does")
-        if not unreduced_ok:
-            raise ValueError(f"jax_blink.{name} does not accept a value unreduced over {axes} "
-                             "(neither does lax); sum it first with jax_blink.psum")
+        check_unreduced_kind(mat, axes, name, unreduced_op)
         return a, "unreduced"
     missing = tuple(ax for ax in axes if ax not in mat.varying)
     if missing:
         a = lax.pcast(a, missing, to="varying")  # a no-op without check_vma
     varying = set(axes) <= set(jax.typeof(a).manual_axis_type.varying)
     return a, "varying" if varying else "untyped"
+
+
+def unreduced_kind(mat) -> str:
+    """How a value typed ``mat`` (a manual axis type) is unreduced: "sum", "max" or
+    "min". jax >= 0.11 says so (``mat.unreduced_kind``, a
+    ``jax.sharding.UnreducedKind``); before it, every unreduced value was a
+    partial sum (the type has no such attribute)."""
+    kind = getattr(mat, "unreduced_kind", None)
+    return "sum" if kind is None else kind.name
+
+
+def check_unreduced_kind(mat, axes: tuple, name: str, op) -> None:
+    """Raises, as lax does, where a collective that reduces by ``op`` (None: one
+    that takes no unreduced value) is given a value unreduced over ``axes`` in
+    another way (``lax.psum`` of a value unreduced by max, on jax >= 0.11)."""
+    kind = unreduced_kind(mat)
+    if op is None:
+        raise ValueError(f"jax_blink.{name} does not accept a value unreduced over {axes} "
+                         f"(a partial {kind}; neither does lax); reduce it first with "
+                         f"jax_blink.p{kind}")
+    if kind != op:
+        raise ValueError(
+            f"jax_blink.{name} cannot accept a value unreduced over {axes} by {kind} (a "
+            f"partial {kind}): it reduces values unreduced by {op}, as lax's unreduced_p{op} "
+            f"does; reduce it with jax_blink.p{kind}")
 
 
 def canonical_groups(axis_index_groups, n: int, name: str, equal_sizes: bool = True):

@@ -80,13 +80,16 @@ def _prepare(block, name, collective, op):
 
 def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum",
         root: Optional[int] = None, axis_index_groups=None, topology=None, min_bytes=None,
-        timeout_s=None, chunks=None, fallback: Callable, unreduced_ok: bool = False,
+        timeout_s=None, chunks=None, fallback: Callable, unreduced_op: Optional[str] = None,
         invariant: bool = False) -> list:
     """Runs ``collective`` over ``axes`` on 2-D ``blocks``; returns their results.
 
     ``fallback(blocks, mode)`` runs the lax equivalent on a list of
     schedule-dtype blocks (used where the decision is lax). ``invariant``
     (allgather): type a varying value's result invariant over the axes.
+    ``unreduced_op``: how the collective reduces a value typed unreduced over
+    the axes ("sum"; "max" or "min" where jax types such values), None where it
+    takes none (:func:`~jax_blink.ops.axes.typed`).
     A call whose groups span processes of one host runs over shared memory
     (:class:`~jax_blink.ops.processes.HostLocal`); one whose groups span
     hosts runs its lax equivalent (psum's hierarchical path,
@@ -131,7 +134,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
 
     modes = []
     for i, p in enumerate(parts):
-        parts[i], mode = typed(p, axes, name, unreduced_ok=unreduced_ok)
+        parts[i], mode = typed(p, axes, name, unreduced_op=unreduced_op)
         if mode == "varying" and invariant:
             mode = "invariant"
         modes.append("untyped" if groups and mode == "varying" else mode)

@@ -13,7 +13,8 @@ in lowering order, so the same program gets the same ids in every process.
 
 ``mode`` says how the value is typed over the reduced axes under
 ``check_vma``: ``"varying"`` (the usual case), ``"unreduced"`` (a typed partial
-sum, allreduce and reduce_scatter only), ``"invariant"`` (allgather only: the
+sum, allreduce and reduce_scatter only; on jax >= 0.11 also a partial max or
+min, allreduce only: :func:`reduced_type`), ``"invariant"`` (allgather only: the
 result is typed invariant over the axes, as ``lax.all_gather(to="invarying")``)
 or ``"untyped"`` (``check_vma=False`` and ``pmap``: no typing, and transposes
 communicate as in lax).
@@ -39,7 +40,7 @@ from jax_blink.ops.schedules import schedule_for
 from jax_blink.ops.processes import check_lowered_mesh
 from jax_blink.schedule.constants import COLLECTIVE_CODE, REDUCE_OP_CODE
 
-__all__ = ["blink_collective_p", "bind_collective", "MODES"]
+__all__ = ["blink_collective_p", "bind_collective", "MODES", "reduced_type"]
 
 blink_collective_p = Primitive("blink_collective")
 MODES = ("varying", "unreduced", "invariant", "untyped")
@@ -91,13 +92,29 @@ def _abstract_eval(x, rank, group, *, axes, request, mode, **params):
             mode == "invariant" and request.collective == "allgather"):
         return out.update(manual_axis_type=mat.update(varying=mat.varying - axes))
     if mode == "unreduced":
-        # a typed partial sum: summed, it is invariant (allreduce) or varying
-        # (reduce_scatter), as lax's unreduced_psum / unreduced_psum_scatter
-        mat = mat.update(unreduced=mat.unreduced - axes)
-        if request.collective == "reduce_scatter":
-            mat = mat.update(varying=mat.varying | axes)
-        return out.update(manual_axis_type=mat)
+        return out.update(manual_axis_type=reduced_type(
+            mat, axes, scatter=request.collective == "reduce_scatter"))
     return out  # reduce, reduce_scatter, allgather (varying stays varying), untyped
+
+
+def reduced_type(mat, axes, *, scatter: bool = False):
+    """The manual axis type of a value unreduced over ``axes`` (a typed partial
+    sum, max or min) once reduced over them: invariant over them (allreduce,
+    as lax's ``unreduced_psum``) or varying (``scatter``: reduce_scatter, as
+    ``unreduced_psum_scatter``); still unreduced over the other axes.
+
+    jax >= 0.11 types how a value is unreduced (``unreduced_kind``: sum, max or
+    min) and wants no kind on a type unreduced over no axis; jax 0.10's types
+    have no kind (every unreduced value is a sum). The capability decides,
+    not the version.
+    """
+    axes = frozenset(axes)
+    changes = {"unreduced": mat.unreduced - axes}
+    if scatter:
+        changes["varying"] = mat.varying | axes
+    if hasattr(mat, "unreduced_kind") and not changes["unreduced"]:
+        changes["unreduced_kind"] = None  # jax >= 0.11: no unreduced axis, no kind
+    return mat.update(**changes)
 
 
 def _impl(*args, **params):

@@ -80,7 +80,7 @@ def _reduce(leaves, axes, op, axis_index_groups, keywords):
     else:
         out = run(blocks, axes, name=name, collective="allreduce", op=op,
                   axis_index_groups=axis_index_groups, fallback=fallback,
-                  unreduced_ok=op == "sum", **keywords)
+                  unreduced_op=op, **keywords)
     return [o.reshape(s) for o, s in zip(out, shapes)]
 
 

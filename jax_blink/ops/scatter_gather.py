@@ -82,7 +82,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
         out = hierarchical.reduce_scatter(blocks, axes, span, name="psum_scatter", **keywords)
     else:
         out = run(blocks, axes, name="psum_scatter", collective="reduce_scatter",
-                  axis_index_groups=axis_index_groups, fallback=fallback, unreduced_ok=True,
+                  axis_index_groups=axis_index_groups, fallback=fallback, unreduced_op="sum",
                   **keywords)
     results = []
     for o, (shape, d, was_tiled) in zip(out, shapes):
