@@ -42,6 +42,8 @@ _EXPORTS = {
     "explain": "ops",
     "calibrate": "ops",
     "machine_profile": "ops",
+    "stats": "ops",
+    "slow_ranks": "ops",
     "has_cuda_support": "_ffi",
 }
 

@@ -93,6 +93,22 @@ py::dict WorkerThreads() {
 
 RendezvousStats GlobalRendezvousStats() { return Rendezvous::Global().Stats(); }
 
+py::list Lateness(bool reset) {
+  py::list out;
+  for (const LatenessSummary& s : ArrivalLateness(reset)) {
+    py::dict d;
+    d["nranks"] = s.nranks;
+    d["calls"] = s.calls;
+    py::list mean, max;
+    for (double v : s.mean_ns) mean.append(v / 1e6);
+    for (double v : s.max_ns) max.append(v / 1e6);
+    d["mean_late_ms"] = mean;
+    d["max_late_ms"] = max;
+    out.append(d);
+  }
+  return out;
+}
+
 const CpuExecutorApi kCpuExecutorApi = {CpuExecutorApiAbi(), &ExecuteCpu,
                                         &GlobalRendezvousStats};
 
@@ -141,6 +157,10 @@ PYBIND11_MODULE(_blink_ext, m) {
         "The threads that run CPU collectives off XLA's threads (the handler returns a "
         "future and hands its rank to one): {'threads': alive, 'idle': waiting for work, "
         "'started': ever created}. Idle threads exit after 30 s.");
+  m.def("arrival_lateness", &Lateness, py::kw_only(), py::arg("reset") = false,
+        "How long after the first rank of each call every rank joined the in-process "
+        "rendezvous, over each rank count's last 256 calls: [{'nranks', 'calls', "
+        "'mean_late_ms': [per rank], 'max_late_ms': [per rank]}]. reset: forget them after.");
   m.def("host_arena", &HostArenaPy,
         "This process's arena for the host transport (an anonymous shared memory file, "
         "created on first call): (pid, fd). Other processes of the job map it through "

@@ -5,6 +5,9 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -129,6 +132,7 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
     ri.process = -1;
   }
   present_.assign(n, 0);
+  arrival_.assign(n, Clock::time_point());
   arrived_ = 0;
   left_ = 0;
   abort_message_.clear();
@@ -398,10 +402,12 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
   }
   slot->info[rank] = std::move(info);
   slot->present_[rank] = 1;
+  slot->arrival_[rank] = Clock::now();
   ++slot->arrived_;
   ticket->slot = slot;
   ticket->epoch = slot->epoch;
   if (slot->arrived_ == nranks) {
+    RecordArrivals(slot->arrival_);
     slot->state().store(1, std::memory_order_release);
     lk.unlock();
     FutexWakeAll(&slot->state());
@@ -493,6 +499,60 @@ void Rendezvous::Leave(Ticket* ticket) {
     MaybeEraseLocked(ticket->key);
   }
   ticket->slot = nullptr;
+}
+
+namespace {
+
+// Per rank count: the last kLatenessWindow calls' lateness (ns per rank) and
+// their running sums.
+struct LatenessWindow {
+  std::deque<std::vector<double>> calls;
+  std::vector<double> sum;
+};
+std::mutex lateness_mu;
+std::map<int64_t, LatenessWindow>& LatenessTable() {
+  static auto* t = new std::map<int64_t, LatenessWindow>();  // leaked: threads may record at exit
+  return *t;
+}
+
+}  // namespace
+
+void RecordArrivals(const std::vector<Clock::time_point>& arrivals) {
+  if (arrivals.empty()) return;
+  const Clock::time_point first = *std::min_element(arrivals.begin(), arrivals.end());
+  std::vector<double> late(arrivals.size());
+  for (size_t r = 0; r < arrivals.size(); ++r) {
+    late[r] = static_cast<double>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(arrivals[r] - first).count());
+  }
+  std::lock_guard<std::mutex> lk(lateness_mu);
+  LatenessWindow& w = LatenessTable()[static_cast<int64_t>(arrivals.size())];
+  if (w.sum.empty()) w.sum.assign(late.size(), 0.0);
+  for (size_t r = 0; r < late.size(); ++r) w.sum[r] += late[r];
+  w.calls.push_back(std::move(late));
+  if (static_cast<int64_t>(w.calls.size()) > kLatenessWindow) {
+    for (size_t r = 0; r < w.sum.size(); ++r) w.sum[r] -= w.calls.front()[r];
+    w.calls.pop_front();
+  }
+}
+
+std::vector<LatenessSummary> ArrivalLateness(bool reset) {
+  std::lock_guard<std::mutex> lk(lateness_mu);
+  std::vector<LatenessSummary> out;
+  for (const auto& [n, w] : LatenessTable()) {
+    LatenessSummary s;
+    s.nranks = n;
+    s.calls = static_cast<int64_t>(w.calls.size());
+    s.mean_ns.assign(n, 0.0);
+    s.max_ns.assign(n, 0.0);
+    for (const std::vector<double>& call : w.calls) {
+      for (int64_t r = 0; r < n; ++r) s.max_ns[r] = std::max(s.max_ns[r], call[r]);
+    }
+    for (int64_t r = 0; r < n && s.calls > 0; ++r) s.mean_ns[r] = w.sum[r] / s.calls;
+    out.push_back(std::move(s));
+  }
+  if (reset) LatenessTable().clear();
+  return out;
 }
 
 RendezvousStats Rendezvous::Stats() {

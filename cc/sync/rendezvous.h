@@ -194,6 +194,7 @@ class Slot {
   int64_t arrived_ = 0;
   int64_t left_ = 0;
   std::vector<uint8_t> present_;
+  std::vector<Clock::time_point> arrival_;  // when each rank joined
   std::string abort_message_;
   // Guarded by fail_mu_.
   std::mutex fail_mu_;
@@ -267,6 +268,25 @@ class Rendezvous {
 };
 
 std::string DescribeRanks(const std::vector<int64_t>& ranks);
+
+// ---- Arrival lateness (jax_blink.stats()) -----------------------------------
+// How long after the first rank of a call each rank joined, over the last
+// kLatenessWindow calls of each rank count in this process's in-process
+// rendezvous (the last rank to arrive records the call). A rank that is often
+// late is a candidate for a leaf of the trees (plan(slow_ranks=...)).
+constexpr int64_t kLatenessWindow = 256;
+
+struct LatenessSummary {
+  int64_t nranks = 0;
+  int64_t calls = 0;            // recorded in the window
+  std::vector<double> mean_ns;  // per rank
+  std::vector<double> max_ns;   // per rank
+};
+
+// Records one call's arrival times (rank r joined at arrivals[r]).
+void RecordArrivals(const std::vector<Clock::time_point>& arrivals);
+// The summaries, one per rank count seen, smallest first; `reset` forgets them.
+std::vector<LatenessSummary> ArrivalLateness(bool reset);
 
 }  // namespace jax_blink
 

@@ -95,7 +95,7 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
                   const py::sequence& outputs, int64_t timeout_ms,
                   const std::vector<int64_t>& skip_ranks, int64_t op_id,
                   int64_t group, int64_t repeat,
-                  std::optional<int64_t> run_id_arg) {
+                  std::optional<int64_t> run_id_arg, const std::vector<double>& delays_ms) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
   // One schedule for all ranks, or a list with one per rank (to test
   // disagreeing ranks).
@@ -122,6 +122,12 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
                           " inputs and outputs, got " +
                           std::to_string(py::len(inputs)) + " and " +
                           std::to_string(py::len(outputs)));
+  }
+  if (static_cast<int64_t>(delays_ms.size()) > nranks) {
+    throw py::value_error("delays_ms: at most one delay per rank (" + std::to_string(nranks) + ")");
+  }
+  for (double d : delays_ms) {
+    if (!(d >= 0 && d <= 60000)) throw py::value_error("delays_ms must be in [0, 60000]");
   }
   std::vector<uint8_t> skip(nranks, 0);
   for (int64_t r : skip_ranks) {
@@ -175,6 +181,10 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
         // Repeats reuse one RunId: generations tell them apart, as for a
         // call site inside lax.scan.
         for (int64_t k = 0; k < repeat; ++k) {
+          if (r < static_cast<int64_t>(delays_ms.size()) && delays_ms[r] > 0) {  // a late rank
+            std::this_thread::sleep_for(std::chrono::microseconds(
+                static_cast<int64_t>(delays_ms[r] * 1000.0)));
+          }
           const ExecResult res = cpu_executor->execute(args[r]);
           if (!res.status.ok()) {
             errors[r] = res.status.Text();
@@ -698,7 +708,7 @@ PYBIND11_MODULE(_blink_testing, m) {
       py::arg("outputs"), py::arg("timeout_ms") = 10000,
       py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
       py::arg("group") = 0, py::arg("repeat") = 1,
-      py::arg("run_id") = py::none(),
+      py::arg("run_id") = py::none(), py::arg("delays_ms") = std::vector<double>{},
       "Test harness: runs every rank except skip_ranks on its own thread "
       "through the rendezvous and CPU executor used by the custom call "
       "(_blink_ext's, with the settings of _blink_ext.configure). "
@@ -707,7 +717,8 @@ PYBIND11_MODULE(_blink_testing, m) {
       "schedule, or a list with one per rank. repeat: run the collective this "
       "many times on the same threads (one RunId, successive generations, "
       "like a call site inside lax.scan; for benchmarks). run_id: the "
-      "rendezvous RunId (default: a fresh negative id). Returns one entry "
+      "rendezvous RunId (default: a fresh negative id). delays_ms: rank r "
+      "sleeps delays_ms[r] before each call (a late rank). Returns one entry "
       "per rank: None on success (or when skipped), else the first error as "
       "'KIND: message', KIND the error code the custom call would return "
       "(INVALID_ARGUMENT, DEADLINE_EXCEEDED or INTERNAL).");

@@ -14,14 +14,16 @@
 * :mod:`~jax_blink.ops.machine`, :mod:`~jax_blink.ops.calibration`,
   :mod:`~jax_blink.ops.predict_cpu`: this machine's profile (``calibrate``,
   ``machine_profile``), how it is measured, and the CPU predictions read from it.
+* :mod:`~jax_blink.ops.lateness`: which ranks arrive late (``stats``, ``slow_ranks``).
 """
 
 from jax_blink.ops.broadcast import broadcast
 from jax_blink.ops.calibration import calibrate
+from jax_blink.ops.lateness import slow_ranks, stats
 from jax_blink.ops.machine import profile as machine_profile
 from jax_blink.ops.psum import explain, pmax, pmean, pmin, psum
 from jax_blink.ops.pvary import pvary
 from jax_blink.ops.scatter_gather import all_gather, psum_scatter
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather", "broadcast", "pvary",
-           "explain", "calibrate", "machine_profile"]
+           "explain", "calibrate", "machine_profile", "stats", "slow_ranks"]

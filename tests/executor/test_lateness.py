@@ -1,0 +1,96 @@
+"""jax_blink.stats(): how late each rank joins its collectives (issue 46, item 4).
+
+Lateness is injected by the test scaffolding only: the run_ranks harness's ``delays_ms``
+(a rank's thread sleeps before each call), or a host callback that sleeps on one device
+before its psum. The recorded means are checked against the injected delay.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_blink
+from jax_blink import _ffi
+from reference import check_sum, lowered, make_inputs
+
+harness = _ffi.load_testing()
+
+
+def run(delays, calls=6, n=4):
+    sched = lowered(n, 1000, "float32", 2)
+    inputs = make_inputs("float32", n, 1000)
+    outputs = [np.zeros_like(x) for x in inputs]
+    assert harness.run_ranks(sched, inputs, outputs, 20000, repeat=calls, delays_ms=delays) == [None] * n
+    check_sum("float32", inputs, outputs[0])
+
+
+def test_a_late_rank_is_seen_late_by_about_its_delay():
+    jax_blink.stats(reset=True)
+    run([0, 0, 25, 0])
+    got = jax_blink.stats()[4]
+    assert got["calls"] == 6
+    late = got["mean_late_ms"]
+    assert 20 <= late[2] <= 200, late
+    assert all(late[r] < 10 for r in (0, 1, 3)), late
+    assert got["max_late_ms"][2] >= late[2]
+    assert jax_blink.slow_ranks(4, threshold_ms=10) == [2]
+
+
+def test_punctual_ranks_name_no_slow_rank():
+    jax_blink.stats(reset=True)
+    run([0, 0, 0, 0])
+    assert jax_blink.slow_ranks(4, threshold_ms=10) == []
+    assert jax_blink.stats(reset=True)[4]["calls"] == 6
+    assert 4 not in jax_blink.stats()  # forgotten
+
+
+def test_the_window_keeps_the_recent_calls():
+    jax_blink.stats(reset=True)
+    run([0, 30, 0], calls=2, n=3)
+    run([0, 0, 0], calls=256, n=3)  # the late calls fall out of the 256-call window
+    got = jax_blink.stats()[3]
+    assert got["calls"] == 256 and got["mean_late_ms"][1] < 10, got
+
+
+def test_harness_refuses_bad_delays():
+    sched = lowered(2, 10, "float32", 1)
+    inputs = make_inputs("float32", 2, 10)
+    outputs = [np.zeros_like(x) for x in inputs]
+    with pytest.raises(ValueError, match="delays_ms"):
+        harness.run_ranks(sched, inputs, outputs, 1000, delays_ms=[0, 0, 0])
+    with pytest.raises(ValueError, match="delays_ms"):
+        harness.run_ranks(sched, inputs, outputs, 1000, delays_ms=[-1, 0])
+
+
+def test_a_device_late_to_its_psum_is_named():
+    """Inside jit: one device's host callback sleeps before its psum (test scaffolding in
+    the program, not in jax_blink); stats() names that device's rank."""
+    n = jax.device_count()
+    late_rank = n - 3
+    mesh = jax.make_mesh((n,), ("i",))
+
+    def maybe_sleep(v, rank):
+        if int(rank) == late_rank:
+            time.sleep(0.02)
+        return v
+
+    def body(v):
+        rank = jax.lax.axis_index("i")
+        v = jax.pure_callback(maybe_sleep, jax.ShapeDtypeStruct(v.shape, v.dtype), v, rank)
+        return jax_blink.psum(v * 2, "i", min_bytes=0)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    x = jax.device_put(jnp.ones(n * 1000), NamedSharding(mesh, P("i")))
+    jax.block_until_ready(f(x))  # compile
+    jax_blink.stats(reset=True)
+    for _ in range(5):
+        out = jax.block_until_ready(f(x))
+    np.testing.assert_array_equal(np.asarray(out), 2.0 * n)
+    got = jax_blink.stats()[n]
+    assert got["calls"] == 5
+    assert jax_blink.slow_ranks(n, threshold_ms=10) == [late_rank], got["mean_late_ms"]
