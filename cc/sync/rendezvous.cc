@@ -520,20 +520,24 @@ std::map<int64_t, LatenessWindow>& LatenessTable() {
 void RecordArrivals(const std::vector<Clock::time_point>& arrivals) {
   if (arrivals.empty()) return;
   const Clock::time_point first = *std::min_element(arrivals.begin(), arrivals.end());
-  std::vector<double> late(arrivals.size());
-  for (size_t r = 0; r < arrivals.size(); ++r) {
+  const size_t n = arrivals.size();
+  std::lock_guard<std::mutex> lk(lateness_mu);
+  LatenessWindow& w = LatenessTable()[static_cast<int64_t>(n)];
+  if (w.sum.empty()) w.sum.assign(n, 0.0);
+  std::vector<double> late;
+  if (static_cast<int64_t>(w.calls.size()) == kLatenessWindow) {  // the oldest call leaves
+    late = std::move(w.calls.front());
+    w.calls.pop_front();
+    for (size_t r = 0; r < n; ++r) w.sum[r] -= late[r];
+  } else {
+    late.resize(n);
+  }
+  for (size_t r = 0; r < n; ++r) {
     late[r] = static_cast<double>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(arrivals[r] - first).count());
+    w.sum[r] += late[r];
   }
-  std::lock_guard<std::mutex> lk(lateness_mu);
-  LatenessWindow& w = LatenessTable()[static_cast<int64_t>(arrivals.size())];
-  if (w.sum.empty()) w.sum.assign(late.size(), 0.0);
-  for (size_t r = 0; r < late.size(); ++r) w.sum[r] += late[r];
   w.calls.push_back(std::move(late));
-  if (static_cast<int64_t>(w.calls.size()) > kLatenessWindow) {
-    for (size_t r = 0; r < w.sum.size(); ++r) w.sum[r] -= w.calls.front()[r];
-    w.calls.pop_front();
-  }
 }
 
 std::vector<LatenessSummary> ArrivalLateness(bool reset) {
