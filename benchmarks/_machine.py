@@ -39,6 +39,15 @@ def commit() -> str:
 RUN_COMMIT = commit()
 
 
+def machine_tag() -> str:
+    """A short name of this machine for result files: vendor, family and cores
+    (``amd-epyc-2core``, ``intel-xeon-2core``)."""
+    cpu = cpu_model().lower()
+    words = [w for w in re.sub(r"\(r\)|\(tm\)|processor|cpu|@.*", " ", cpu).split() if w.isalpha()]
+    name = "-".join(words[:2]) or "cpu"
+    return f"{name}-{os.cpu_count()}core"
+
+
 def machine(**extra) -> dict:
     """CPU model, core count, Python version and the commit it ran (:data:`RUN_COMMIT`),
     plus ``extra`` fields."""

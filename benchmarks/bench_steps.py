@@ -43,7 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_blink
 from jax_blink import settings
 from jax_blink.ops.measure import mlp_step, run_steps
-from _machine import RUN_COMMIT, machine
+from _machine import RUN_COMMIT, machine, machine_tag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPS = [(8, 1024), (4, 2048), (16, 512), (4, 512), (8, 256)]
@@ -209,7 +209,7 @@ def main():
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         ap.error(f"--out {args.out}: {e.strerror or e}")
-    tag = "amd-epyc-2core" if "EPYC" in machine()["cpu"] else machine()["cpu"].split()[0].lower()
+    tag = machine_tag()
     from jax_blink.ops import predict_cpu
 
     profile = predict_cpu.cpu_allreduce(4, devices=jax.device_count()).source
