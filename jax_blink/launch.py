@@ -56,7 +56,12 @@ def run_local(argv: Sequence[str], processes: int, *, devices_per_process: int =
     """Runs ``argv`` as ``processes`` local processes of one jax job, each with
     ``devices_per_process`` CPU devices; returns a :class:`ProcessResult` per
     process. A process still running after ``timeout_s`` is killed (with its
-    children) and reported with ``returncode`` None; none is left behind."""
+    children) and reported with ``returncode`` None; none is left behind.
+
+    The processes run on jax's CPU platform (``JAX_PLATFORMS=cpu``, whatever
+    the environment says): on a machine with a GPU, jax would otherwise start
+    its GPU backend in every process too (and make it the default where
+    JAX_PLATFORMS names it first or is unset)."""
     if processes < 1:
         raise ValueError(f"run_local: processes must be >= 1, got {processes}")
     base = dict(os.environ if env is None else env)
@@ -66,6 +71,7 @@ def run_local(argv: Sequence[str], processes: int, *, devices_per_process: int =
              if not f.startswith("--xla_force_host_platform_device_count")]
     base["XLA_FLAGS"] = " ".join(flags + [
         f"--xla_force_host_platform_device_count={devices_per_process}"])
+    base["JAX_PLATFORMS"] = "cpu"
     procs, files = [], []
     try:
         for pid in range(processes):

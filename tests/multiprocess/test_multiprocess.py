@@ -115,3 +115,15 @@ def test_a_process_that_never_calls_fails_host_discovery_not_a_hang():
     assert re.search("finding which processes share a host (failed|timed out)",
                      results[0].stdout), report(results)
     assert seconds < 240
+
+
+def test_local_processes_run_on_cpu_devices_whatever_the_environment_says():
+    """run_local's processes use jax's CPU platform: where conftest (or the user) has
+    JAX_PLATFORMS="cuda,cpu" or "cpu,cuda" on a machine with a GPU, every process would
+    otherwise start the GPU backend as well, or on it (issue 44)."""
+    code = "import jax; print(jax.default_backend(), jax.device_count())"
+    for platforms in ("cuda,cpu", "cuda"):
+        results = run_local([sys.executable, "-c", code], 2, devices_per_process=3, timeout_s=120,
+                            env=dict(os.environ, JAX_PLATFORMS=platforms))
+        assert all(r.ok for r in results), report(results)
+        assert [r.stdout.split() for r in results] == [["cpu", "3"]] * 2, report(results)

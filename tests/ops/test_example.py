@@ -1,7 +1,10 @@
 """examples/flax_resnet.py, the README's first command, run for a few steps.
 
 The example runs in a subprocess (it configures its own devices before it
-imports jax); it inherits the 8 virtual CPU devices from conftest.
+imports jax); it inherits the 8 virtual CPU devices from conftest and is told
+to use jax's CPU platform (JAX_PLATFORMS=cpu): on a machine with a GPU,
+conftest's "cpu,cuda" would make the example see a GPU (and refuse
+--processes), and these tests are about the 8 CPU devices.
 """
 
 import json
@@ -23,10 +26,14 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
 
-def _run(*args, timeout=180):
-    env = dict(os.environ)
+def _env(environ=None):
+    env = dict(os.environ if environ is None else environ, JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env,
+    return env
+
+
+def _run(*args, timeout=180):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -112,9 +119,8 @@ def test_example_calibrates_a_machine_without_a_profile(tmp_path):
     """The README's first command on a fresh machine: there is no profile, so the example
     first measures psum's costs here (a quick calibration, one line), and psum's choices then
     name that profile."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_BLINK_PROFILE"}
+    env = _env({k: v for k, v in os.environ.items() if k != "JAX_BLINK_PROFILE"})
     env["JAX_BLINK_CACHE_DIR"] = str(tmp_path / "cache")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2", "--epochs", "1", "--width", "8",
                            "--batch-size", "64", "--out-dir", str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
