@@ -18,13 +18,8 @@
 
 #include <type_traits>
 
+#include "core/hd.h"
 #include "core/schedule.h"
-
-#if defined(__CUDACC__)
-#define JAX_BLINK_HD __host__ __device__ __forceinline__
-#else
-#define JAX_BLINK_HD inline
-#endif
 
 namespace jax_blink {
 

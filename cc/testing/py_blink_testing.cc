@@ -3,7 +3,8 @@
 // threads through _blink_ext's CPU executor, the one the XLA custom call
 // uses (ffi/cpu_executor_api.h); emulate_streams runs the stream engine
 // (the CUDA executor's logic) over the host stream emulator with its race
-// checker.
+// checker; run_device_ranks runs the device executor's interpreter in its
+// host build (testing/device_host.h).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -25,6 +26,7 @@
 #include "core/schedule.h"
 #include "core/status.h"
 #include "cpu/executor_cpu.h"
+#include "device/device_program.h"
 #include "ffi/cpu_executor_api.h"
 #include "ffi/py_common.h"
 #include "stream/join_enqueue.h"
@@ -32,6 +34,7 @@
 #include "sync/host_rendezvous.h"
 #include "sync/ipc_record.h"
 #include "sync/rendezvous.h"
+#include "testing/device_host.h"
 #include "testing/sim_ranks.h"
 #include "testing/stream_emulator.h"
 
@@ -698,6 +701,113 @@ py::dict IpcRecordDecode(const py::bytes& record, int64_t rank) {
 }  // namespace
 }  // namespace jax_blink
 
+namespace jax_blink {
+namespace {
+
+// The device executor's host build: `repeat` calls on one executor (flags
+// and control words carry each call's generation; nothing is reset), the
+// first `faulty_calls` of them with skip_ranks never starting and rank
+// fault_rank stopping after fault_publishes step flags.
+py::list RunDeviceRanks(const py::object& schedule, const py::sequence& inputs,
+                        const py::sequence& outputs, int64_t timeout_ms,
+                        const std::vector<int64_t>& skip_ranks, int64_t repeat,
+                        int64_t fault_rank, int64_t fault_publishes, int64_t faulty_calls,
+                        int max_blocks) {
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  if (max_blocks < 0) throw py::value_error("max_blocks must be >= 0");
+  const Schedule s = ScheduleFromPython(schedule);
+  const int64_t nranks = s.nranks;
+  if (static_cast<int64_t>(py::len(inputs)) != nranks ||
+      static_cast<int64_t>(py::len(outputs)) != nranks) {
+    throw py::value_error("need " + std::to_string(nranks) + " inputs and outputs");
+  }
+  if (fault_rank >= nranks) throw py::value_error("fault_rank out of range");
+  std::vector<uint8_t> skip(nranks, 0);
+  for (int64_t r : skip_ranks) {
+    if (r < 0 || r >= nranks) throw py::value_error("skip_ranks out of range");
+    skip[r] = 1;
+  }
+  std::vector<Buffer> ins, outs;
+  std::vector<const void*> in_ptrs;
+  std::vector<void*> out_ptrs;
+  const size_t itemsize = DTypeSize(s.dtype);
+  for (int64_t r = 0; r < nranks; ++r) {
+    ins.push_back(GetBuffer(inputs[r], false, "inputs", r, itemsize));
+    outs.push_back(GetBuffer(outputs[r], true, "outputs", r, itemsize));
+    if (ins.back().count != s.in_count || outs.back().count != s.out_count) {
+      throw py::value_error("rank " + std::to_string(r) + " needs " +
+                            std::to_string(s.in_count) + " input and " +
+                            std::to_string(s.out_count) + " output elements");
+    }
+    if (ins.back().ptr == outs.back().ptr) {
+      throw py::value_error("the device executor needs an output apart from the input");
+    }
+    in_ptrs.push_back(ins.back().ptr);
+    out_ptrs.push_back(outs.back().ptr);
+  }
+  std::unique_ptr<DeviceHostExecutor> exec;
+  const std::string err = DeviceHostExecutor::Create(s, max_blocks, &exec);
+  if (!err.empty()) throw py::value_error(err);
+  std::vector<std::vector<Status>> calls;
+  {
+    py::gil_scoped_release release;
+    for (int64_t k = 0; k < repeat; ++k) {
+      const bool faulty = k < faulty_calls;
+      DeviceHostFault fault;
+      if (faulty) {
+        fault.rank = fault_rank;
+        fault.publishes = fault_publishes;
+      }
+      calls.push_back(exec->Run(in_ptrs, out_ptrs, timeout_ms,
+                                faulty ? skip : std::vector<uint8_t>(nranks, 0), fault));
+    }
+  }
+  py::list result;
+  for (const auto& call : calls) {
+    py::list ranks;
+    for (const Status& st : call) {
+      if (st.ok()) {
+        ranks.append(py::none());
+      } else {
+        ranks.append(py::str(st.Text()));
+      }
+    }
+    result.append(ranks);
+  }
+  return result;
+}
+
+// The device program of a schedule, for tests of its partition.
+py::dict DeviceProgramInfo(const py::object& schedule, int max_blocks) {
+  const Schedule s = ScheduleFromPython(schedule);
+  DeviceProgram p;
+  const std::string err = BuildDeviceProgram(s, max_blocks, &p);
+  if (!err.empty()) throw py::value_error(err);
+  py::list blocks, recv_peers;
+  for (int64_t r = 0; r < p.nranks; ++r) {
+    py::list rank_blocks;
+    for (int32_t b = p.ranks[r].block_begin; b < p.ranks[r].block_begin + p.ranks[r].nblocks;
+         ++b) {
+      py::list steps;
+      for (int32_t k = p.blocks[b].instr_begin; k < p.blocks[b].instr_end; ++k) {
+        steps.append(p.instrs[k].step);
+      }
+      rank_blocks.append(steps);
+    }
+    blocks.append(rank_blocks);
+  }
+  py::dict d;
+  d["blocks"] = blocks;  // per rank, per block: the steps in the order the block runs them
+  d["max_blocks"] = p.max_blocks;
+  d["waits"] = static_cast<int64_t>(p.waits.size());
+  d["acc_is_out"] = p.acc_is_out;
+  d["workspace_bytes"] = p.WorkspaceBytes();
+  return d;
+}
+
+}  // namespace
+}  // namespace jax_blink
+
 PYBIND11_MODULE(_blink_testing, m) {
   using namespace jax_blink;
   m.doc() = "jax_blink test harnesses: the CPU executor and the stream emulator without jax";
@@ -757,6 +867,22 @@ PYBIND11_MODULE(_blink_testing, m) {
         "through JoinAndEnqueue) over the stream emulator instead of CUDA. legacy_upload: "
         "upload on a stream the executor's streams do not wait for, as the harness once did "
         "with cudaMemcpy. Returns {'outputs': [array], 'races': [str], 'race_count': int}.");
+  m.def("run_device_ranks", &RunDeviceRanks, py::arg("schedule"), py::arg("inputs"),
+        py::arg("outputs"), py::kw_only(), py::arg("timeout_ms") = 10000,
+        py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("repeat") = 1,
+        py::arg("fault_rank") = -1, py::arg("fault_publishes") = 0,
+        py::arg("faulty_calls") = 1, py::arg("max_blocks") = 0,
+        "Test harness: the device executor's interpreter (device/device_interp.h) in its host "
+        "build, a std::thread per program block. Runs `repeat` calls on one executor (flags "
+        "carry generations, nothing is reset); in the first `faulty_calls` of them the "
+        "skip_ranks never start and rank fault_rank stops after fault_publishes step flags. "
+        "inputs/outputs: one C-contiguous array per rank (in_count and out_count elements). "
+        "max_blocks: cap on a rank's blocks (0: one per peer it receives from). Returns, per "
+        "call, one entry per rank: None, or 'KIND: message'.");
+  m.def("device_program", &DeviceProgramInfo, py::arg("schedule"), py::kw_only(),
+        py::arg("max_blocks") = 0,
+        "The device executor's program of a schedule: {'blocks': per rank, per block, the "
+        "steps in run order; 'max_blocks', 'waits', 'acc_is_out', 'workspace_bytes'}.");
   m.def("host_arena", &HostArenaPy,
         "This module's arena for the host transport (its own state, apart from _blink_ext's): "
         "(pid, fd).");
