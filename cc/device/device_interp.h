@@ -217,11 +217,13 @@ JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const Devic
   if (b.local != 0) return result;
   // Block 0: the rank's blocks are over, then every rank that started is.
   const DeviceRank& dr = p.ranks[r];
+  // (A finish that times out keeps the block's record of an earlier wait.)
   for (int32_t l = 1; l < dr.nblocks; ++l) {
     uint64_t* other = ctl + DeviceBlockWordsAt(p.nranks, p.max_blocks, r, l);
     if (WaitFlag(env, &other[1], error, gen, finish_deadline, false) != kDeviceOk) {
       if (result == kDeviceOk) result = kDeviceTimeout;
-      RecordWait(env, words, error, gen, kDeviceTimeout, r, -1, -1);
+      if (env.Load(&words[2]) != gen) RecordWait(env, words, error, gen, kDeviceTimeout, r, -1, -1);
+      env.Store(error, gen);
     }
   }
   env.Store(&ctl[1 + r], gen);
@@ -240,7 +242,8 @@ JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const Devic
       }
       if (env.Now() > finish_deadline) {
         if (result == kDeviceOk) result = kDeviceTimeout;
-        RecordWait(env, words, error, gen, kDeviceTimeout, q, -1, -1);
+        if (env.Load(&words[2]) != gen) RecordWait(env, words, error, gen, kDeviceTimeout, q, -1, -1);
+        env.Store(error, gen);
         break;
       }
       env.Pause(it);

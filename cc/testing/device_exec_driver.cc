@@ -1,0 +1,128 @@
+// The device executor's host build as a plain program, for ThreadSanitizer
+// (.ci/sanitizers builds it with -fsanitize=thread: CMake option
+// JAX_BLINK_TSAN). It runs the cases .ci/device_exec_cases.py wrote, each a
+// file of int64 words:
+//   [nwords, nranks, in_bytes, out_bytes, check_mask, skip_rank, fault_rank,
+//    fault_publishes, timeout_ms, repeat, max_blocks]
+//   schedule words, every rank's input (in_bytes each), then every rank's
+//   expected output (out_bytes each; the CPU executor's, checked against
+//   numpy by the case writer)
+// and checks, bitwise, the outputs of the ranks in check_mask after each of
+// `repeat` calls on one executor; a case with a skipped or stopped rank must
+// fail with DEADLINE_EXCEEDED on every started rank in its first call and
+// succeed in the next. Exit status 0 when every case passes.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/schedule.h"
+#include "testing/device_host.h"
+
+namespace {
+
+using jax_blink::DeviceHostExecutor;
+using jax_blink::DeviceHostFault;
+using jax_blink::ErrorKind;
+using jax_blink::Schedule;
+using jax_blink::Status;
+
+bool RunCase(const char* path) {
+  std::ifstream f(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  constexpr size_t kHeader = 11;
+  if (bytes.size() < kHeader * 8) {
+    std::fprintf(stderr, "%s: too short\n", path);
+    return false;
+  }
+  int64_t h[kHeader];
+  std::memcpy(h, bytes.data(), sizeof(h));
+  const int64_t nwords = h[0], nranks = h[1], in_bytes = h[2], out_bytes = h[3];
+  const int64_t check_mask = h[4], skip_rank = h[5], fault_rank = h[6], fault_publishes = h[7];
+  const int64_t timeout_ms = h[8], repeat = h[9], max_blocks = h[10];
+  const size_t need = (kHeader + nwords) * 8 + nranks * (in_bytes + out_bytes);
+  if (bytes.size() != need) {
+    std::fprintf(stderr, "%s: %zu bytes, header says %zu\n", path, bytes.size(), need);
+    return false;
+  }
+  const char* p = bytes.data() + kHeader * 8;
+  std::vector<int64_t> words(nwords);
+  std::memcpy(words.data(), p, nwords * 8);
+  p += nwords * 8;
+  Schedule s;
+  const std::string err = jax_blink::DecodeSchedule(words.data(), words.size(), &s);
+  if (!err.empty()) {
+    std::fprintf(stderr, "%s: %s\n", path, err.c_str());
+    return false;
+  }
+  std::vector<std::vector<char>> in(nranks), out(nranks), want(nranks);
+  std::vector<const void*> in_ptrs(nranks);
+  std::vector<void*> out_ptrs(nranks);
+  for (int64_t r = 0; r < nranks; ++r) {
+    in[r].assign(p, p + in_bytes);
+    p += in_bytes;
+    in_ptrs[r] = in[r].data();
+  }
+  for (int64_t r = 0; r < nranks; ++r) {
+    want[r].assign(p, p + out_bytes);
+    p += out_bytes;
+    out[r].assign(out_bytes, 0x5a);
+    out_ptrs[r] = out[r].data();
+  }
+  std::unique_ptr<DeviceHostExecutor> exec;
+  const std::string cerr = DeviceHostExecutor::Create(s, static_cast<int>(max_blocks), &exec);
+  if (!cerr.empty()) {
+    std::fprintf(stderr, "%s: %s\n", path, cerr.c_str());
+    return false;
+  }
+  const bool faulty = skip_rank >= 0 || fault_rank >= 0;
+  for (int64_t k = 0; k < repeat; ++k) {
+    std::vector<uint8_t> skip(nranks, 0);
+    DeviceHostFault fault;
+    if (k == 0 && faulty) {
+      if (skip_rank >= 0) skip[skip_rank] = 1;
+      fault.rank = fault_rank;
+      fault.publishes = fault_publishes;
+    }
+    const std::vector<Status> st = exec->Run(in_ptrs, out_ptrs, timeout_ms, skip, fault);
+    for (int64_t r = 0; r < nranks; ++r) {
+      if (k == 0 && faulty) {
+        if (r == skip_rank) continue;
+        if (st[r].kind != ErrorKind::kDeadlineExceeded) {
+          std::fprintf(stderr, "%s: rank %lld: want DEADLINE_EXCEEDED, got '%s'\n", path,
+                       static_cast<long long>(r), st[r].Text().c_str());
+          return false;
+        }
+        continue;
+      }
+      if (!st[r].ok()) {
+        std::fprintf(stderr, "%s: call %lld rank %lld: %s\n", path, static_cast<long long>(k),
+                     static_cast<long long>(r), st[r].Text().c_str());
+        return false;
+      }
+      if ((check_mask >> r & 1) && out[r] != want[r]) {
+        std::fprintf(stderr, "%s: call %lld rank %lld: output differs from the CPU executor's\n",
+                     path, static_cast<long long>(k), static_cast<long long>(r));
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s CASE_FILE...\n", argv[0]);
+    return 2;
+  }
+  int failed = 0;
+  for (int i = 1; i < argc; ++i) failed += !RunCase(argv[i]);
+  std::printf("device executor (host build): %d of %d cases passed\n", argc - 1 - failed, argc - 1);
+  return failed == 0 ? 0 : 1;
+}
