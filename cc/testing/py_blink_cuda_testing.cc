@@ -2,7 +2,9 @@
 // executor): a single-GPU harness for the CUDA executor (N simulated ranks on
 // one device, each on its own thread with its own streams, meeting through
 // the same rendezvous and JoinAndEnqueue as the FFI handler) and
-// kernel/copy timers for benchmarks/bench_cuda.py.
+// kernel/copy timers for benchmarks/bench_cuda.py; run_device / time_device
+// run the device executor (device/device_gpu.h: one kernel per rank per call)
+// over N ranks of one GPU.
 #include <cuda_runtime.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -24,6 +26,7 @@
 #include "core/status.h"
 #include "cuda/cuda_ipc.h"
 #include "cuda/cuda_transport.h"
+#include "device/device_gpu.h"
 #include "ffi/py_common.h"
 #include "stream/join_enqueue.h"
 #include "stream/stream_exec.h"
@@ -588,6 +591,153 @@ void IpcClose() {
   Exports().buffers.clear();
 }
 
+// ---- The device executor (device/device_gpu.h) over N ranks of one GPU.
+// Each rank has its own non-blocking stream; its input is uploaded on that
+// stream, and the device is synchronised before the first launch, so no
+// upload is unordered with a kernel that reads it.
+struct DeviceRanks {
+  std::unique_ptr<DeviceGpuExecutor> exec;
+  std::vector<cudaStream_t> streams;
+  std::vector<DevBuf> in, out, ws;
+  std::vector<DeviceGpuBuffers> bufs;
+  ~DeviceRanks() {
+    for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  }
+};
+
+void SetUpDeviceRanks(const Schedule& s, const py::sequence& inputs, int device, DeviceRanks* d) {
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  const int64_t n = s.nranks;
+  const Status st = DeviceGpuExecutor::Create(s, std::vector<int>(n, device), &d->exec);
+  if (!st.ok()) throw std::runtime_error(st.Text());
+  const size_t tsize = DTypeSize(s.dtype);
+  const int64_t ws = d->exec->program().WorkspaceBytes();
+  for (int64_t r = 0; r < n; ++r) {
+    cudaStream_t stream;
+    Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    d->streams.push_back(stream);
+    d->in.emplace_back(s.in_count * tsize);
+    d->out.emplace_back(s.out_count * tsize);
+    d->ws.emplace_back(ws > 0 ? ws : 0);
+    if (py::len(inputs) != 0) {
+      const py::array x = py::reinterpret_borrow<py::array>(inputs[r]);
+      if (x.nbytes() != static_cast<py::ssize_t>(s.in_count * tsize) ||
+          !(x.flags() & py::array::c_style)) {
+        throw py::value_error("inputs[" + std::to_string(r) + "] must be C-contiguous with " +
+                              std::to_string(s.in_count) + " elements of the schedule's dtype");
+      }
+      Check(cudaMemcpyAsync(d->in.back().p, x.data(), x.nbytes(), cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync (input)");
+    } else {
+      Check(cudaMemsetAsync(d->in.back().p, 0, s.in_count * tsize, stream), "cudaMemsetAsync");
+    }
+    Check(cudaMemsetAsync(d->out.back().p, 0xff, s.out_count * tsize, stream), "cudaMemsetAsync");
+    d->bufs.push_back({d->in.back().p, d->out.back().p, ws > 0 ? d->ws.back().p : nullptr});
+  }
+  Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+// One call on every rank but `skip`: launches all (they must be resident
+// together), then each rank's outcome. Returns the errors ("" when ok).
+std::vector<std::string> DeviceCall(DeviceRanks& d, uint64_t generation, int64_t timeout_ms,
+                                    const std::vector<uint8_t>& skip) {
+  const int64_t n = static_cast<int64_t>(d.streams.size());
+  std::vector<std::string> errors(n);
+  for (int64_t r = 0; r < n; ++r) {
+    if (skip[r]) continue;
+    const Status st = d.exec->Launch(r, d.bufs, generation, timeout_ms, d.streams[r]);
+    if (!st.ok()) errors[r] = st.Text();
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if (skip[r] || !errors[r].empty()) continue;
+    const Status st = d.exec->Outcome(r, generation, timeout_ms, d.streams[r],
+                                      "generation " + std::to_string(generation));
+    if (!st.ok()) errors[r] = st.Text();
+  }
+  return errors;
+}
+
+py::dict RunDevice(const py::object& schedule, const py::sequence& inputs, int64_t repeat,
+                   int64_t timeout_ms, const std::vector<int64_t>& skip_ranks, int device) {
+  if (repeat < 1) throw py::value_error("repeat must be >= 1");
+  const Schedule s = ScheduleFromPython(schedule);
+  if (static_cast<int64_t>(py::len(inputs)) != s.nranks) {
+    throw py::value_error("need one input per rank");
+  }
+  std::vector<uint8_t> skip(s.nranks, 0);
+  for (int64_t r : skip_ranks) {
+    if (r < 0 || r >= s.nranks) throw py::value_error("skip_ranks out of range");
+    skip[r] = 1;
+  }
+  DeviceRanks d;
+  SetUpDeviceRanks(s, inputs, device, &d);
+  py::list calls;
+  {
+    py::gil_scoped_release release;
+    std::vector<std::vector<std::string>> all;
+    for (int64_t k = 0; k < repeat; ++k) {
+      // skip_ranks miss the first call only; the next ones run on the same flags.
+      all.push_back(DeviceCall(d, static_cast<uint64_t>(k + 1), timeout_ms,
+                               k == 0 ? skip : std::vector<uint8_t>(s.nranks, 0)));
+    }
+    py::gil_scoped_acquire acquire;
+    for (const auto& errs : all) {
+      py::list ranks;
+      for (const std::string& e : errs) ranks.append(e.empty() ? py::object(py::none()) : py::str(e));
+      calls.append(ranks);
+    }
+  }
+  py::list outputs;
+  const py::dtype dt = py::reinterpret_borrow<py::array>(inputs[0]).dtype();
+  for (int64_t r = 0; r < s.nranks; ++r) {
+    py::array out(dt, {s.out_count});
+    Check(cudaMemcpyAsync(out.mutable_data(), d.out[r].p, s.out_count * DTypeSize(s.dtype),
+                          cudaMemcpyDeviceToHost, d.streams[r]),
+          "cudaMemcpyAsync (output)");
+    Check(cudaStreamSynchronize(d.streams[r]), "cudaStreamSynchronize");
+    outputs.append(out);
+  }
+  py::dict res;
+  res["outputs"] = outputs;
+  res["errors"] = calls;
+  res["blocks_per_rank"] = d.exec->program().max_blocks;
+  return res;
+}
+
+py::dict TimeDevice(const py::object& schedule, int64_t iters, int64_t warmup, int device,
+                    int64_t timeout_ms) {
+  const Schedule s = ScheduleFromPython(schedule);
+  DeviceRanks d;
+  SetUpDeviceRanks(s, py::list(), device, &d);
+  const std::vector<uint8_t> none(s.nranks, 0);
+  std::vector<double> seconds;
+  {
+    py::gil_scoped_release release;
+    uint64_t gen = 0;
+    for (int64_t k = 0; k < warmup + iters; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::vector<std::string> errs = DeviceCall(d, ++gen, timeout_ms, none);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (const std::string& e : errs) {
+        if (!e.empty()) {
+          py::gil_scoped_acquire acquire;
+          throw std::runtime_error(e);
+        }
+      }
+      if (k >= warmup) seconds.push_back(dt);
+    }
+  }
+  std::vector<double> sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  py::dict res;
+  res["seconds"] = sorted[sorted.size() / 2];  // median per call
+  res["all_seconds"] = seconds;
+  res["launches_per_rank"] = 1;
+  res["blocks_per_rank"] = d.exec->program().max_blocks;
+  res["threads_per_block"] = d.exec->threads_per_block();
+  return res;
+}
+
 }  // namespace
 }  // namespace jax_blink
 
@@ -628,6 +778,18 @@ PYBIND11_MODULE(_blink_cuda_testing, m) {
         "Times back-to-back collective calls (all N ranks on one GPU, a host thread "
         "each): {'seconds': per call, 'api_calls_per_rank', 'enqueue_us_per_rank', "
         "'gate_us_per_rank', 'max_workspace_bytes', 'fused_steps', 'per_rank': [...]}.");
+  m.def("run_device", &RunDevice, py::arg("schedule"), py::arg("inputs"), py::kw_only(),
+        py::arg("repeat") = 1, py::arg("timeout_ms") = 10000,
+        py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("device") = 0,
+        "Runs `schedule` with the device executor (one kernel per rank per call) over N ranks "
+        "of one GPU, `repeat` calls on the same flags, skip_ranks missing the first call. "
+        "Returns {'outputs': [array], 'errors': per call, per rank None or 'KIND: message', "
+        "'blocks_per_rank'}.");
+  m.def("time_device", &TimeDevice, py::arg("schedule"), py::arg("iters") = 10,
+        py::arg("warmup") = 2, py::arg("device") = 0, py::arg("timeout_ms") = 10000,
+        "Times device-executor calls (N ranks of one GPU: every rank's kernel launched, then "
+        "every rank's outcome read, as the handler does): {'seconds': median per call, "
+        "'all_seconds', 'launches_per_rank', 'blocks_per_rank', 'threads_per_block'}.");
   m.def("time_kernel", &TimeKernel, py::arg("dtype"), py::arg("count"), py::arg("iters") = 20,
         py::arg("from_input") = false, py::arg("copy") = false, py::arg("device") = 0,
         "Seconds per reduction kernel launch (or per D2D copy when copy=True).");
