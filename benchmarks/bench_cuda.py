@@ -2,8 +2,12 @@
 device copy, and an allreduce of N simulated ranks (default 8) at 256 MB per
 rank, all on one GPU through ``jax_blink._blink_cuda_testing``.
 
-    python benchmarks/bench_cuda.py [--ranks 8] [--mbytes 256] [--dtype float32]
-        [--iters 10] [--staged] [--preset shm:8] [--out results.json]
+    python benchmarks/bench_cuda.py [--ranks 8] [--mbytes 256 ...] [--dtype float32]
+        [--iters 10] [--staged] [--preset shm:8] [--executors stream device]
+        [--out results.json]
+
+    # both executors side by side at 1, 16 and 256 MB (issue 43's table)
+    python benchmarks/bench_cuda.py --mbytes 1 16 256 --executors stream device
 
 Reported:
   * kernel: dst = a + b over 256 MB of accumulator data per operand; memory
@@ -19,7 +23,9 @@ Needs an NVIDIA GPU and the _blink_cuda_testing module (built when nvcc is found
 docs/building.md); exits with a message otherwise. Also reported per rank:
 the CUDA API calls of one collective, the host time to enqueue them (and how
 much of it went to waiting for peers to enqueue theirs), and the workspace.
-Recorded results: benchmarks/results/cuda_*.json.
+``--executors device`` times the device executor (``time_device``: one kernel
+launch per rank per call, then each rank's outcome read back, as its handler
+does) on the same schedules. Recorded results: benchmarks/results/cuda_*.json.
 """
 
 import argparse
@@ -73,7 +79,10 @@ def cuda_info(sched):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--mbytes", type=float, default=256.0, help="MB (1e6 bytes) per rank")
+    ap.add_argument("--mbytes", type=float, nargs="+", default=[256.0],
+                    help="MB (1e6 bytes) per rank; several: one allreduce row each")
+    ap.add_argument("--executors", nargs="+", default=["stream"], choices=["stream", "device"],
+                    help="which CUDA executors to time, side by side (default: stream)")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPE_CODES))
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--chunks", type=int, nargs="*", default=None,
@@ -89,11 +98,11 @@ def main(argv=None):
     from jax_blink.planning import CUDA_LAUNCH_SECONDS
 
     code = DTYPE_CODES[args.dtype]
-    size = int(args.mbytes * 1e6) // ITEMSIZE[args.dtype] * ITEMSIZE[args.dtype]
+    sizes = [int(mb * 1e6) // ITEMSIZE[args.dtype] * ITEMSIZE[args.dtype] for mb in args.mbytes]
+    size = max(sizes)  # the kernel and copy rates are measured at the largest size
     count = size // ITEMSIZE[args.dtype]
     res = {"machine": machine(gpu=gpu_name()), "dtype": args.dtype, "ranks": args.ranks,
-           "bytes_per_rank": size}
-
+           "bytes_per_rank": size, "executors": args.executors}
     # Kernel vs copy, over the same number of elements.
     t_copy = cuda.time_kernel(code, count, iters=args.iters, copy=True)
     t_red = cuda.time_kernel(code, count, iters=args.iters)
@@ -118,11 +127,15 @@ def main(argv=None):
     preset = args.preset or f"shm:{n}"
     plan = jax_blink.plan(jax_blink.Topology.preset(preset))
     res.update(preset=preset, staged=args.staged, allreduce=[])
-    for chunks in args.chunks or [None]:
+    for size, chunks, executor in [(z, c, e) for z in sizes for c in args.chunks or [None]
+                                   for e in args.executors]:
         sched = np.asarray(plan.lower(size, args.dtype, chunks=chunks,
                                       launch_s=CUDA_LAUNCH_SECONDS).encode())
         info = cuda_info(sched)
-        st = cuda.time_schedule(sched, iters=args.iters, direct=not args.staged)
+        if executor == "device":
+            st = cuda.time_device(sched, iters=args.iters)
+        else:
+            st = cuda.time_schedule(sched, iters=args.iters, direct=not args.staged)
         t = st["seconds"]
         algbw = size / t
         busbw = algbw * 2 * (n - 1) / n
@@ -130,22 +143,31 @@ def main(argv=None):
         # write); the bound is such a copy of the 2(n-1)/n * S bytes each of the n ranks
         # receives: ratio = bound / t = 2 * n * busbw / copy_rate = 2(n-1) t_copy / t
         ratio = 2 * (n * busbw) / copy_rate
-        row = dict(chunks=info["nchunks"] // max(info["ntrees"], 1), trees=info["ntrees"],
+        row = dict(executor=executor, bytes_per_rank=size,
+                   chunks=info["nchunks"] // max(info["ntrees"], 1), trees=info["ntrees"],
                    seconds=t, algbw_gbps=algbw / 1e9, busbw_gbps=busbw / 1e9,
-                   aggregate_busbw_gbps=n * busbw / 1e9, ratio_to_copy_bound=ratio,
-                   api_calls_per_rank=st["api_calls_per_rank"],
-                   enqueue_us_per_rank=st["enqueue_us_per_rank"],
-                   gate_us_per_rank=st["gate_us_per_rank"],
-                   workspace_bytes_per_rank=st["max_workspace_bytes"],
-                   fused_steps=st["fused_steps"])
+                   aggregate_busbw_gbps=n * busbw / 1e9, ratio_to_copy_bound=ratio)
+        if executor == "device":
+            row.update(all_seconds=st["all_seconds"], kernel_launches_per_rank=st["launches_per_rank"],
+                       blocks_per_rank=st["blocks_per_rank"], threads_per_block=st["threads_per_block"])
+            detail = (f"1 kernel launch per rank ({row['blocks_per_rank']} blocks x "
+                      f"{row['threads_per_block']} threads)")
+        else:
+            row.update(api_calls_per_rank=st["api_calls_per_rank"],
+                       enqueue_us_per_rank=st["enqueue_us_per_rank"],
+                       gate_us_per_rank=st["gate_us_per_rank"],
+                       workspace_bytes_per_rank=st["max_workspace_bytes"],
+                       fused_steps=st["fused_steps"])
+            detail = (f"per rank: {row['api_calls_per_rank']:.0f} API calls, enqueue "
+                      f"{row['enqueue_us_per_rank']:.0f} us (waiting for peers "
+                      f"{row['gate_us_per_rank']:.0f} us), workspace "
+                      f"{row['workspace_bytes_per_rank'] / 1e6:.1f} MB")
         res["allreduce"].append(row)
-        print(f"allreduce {n} ranks x {size / 1e6:.1f} MB ({preset}, "
-              f"{'staged' if args.staged else 'direct'}, {row['trees']} trees x "
+        print(f"allreduce [{executor}] {n} ranks x {size / 1e6:.1f} MB ({preset}, "
+              f"{'staged' if args.staged and executor == 'stream' else 'direct'}, {row['trees']} trees x "
               f"{row['chunks']} chunks): {t * 1e3:8.3f} ms  algbw {algbw / 1e9:.1f} GB/s  "
               f"busbw {busbw / 1e9:.1f} GB/s per rank, {n * busbw / 1e9:.1f} GB/s aggregate = "
-              f"{ratio:.2f} x the D2D copy bound; per rank: {row['api_calls_per_rank']:.0f} API "
-              f"calls, enqueue {row['enqueue_us_per_rank']:.0f} us (waiting for peers "
-              f"{row['gate_us_per_rank']:.0f} us), workspace {row['workspace_bytes_per_rank'] / 1e6:.1f} MB")
+              f"{ratio:.2f} x the D2D copy bound; {detail}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
