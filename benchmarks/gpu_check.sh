@@ -17,7 +17,9 @@
 #   stress    benchmarks/gpu_stress.py: 4 and 8 processes on the GPU at once,
 #             STRESS_SECONDS each (default 40), counting wrong elements
 #   bench     benchmarks/bench_cuda.py and bench_cuda_ipc.py
-#   suite     the whole suite on the CPU under the image's jax (issue 44)
+#   suite     the whole suite on the CPU under the image's jax, and the tests that start CPU
+#             processes under the GPU machine's default platforms (issue 44)
+#   repro     (not by default; about 10 min) issue 44's multi-process segfault reproducer
 # Logs and JSON results go to OUTDIR (default ./gpu_check_out). TEST_TIMEOUT and
 # BENCH_TIMEOUT (seconds, default 420 and 300) bound each test run and each
 # benchmark, so that the whole check fits a short lease of a GPU machine.
@@ -108,7 +110,20 @@ if want bench; then
 fi
 if want suite; then
   stamp "suite"
-  JAX_PLATFORMS=cpu run_tests suite -n "$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))" tests
+  # the whole suite on the image's jax (issue 44); about 3.5 min on 16 cores
+  TEST_TIMEOUT="${SUITE_TIMEOUT:-600}" JAX_PLATFORMS=cpu \
+    run_tests suite -n "$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))" tests
+  # the README's test command as a user runs it on a GPU machine (conftest: cpu,cuda), for the
+  # tests that start CPU processes
+  run_tests suite_gpu_env -n 8 tests/ops/test_example.py tests/ops/test_readme.py \
+    tests/ops/test_arguments.py tests/multiprocess
+fi
+if want repro; then
+  # issue 44's multi-process segfault under load (about 10 min); if it crashes, rerun with --gdb
+  stamp "repro"
+  timeout 600 python3 benchmarks/repro_multiprocess_load.py --rounds 5 --burners 14 --parallel 2 \
+    --out "$out/repro_multiprocess" 2>&1 | tee "$out/repro_multiprocess.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 stamp "done"
 exit $status
