@@ -55,7 +55,7 @@ def bucket_line():
 def test_the_default_buckets_come_from_the_cpu_model():
     size, why = buckets.bucket_size(None, "cpu")
     assert size == cost.bucket_bytes(lambda s: cost.cpu_allreduce_seconds("blink", s))
-    assert why == "the CPU model"
+    assert why.startswith("the CPU model (defaults recorded on a 2-core AMD EPYC")  # tests/conftest.py
     # the fixed cost (a one-element call) is at most half of a bucket's time, and not of half as much
     t = lambda s: cost.cpu_allreduce_seconds("blink", s)  # noqa: E731
     assert t(size) >= 2 * t(4) > t(size // 2)
@@ -76,7 +76,7 @@ def test_default_buckets_sum_as_lax_one_call_per_bucket():
     expected = buckets.split([4 * s for s in sizes], size)
     assert calls == len(expected)
     assert re.search(rf"5 leaves \(\d+ B per device\) in {len(expected)} bucket\(s\), last leaf first "
-                     rf"\(bucket_bytes {size} from the CPU model\)", bucket_line())
+                     rf"\(bucket_bytes {size} from the CPU model \(defaults recorded", bucket_line())
 
 
 @pytest.mark.parametrize("bucket_bytes, calls", [(1, 5), (1 << 40, 1), (1 << 20, 2)])
