@@ -105,7 +105,7 @@ def ensure_registered(platform="cpu"):
                           nt_bytes=cfg.nt_bytes, hugepage_bytes=cfg.hugepage_bytes,
                           debug=cfg.debug)
         else:
-            ext.configure(debug=cfg.debug)
+            ext.configure(debug=cfg.debug, executor=cfg.cuda_executor)
         for name, registration in ext.type_registrations().items():
             jax.ffi.register_ffi_type(name, registration, platform=xla_platform)
         for name, stages in ext.registrations().items():

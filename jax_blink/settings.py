@@ -22,7 +22,7 @@ from typing import Optional
 __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S",
            "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
            "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
-           "cuda_enabled", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor",
+           "cuda_enabled", "CUDA_EXECUTORS", "cuda_executor", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor",
            "profile_file", "PROFILE_DEFAULTS"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
@@ -197,6 +197,24 @@ def cuda_enabled() -> bool:
                      "(lax.psum on GPUs), 1 (the default) to use it")
 
 
+#: The CUDA executors JAX_BLINK_CUDA_EXECUTOR names: the stream executor (host-enqueued
+#: copies and kernels; the default) and the device executor (one kernel per rank per call,
+#: docs/architecture.md; not yet verified on a GPU, so never the default).
+CUDA_EXECUTORS = ("stream", "device")
+
+
+def cuda_executor() -> str:
+    """``JAX_BLINK_CUDA_EXECUTOR``: which CUDA executor runs a call, ``"stream"`` (default)
+    or ``"device"``. The device executor falls back to the stream executor where it cannot
+    run a schedule (more ranks than one kernel's parameters carry)."""
+    text = _env("JAX_BLINK_CUDA_EXECUTOR")
+    if text is None:
+        return "stream"
+    if text.lower() in CUDA_EXECUTORS:
+        return text.lower()
+    raise ValueError(f"JAX_BLINK_CUDA_EXECUTOR={text!r}: use one of {', '.join(CUDA_EXECUTORS)}")
+
+
 def host_transport() -> bool:
     """``JAX_BLINK_HOST_TRANSPORT``: collectives whose devices span processes of one host
     run as one schedule over shared memory (default), unless 0 (then they take the
@@ -270,6 +288,7 @@ class ExecutorSettings:
     nt_bytes: int = 1 << 20          # JAX_BLINK_NT_BYTES: non-temporal copies from this size
     hugepage_bytes: int = 2 << 20    # JAX_BLINK_HUGEPAGE_BYTES: madvise outputs from this size
     debug: bool = False              # JAX_BLINK_DEBUG: a log line per collective
+    cuda_executor: str = "stream"    # JAX_BLINK_CUDA_EXECUTOR: stream or device (CUDA only)
 
 
 def executor() -> ExecutorSettings:
@@ -282,4 +301,5 @@ def executor() -> ExecutorSettings:
                                   ("hugepage_bytes", "JAX_BLINK_HUGEPAGE_BYTES", "bytes", MAX_BYTES)):
         values[field] = _whole(None, keyword=None, variable=name, unit=unit, lo=0, hi=hi,
                                default=getattr(d, field))
-    return ExecutorSettings(push=_flag("JAX_BLINK_PUSH", d.push), debug=debug(), **values)
+    return ExecutorSettings(push=_flag("JAX_BLINK_PUSH", d.push), debug=debug(),
+                            cuda_executor=cuda_executor(), **values)

@@ -182,7 +182,8 @@ Status DeviceGpuExecutor::Create(const Schedule& s, const std::vector<int>& devi
       if (!ok) {
         return Status::InvalidArgument("jax_blink: device executor: GPU " + std::to_string(a) +
                                        " cannot access GPU " + std::to_string(b) +
-                                       "'s memory (use the stream executor)");
+                                       "'s memory (use the stream executor: "
+                                       "JAX_BLINK_CUDA_EXECUTOR=stream)");
       }
       cudaSetDevice(a);
       const cudaError_t c = cudaDeviceEnablePeerAccess(b, 0);

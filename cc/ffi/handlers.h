@@ -23,6 +23,11 @@ XLA_FFI_Handler* CudaInstantiateHandler();
 XLA_FFI_Handler* CudaExecuteHandler();
 void* CudaStateTypeId();
 void* CudaStateTypeInfo();
+// The CUDA handler's executor for executables instantiated afterwards: the
+// device executor (one kernel per rank per call) when on, else the stream
+// executor (configure(executor=...), JAX_BLINK_CUDA_EXECUTOR).
+void SetCudaDeviceExecutor(bool on);
+bool CudaDeviceExecutor();
 inline constexpr const char* kCudaStateTypeName = "jax_blink_cuda_schedule_state";
 
 }  // namespace jax_blink

@@ -3,7 +3,9 @@
 // and the device queries topology detection needs.
 #include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -55,15 +57,26 @@ PYBIND11_MODULE(_blink_cuda, m) {
   m.def("pci_bus_id", &PciBusId, py::arg("ordinal"),
         "The PCI bus id of a CUDA device ordinal, as the CUDA runtime reports it.");
   m.def(
-      "configure", [](bool debug) { SetDebugEnabled(debug); }, py::kw_only(), py::arg("debug"),
+      "configure",
+      [](bool debug, std::optional<std::string> executor) {
+        if (executor && *executor != "stream" && *executor != "device") {
+          throw py::value_error("executor must be 'stream' or 'device', got '" + *executor + "'");
+        }
+        SetDebugEnabled(debug);
+        if (executor) SetCudaDeviceExecutor(*executor == "device");
+      },
+      py::kw_only(), py::arg("debug"), py::arg("executor") = py::none(),
       "Sets the CUDA executor's settings (jax_blink's settings module passes them). "
-      "debug: log one line per collective to stderr (False until it is called).");
+      "debug: log one line per collective to stderr (False until it is called). executor: "
+      "'stream' (the default) or 'device' (JAX_BLINK_CUDA_EXECUTOR; one kernel per rank per "
+      "call) for executables instantiated afterwards; None leaves it as it is.");
   m.def(
       "configuration",
       []() {
         py::dict d;
         d["debug"] = DebugEnabled();
+        d["executor"] = CudaDeviceExecutor() ? "device" : "stream";
         return d;
       },
-      "The settings in effect: {'debug'} (configure's arguments).");
+      "The settings in effect: {'debug', 'executor'} (configure's arguments).");
 }

@@ -712,7 +712,7 @@ py::list RunDeviceRanks(const py::object& schedule, const py::sequence& inputs,
                         const py::sequence& outputs, int64_t timeout_ms,
                         const std::vector<int64_t>& skip_ranks, int64_t repeat,
                         int64_t fault_rank, int64_t fault_publishes, int64_t faulty_calls,
-                        int max_blocks) {
+                        int max_blocks, std::optional<int64_t> faulty_timeout_ms) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
   if (max_blocks < 0) throw py::value_error("max_blocks must be >= 0");
   const Schedule s = ScheduleFromPython(schedule);
@@ -758,7 +758,8 @@ py::list RunDeviceRanks(const py::object& schedule, const py::sequence& inputs,
         fault.rank = fault_rank;
         fault.publishes = fault_publishes;
       }
-      calls.push_back(exec->Run(in_ptrs, out_ptrs, timeout_ms,
+      calls.push_back(exec->Run(in_ptrs, out_ptrs,
+                                faulty && faulty_timeout_ms ? *faulty_timeout_ms : timeout_ms,
                                 faulty ? skip : std::vector<uint8_t>(nranks, 0), fault));
     }
   }
@@ -872,10 +873,12 @@ PYBIND11_MODULE(_blink_testing, m) {
         py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("repeat") = 1,
         py::arg("fault_rank") = -1, py::arg("fault_publishes") = 0,
         py::arg("faulty_calls") = 1, py::arg("max_blocks") = 0,
+        py::arg("faulty_timeout_ms") = py::none(),
         "Test harness: the device executor's interpreter (device/device_interp.h) in its host "
         "build, a std::thread per program block. Runs `repeat` calls on one executor (flags "
         "carry generations, nothing is reset); in the first `faulty_calls` of them the "
-        "skip_ranks never start and rank fault_rank stops after fault_publishes step flags. "
+        "skip_ranks never start and rank fault_rank stops after fault_publishes step flags "
+        "(their timeout: faulty_timeout_ms, default timeout_ms). "
         "inputs/outputs: one C-contiguous array per rank (in_count and out_count elements). "
         "max_blocks: cap on a rank's blocks (0: one per peer it receives from). Returns, per "
         "call, one entry per rank: None, or 'KIND: message'.");

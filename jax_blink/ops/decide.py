@@ -118,10 +118,19 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
     if collective != "allreduce":
         request = tuned_on_gpu(request, platform)
         if request.algo == "blink-tuned":
-            return _choose_tuned(request, count, dtype, what, fallback)
+            return _with_executor(_choose_tuned(request, count, dtype, what, fallback), platform)
         p, schedule, encoded = schedule_for(request, count, dtype)
-        return Decision(f"{what}: {describe(p, schedule)}", request, encoded)
-    return _choose(request, count, dtype, platform, what, fallback, processes)
+        return _with_executor(Decision(f"{what}: {describe(p, schedule)}", request, encoded), platform)
+    return _with_executor(_choose(request, count, dtype, platform, what, fallback, processes), platform)
+
+
+def _with_executor(d: Decision, platform) -> Decision:
+    """On GPUs, a decision that runs jax_blink's custom call names the CUDA executor that
+    runs it (``JAX_BLINK_CUDA_EXECUTOR``: the stream executor, or the device executor)."""
+    if not d.uses_blink or platform not in ("cuda", "gpu"):
+        return d
+    return dataclasses.replace(d, text=f"{d.text}; CUDA executor: {settings.cuda_executor()} "
+                                       "(JAX_BLINK_CUDA_EXECUTOR)")
 
 
 _NAMES = {"blink": "blink plan", "blink-tuned": "blink plan (tuned by simulation)",

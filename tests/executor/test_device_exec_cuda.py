@@ -68,3 +68,42 @@ def test_time_device_times_every_call(cuda):
     s = v2_schedules(8, 8 * 32768, "float32", "sum")["trees:allreduce"]
     t = cuda.time_device(s.encode(), iters=5)
     assert t["seconds"] > 0 and len(t["all_seconds"]) == 5
+
+
+@pytest.fixture(scope="module")
+def jax_gpus(cuda):
+    import jax
+
+    try:
+        return jax.devices("gpu")
+    except RuntimeError as e:
+        pytest.skip(f"jax sees no GPU ({e})")
+
+
+def test_the_xla_handler_runs_the_device_executor_when_configured(jax_gpus, capfd):
+    """_blink_cuda.configure(executor="device") (JAX_BLINK_CUDA_EXECUTOR=device): executables
+    instantiated afterwards run the device executor; the debug line says so."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    import jax_blink
+    from jax_blink import _blink_cuda
+    from reference import check_sum, one_device_collective
+
+    _ffi.ensure_registered("cuda")
+    saved = _blink_cuda.configuration()
+    try:
+        _blink_cuda.configure(debug=True, executor="device")
+        out, _ = one_device_collective(np.arange(1001, dtype=np.float32), jax_gpus[0])
+        np.testing.assert_array_equal(np.asarray(out), np.arange(1001, dtype=np.float32))
+        if len(jax_gpus) >= 2:
+            n = len(jax_gpus)
+            mesh = jax.sharding.Mesh(np.asarray(jax_gpus), ("x",))
+            x = np.concatenate(make_inputs("float32", n, 100_003, seed=3))
+            f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "x"), mesh=mesh,
+                                      in_specs=P("x"), out_specs=P()))
+            check_sum("float32", np.split(x, n), np.asarray(f(x)))
+    finally:
+        _blink_cuda.configure(**saved)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("jax_blink cuda: op=")]
+    assert lines and all(" executor=device " in ln and ln.endswith(" ok") for ln in lines), lines

@@ -545,10 +545,15 @@ def test_cuda_module_configure_sets_debug():
     cuda = pytest.importorskip("jax_blink._blink_cuda")  # built where nvcc is
     saved = cuda.configuration()
     try:
-        cuda.configure(debug=True)
-        assert cuda.configuration() == {"debug": True}
-        cuda.configure(debug=False)
-        assert cuda.configuration() == {"debug": False}
+        cuda.configure(debug=True, executor="stream")
+        assert cuda.configuration() == {"debug": True, "executor": "stream"}
+        cuda.configure(debug=False, executor="device")
+        assert cuda.configuration() == {"debug": False, "executor": "device"}
+        with pytest.raises(ValueError, match="executor must be 'stream' or 'device'"):
+            cuda.configure(debug=False, executor="kernel")
+        assert cuda.configuration() == {"debug": False, "executor": "device"}
+        cuda.configure(debug=True)  # the executor as it was
+        assert cuda.configuration() == {"debug": True, "executor": "device"}
     finally:
         cuda.configure(**saved)
     assert ext.configuration()["debug"] is False  # each module has its own

@@ -9,7 +9,7 @@ from jax_blink import settings
 def test_defaults_with_an_empty_environment(monkeypatch):
     for name in ("MIN_BYTES", "TIMEOUT_S", "CHUNKS", "TOPOLOGY", "CUDA", "DEBUG", "SPIN",
                  "YIELD_US", "PUSH", "NT_BYTES", "HUGEPAGE_BYTES", "CACHE_DIR", "BUCKET_BYTES",
-                 "ALGO", "PLAN"):
+                 "ALGO", "PLAN", "CUDA_EXECUTOR"):
         monkeypatch.delenv(f"JAX_BLINK_{name}", raising=False)
     assert settings.min_bytes() == settings.DEFAULT_MIN_BYTES == 0
     assert settings.timeout_ms() == 60_000
@@ -18,6 +18,7 @@ def test_defaults_with_an_empty_environment(monkeypatch):
     assert settings.algo() == "auto" and settings.plan_file() is None
     assert settings.topology_source() is None
     assert settings.cuda_enabled() is True
+    assert settings.cuda_executor() == "stream"
     assert settings.debug() is False
     assert settings.executor() == settings.ExecutorSettings(
         spin=0, yield_us=200, push=True, nt_bytes=1 << 20, hugepage_bytes=2 << 20, debug=False)
@@ -42,6 +43,24 @@ def test_executor_settings_from_the_environment(monkeypatch):
         spin=100, yield_us=0, push=False, nt_bytes=1_000_000, hugepage_bytes=2 << 20, debug=True)
 
 
+@pytest.mark.parametrize("value", ["device", "stream", "DEVICE"])
+def test_cuda_executor_from_the_environment(monkeypatch, value):
+    monkeypatch.setenv("JAX_BLINK_CUDA_EXECUTOR", value)
+    assert settings.executor().cuda_executor == value.lower()
+
+
+def test_explain_names_the_cuda_executor_on_gpus(monkeypatch):
+    from jax_blink.ops.decide import decide
+
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")
+    for value in ("stream", "device"):
+        monkeypatch.setenv("JAX_BLINK_CUDA_EXECUTOR", value)
+        d = decide(1 << 20, "float32", 8, topology="dgx1-v100", platform="cuda")
+        assert d.uses_blink and d.text.endswith(f"; CUDA executor: {value} (JAX_BLINK_CUDA_EXECUTOR)"), d.text
+        cpu = decide(1 << 20, "float32", 8, topology="shm:8", platform="cpu")
+        assert "CUDA executor" not in cpu.text
+
+
 @pytest.mark.parametrize("name,value,call,message", [
     ("JAX_BLINK_MIN_BYTES", "lots", settings.min_bytes, "is not a number; use a whole number of bytes"),
     ("JAX_BLINK_MIN_BYTES", "-1", settings.min_bytes, "is out of range; use a whole number of bytes from 0"),
@@ -50,6 +69,7 @@ def test_executor_settings_from_the_environment(monkeypatch):
     ("JAX_BLINK_CHUNKS", "2.5", settings.chunks, "is not a whole number; use a whole number of chunks"),
     ("JAX_BLINK_CHUNKS", "0", settings.chunks, "from 1 to 1024"),
     ("JAX_BLINK_CUDA", "maybe", settings.cuda_enabled, "use 0 to keep psum off"),
+    ("JAX_BLINK_CUDA_EXECUTOR", "kernel", settings.cuda_executor, "use one of stream, device"),
     ("JAX_BLINK_DEBUG", "verbose", settings.debug, "use 1 or 0"),
     ("JAX_BLINK_SPIN", "fast", settings.executor, "is not a number; use a whole number of iterations"),
     ("JAX_BLINK_PUSH", "2", settings.executor, "use 1 or 0"),
