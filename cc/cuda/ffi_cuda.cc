@@ -167,6 +167,11 @@ Status ExecuteOnDevice(CudaState* state, DeviceRank* dr, const RendezvousKey& ke
                        ffi::ScratchAllocator& scratch, Clock::time_point deadline,
                        int64_t timeout_ms, int64_t* generation) {
   const Schedule& s = state->schedule;
+  if (info.error.ok() && info.in == info.out && s.count > 0) {
+    // (the CUDA lowering never aliases them; peers read the input throughout)
+    info.error = Status::InvalidArgument(
+        "jax_blink: the device executor needs an output buffer apart from the input");
+  }
   if (info.error.ok() && state->device_workspace_bytes > 0) {
     std::optional<void*> mem = scratch.Allocate(state->device_workspace_bytes, 16);
     if (!mem.has_value()) {
