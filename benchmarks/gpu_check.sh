@@ -7,13 +7,16 @@
 #   bash benchmarks/gpu_check.sh [OUTDIR]
 #   STAGES="tests parallel stress" SKIP_BUILD=1 bash benchmarks/gpu_check.sh out2
 #
-# Stages, in order (STAGES picks some; default all, about 8 minutes on an H100
-# host with 16 cores; "tests parallel stress" first is issue 42's check, about
-# 3 minutes):
+# Stages, in order (STAGES picks some; all of them take about 15 minutes on an H100
+# host with 16 cores, more than one call of the device tool: run
+# STAGES="tests parallel device stress" first (issues 42 and 43, about 7 minutes),
+# then STAGES="bench suite" SKIP_BUILD=1 on the same warm machine):
 #   tests     the CUDA tests, serially
 #   parallel  the CUDA tests under pytest -n 8, PARALLEL_RUNS times (default 5),
 #             then tests/executor once under -n 8 (parallel runs found wrong sums
 #             that serial ones hid: issue 42)
+#   device    the device executor's GPU tests, and the CUDA tests with
+#             JAX_BLINK_CUDA_EXECUTOR=device (issue 43)
 #   stress    benchmarks/gpu_stress.py: 4 and 8 processes on the GPU at once,
 #             STRESS_SECONDS each (default 40), counting wrong elements
 #   bench     benchmarks/bench_cuda.py and bench_cuda_ipc.py
@@ -27,7 +30,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu_check_out}"
 mkdir -p "$out"
-stages="${STAGES:-tests parallel stress bench suite}"
+stages="${STAGES:-tests parallel device stress bench suite}"
 want() { [[ " $stages " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1 PJRT_NPROC=64
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
@@ -49,7 +52,7 @@ python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_suppo
 git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
 
 status=0
-cuda_tests=(tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py)
+cuda_tests=(tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py tests/executor/test_device_exec_cuda.py)
 # pytest run: log name, then pytest arguments; fails the check when pytest does.
 run_tests() {
   local log="$out/$1.log"; shift
@@ -74,6 +77,12 @@ if want parallel; then
   run_tests test_executor_n8 -n 8 tests/executor
   stamp "tested in parallel"
 fi
+if want device; then
+  # the device executor (issue 43): its own tests, and the CUDA tests with it in the handler
+  run_tests test_device_exec_cuda tests/executor/test_device_exec_cuda.py
+  JAX_BLINK_CUDA_EXECUTOR=device run_tests test_cuda_device_executor --maxfail=15 tests/executor/test_cuda.py
+  stamp "device tested"
+fi
 if want stress; then
   stamp "gpu_stress"
   timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_stress.py --processes 4 8 \
@@ -96,12 +105,17 @@ if want bench; then
   bench bench_cuda_1mb_run3 --mbytes 1 --chunks 1 2 4 8
   bench bench_cuda_16mb --mbytes 16 --chunks 1 2 4 8 16
   bench bench_cuda_hgx --preset hgx-h100
+  # both executors side by side (issue 43's goals), three runs for the 1 MB spread
+  bench bench_cuda_executors --mbytes 1 16 256 --executors stream device
+  bench bench_cuda_executors_run2 --mbytes 1 16 256 --executors stream device
+  bench bench_cuda_executors_run3 --mbytes 1 16 256 --executors stream device
 
   stamp "bench_cuda_ipc"
   timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_cuda_ipc.py --out "$out/bench_cuda_ipc.json" 2>&1
 
   for f in bench_cuda_f32 bench_cuda_f32_planner bench_cuda_bf16 bench_cuda_f32_staged bench_cuda_1mb \
-           bench_cuda_1mb_run2 bench_cuda_1mb_run3 bench_cuda_16mb bench_cuda_hgx bench_cuda_ipc; do
+           bench_cuda_1mb_run2 bench_cuda_1mb_run3 bench_cuda_16mb bench_cuda_hgx bench_cuda_ipc \
+           bench_cuda_executors bench_cuda_executors_run2 bench_cuda_executors_run3; do
     if [ ! -s "$out/$f.json" ]; then
       echo "gpu_check: $f wrote no results" >&2
       status=1
