@@ -3,7 +3,9 @@
 It runs ``nvidia-smi`` when the tool exists: ``nvidia-smi topo -m`` for the
 link matrix (parsed by :meth:`jax_blink.topo.Topology.from_nvidia_smi`)
 and ``nvidia-smi --query-gpu=index,pci.bus_id,uuid`` to find which of the
-machine's GPUs a job was given. ``nvidia-smi`` lists every GPU of the
+machine's GPUs a job was given; ``nvidia-smi nvlink -s`` and ``nvlink -R``
+for each NVLink's state (:func:`apply_nvlink_state`: links that are down are
+removed, links below their rated speed degraded). ``nvidia-smi`` lists every GPU of the
 machine whatever ``CUDA_VISIBLE_DEVICES`` says, so a partial allocation (the
 case Blink exists for) is mapped back to it: by PCI bus id when the CUDA
 runtime reported one per device, else through ``CUDA_VISIBLE_DEVICES``.
@@ -20,10 +22,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .errors import TopologyError
+from .nvidia_smi import nvlink_pair_state, parse_nvlink_remote, parse_nvlink_status
 from .topology import Topology
 
 __all__ = ["detect", "detect_allocation", "gpu_table", "parse_gpu_table", "normalize_bus_id",
-           "smi_indices", "detect_network_gbps"]
+           "smi_indices", "detect_network_gbps", "apply_nvlink_state"]
 
 
 def _nvidia_smi(args, timeout_s):
@@ -59,7 +62,63 @@ def detect(timeout_s: float = 10.0, **bandwidths) -> Optional[Topology]:
     text = _nvidia_smi(["topo", "-m"], timeout_s)
     if text is None:
         return None
-    return Topology.from_nvidia_smi(text, name="detected", **bandwidths)
+    topology = Topology.from_nvidia_smi(text, name="detected", **bandwidths)
+    status = _nvidia_smi(["nvlink", "-s"], timeout_s)
+    remote = _nvidia_smi(["nvlink", "-R"], timeout_s)
+    table = gpu_table(timeout_s)
+    if status is None or remote is None or table is None or not status.strip():
+        return topology  # no NVLink state to read (no NVLink, or an older nvidia-smi)
+    return apply_nvlink_state(topology, status, remote, table, bandwidths.get("nvlink_gbps", 25.0))
+
+
+def apply_nvlink_state(topology: Topology, status_text: str, remote_text: str, table: Sequence[tuple],
+                       nvlink_gbps: float = 25.0) -> Topology:
+    """``topology`` (from ``nvidia-smi topo -m``) with its NVLinks' live state applied.
+
+    Pairs whose every NVLink ``nvidia-smi nvlink -s`` reads as inactive are
+    removed (:meth:`Topology.without`), pairs whose links run below the
+    machine's fastest link speed, or with some links inactive, are scaled
+    (:meth:`Topology.degraded`); see
+    :func:`jax_blink.topo.nvidia_smi.nvlink_pair_state`.
+
+    Parameters
+    ----------
+    topology : Topology
+        The machine's topology from ``nvidia-smi topo -m``: ranks are
+        ``nvidia-smi`` indices.
+    status_text, remote_text : str
+        The output of ``nvidia-smi nvlink -s`` and ``nvidia-smi nvlink -R``.
+    table : sequence of (int, str, str)
+        :func:`parse_gpu_table` output (index, bus id, uuid), to know which
+        GPU each link's remote bus id is.
+    nvlink_gbps : float
+        The bandwidth ``topology`` gives one NVLink (to count each pair's links).
+
+    Returns
+    -------
+    Topology
+        ``topology`` itself when every NVLink is healthy, else a new one
+        named ``"<name> (N link(s) down, M degraded)"``.
+
+    Raises
+    ------
+    TopologyError
+        If an output cannot be parsed.
+    """
+    status = parse_nvlink_status(status_text)
+    remote = {gpu: {link: normalize_bus_id(bus) for link, bus in links.items()}
+              for gpu, links in parse_nvlink_remote(remote_text).items()}
+    gpu_of_bus = {normalize_bus_id(bus): index for index, bus, _ in table}
+    pair_links = {(l.u, l.v): max(1, round(l.bandwidth_gbps / nvlink_gbps))
+                  for l in topology.links if l.kind == "nvlink" and l.v < topology.n}
+    down, factors = nvlink_pair_state(status, remote, gpu_of_bus, pair_links)
+    if not down and not factors:
+        return topology
+    damaged = topology.without(down) if down else topology
+    if factors:
+        damaged = damaged.degraded(factors)
+    return Topology(damaged.n, damaged.links, list(damaged.switches),
+                    f"{topology.name} ({len(down)} link(s) down, {len(factors)} degraded)", damaged.reduce_gbps)
 
 
 def normalize_bus_id(bus_id: str) -> str:

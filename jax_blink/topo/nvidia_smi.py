@@ -1,6 +1,9 @@
-"""Parsing ``nvidia-smi topo -m``: the GPU link matrix as links and switch nodes.
+"""Parsing ``nvidia-smi``: the GPU link matrix as links and switch nodes, and NVLink state.
 
-:func:`parse_topo_matrix` reads the matrix text (no process is run here;
+:func:`parse_topo_matrix` reads the ``topo -m`` matrix text;
+:func:`parse_nvlink_status` (``nvlink -s``) and :func:`parse_nvlink_remote`
+(``nvlink -R``) read each GPU's NVLinks, and :func:`nvlink_pair_state`
+turns them into the GPU pairs whose links are down or slow (no process is run here;
 :mod:`jax_blink.topo.detect` runs ``nvidia-smi``) and returns plain link
 specs that :meth:`jax_blink.topo.Topology.from_nvidia_smi` builds a topology
 from. Pure Python: never imports jax.
@@ -12,7 +15,7 @@ import re
 
 from .errors import TopologyError
 
-__all__ = ["parse_topo_matrix"]
+__all__ = ["parse_topo_matrix", "parse_nvlink_status", "parse_nvlink_remote", "nvlink_pair_state"]
 
 
 def parse_topo_matrix(text: str, *, nvlink_gbps: float = 25.0, pcie_gbps=16.0, sys_gbps=38.4) -> tuple:
@@ -167,3 +170,161 @@ def _pcie_tree(n, level_of, levels, pcie_gbps, sys_gbps, switches):
             new_groups[members] = switch_id
         groups = new_groups
     return links
+
+
+_GPU_HEADER = re.compile(r"^GPU\s+(\d+)\s*:")
+_LINK_LINE = re.compile(r"^\s*Link\s+(\d+)\s*:\s*(.*?)\s*$")
+
+
+def _per_gpu_links(text: str, what: str) -> dict:
+    """``{gpu: {link: rest of the line}}`` of an ``nvidia-smi nvlink`` listing."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(text))
+    out, gpu = {}, None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _GPU_HEADER.match(line.strip())
+        if m:
+            gpu = int(m.group(1))
+            if gpu in out:
+                raise TopologyError(f"nvidia-smi {what}: GPU {gpu} is listed twice")
+            out[gpu] = {}
+            continue
+        m = _LINK_LINE.match(line)
+        if not m:
+            raise TopologyError(f"nvidia-smi {what}: line {line.strip()!r:.80} is neither 'GPU <k>: ...' "
+                                f"nor 'Link <i>: ...'")
+        if gpu is None:
+            raise TopologyError(f"nvidia-smi {what}: line {line.strip()!r:.80} comes before any 'GPU <k>:' line")
+        link = int(m.group(1))
+        if link in out[gpu]:
+            raise TopologyError(f"nvidia-smi {what}: GPU {gpu} lists link {link} twice")
+        out[gpu][link] = m.group(2)
+    if not out:
+        raise TopologyError(f"nvidia-smi {what}: no 'GPU <k>:' lines in the text")
+    return out
+
+
+def parse_nvlink_status(text: str) -> dict:
+    """Each GPU's NVLinks and their speeds, from ``nvidia-smi nvlink -s``.
+
+    ``nvidia-smi nvlink -s`` prints, per GPU, a ``GPU <k>: <name> (UUID:
+    ...)`` line and one ``Link <i>: <speed> GB/s`` line per link, or
+    ``Link <i>: <inactive>`` for a link that is down.
+
+    Returns
+    -------
+    dict
+        ``{gpu: {link: gbps}}``, ``gbps`` a float, or None for an inactive link.
+
+    Raises
+    ------
+    TopologyError
+        Naming the line that is not understood.
+
+    Examples
+    --------
+    >>> parse_nvlink_status("GPU 0: Tesla V100-SXM2-16GB (UUID: GPU-1)\\n"
+    ...                     "\\t Link 0: 25.781 GB/s\\n\\t Link 1: <inactive>\\n")
+    {0: {0: 25.781, 1: None}}
+    """
+    out = {}
+    for gpu, links in _per_gpu_links(text, "nvlink -s").items():
+        out[gpu] = {}
+        for link, rest in links.items():
+            m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*GB/s", rest)
+            if m:
+                out[gpu][link] = float(m.group(1))
+            elif rest.strip("<>").strip().lower() == "inactive":
+                out[gpu][link] = None
+            else:
+                raise TopologyError(f"nvidia-smi nvlink -s: GPU {gpu} link {link} reads {rest!r:.60}; "
+                                    f"expected '<speed> GB/s' or '<inactive>'")
+    return out
+
+
+def parse_nvlink_remote(text: str) -> dict:
+    """The device at the far end of each GPU's NVLinks, from ``nvidia-smi nvlink -R``.
+
+    ``nvidia-smi nvlink -R`` prints, per GPU, ``Link <i>: Remote Device
+    <pci bus id>: Link <j>``; a link it cannot follow (inactive) may read
+    anything else and is left out.
+
+    Returns
+    -------
+    dict
+        ``{gpu: {link: bus_id}}`` with bus ids as printed (compare them with
+        :func:`jax_blink.topo.detect.normalize_bus_id`).
+
+    Raises
+    ------
+    TopologyError
+        Naming the line that is not understood.
+
+    Examples
+    --------
+    >>> parse_nvlink_remote("GPU 0: Tesla V100 (UUID: GPU-1)\\n"
+    ...                     "\\t Link 0: Remote Device 00000000:07:00.0: Link 4\\n")
+    {0: {0: '00000000:07:00.0'}}
+    """
+    out = {}
+    for gpu, links in _per_gpu_links(text, "nvlink -R").items():
+        out[gpu] = {}
+        for link, rest in links.items():
+            m = re.fullmatch(r"Remote Device\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)(?::.*)?", rest)
+            if m:
+                out[gpu][link] = m.group(1)
+    return out
+
+
+def nvlink_pair_state(status: dict, remote: dict, gpu_of_bus: dict, pair_links: dict) -> tuple:
+    """The GPU pairs whose NVLinks are down or slower than rated.
+
+    A pair's rated state is the number of links ``nvidia-smi topo -m``
+    reports for it (``NV#``) at the fastest speed any link of the machine
+    runs at. Its live state is the links ``nvlink -R`` follows from the
+    lower GPU to the other one, at the speeds ``nvlink -s`` reads (a link
+    ``nvlink -s`` calls inactive counts nothing). A pair with no active link
+    left is down; one with less than its rated bandwidth is degraded by the
+    fraction it keeps.
+
+    Parameters
+    ----------
+    status : dict
+        :func:`parse_nvlink_status` output.
+    remote : dict
+        :func:`parse_nvlink_remote` output.
+    gpu_of_bus : dict
+        ``{normalized bus id: gpu index}`` of the machine's GPUs.
+    pair_links : dict
+        ``{(i, j): links}`` with ``i < j``: the NVLink count per pair from ``topo -m``.
+
+    Returns
+    -------
+    (list, dict)
+        The pairs that are down, and ``{pair: factor}`` for the degraded ones
+        (``0 < factor < 1``).
+
+    Examples
+    --------
+    >>> status = {0: {0: 25.0, 1: None}, 1: {0: 25.0, 1: None}}
+    >>> remote = {0: {0: "0000:07:00.0"}, 1: {0: "0000:06:00.0"}}
+    >>> nvlink_pair_state(status, remote, {"0000:06:00.0": 0, "0000:07:00.0": 1}, {(0, 1): 2})
+    ([], {(0, 1): 0.5})
+    """
+    speeds = [g for links in status.values() for g in links.values() if g is not None]
+    if not speeds:
+        return sorted(pair_links), {}
+    rated = max(speeds)
+    down, factors = [], {}
+    for (i, j), count in sorted(pair_links.items()):
+        live = 0.0
+        for link, bus in remote.get(i, {}).items():
+            if gpu_of_bus.get(bus) == j:
+                live += status.get(i, {}).get(link) or 0.0
+        factor = live / (count * rated)
+        if factor <= 0:
+            down.append((i, j))
+        elif factor < 1 - 1e-9:
+            factors[(i, j)] = factor
+    return down, factors

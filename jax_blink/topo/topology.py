@@ -6,7 +6,9 @@ they forward data but cannot reduce it) and full-duplex :class:`Link` s, each
 with a bandwidth in GB/s per direction and a kind (``nvlink``, ``pcie``,
 ``net`` or ``shm``). Parallel links of one kind between the same two nodes add
 up. Topologies are built from links, presets, JSON, or the output of
-``nvidia-smi topo -m``, can be restricted to a subset of their ranks, and
+``nvidia-smi topo -m``, can be restricted to a subset of their ranks, can
+lose links (:meth:`Topology.without`) or run some slower
+(:meth:`Topology.degraded`), and
 give the :class:`~jax_blink.topo.graph.LinkGraph` that plans are packed into
 and data is routed on.
 
@@ -407,6 +409,105 @@ class Topology:
                                      for l in links],
                         [self.switches[s - self.n] for s in sorted(keep_switch)],
                         name or f"{self.name}[{','.join(map(str, ranks))}]", self.reduce_gbps)
+
+    def _pair_keys(self, pairs, what: str) -> list:
+        """``pairs`` as checked ``(low, high)`` node pairs that have at least one link."""
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, collections.abc.Iterable):
+            raise TopologyError(f"{what} takes node pairs (u, v), got {pairs!r:.60}")
+        present = {(l.u, l.v) for l in self.links}
+        keys = []
+        for pair in pairs:
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, collections.abc.Sequence) or len(pair) != 2:
+                raise TopologyError(f"{what}: {pair!r:.40} is not a node pair (u, v)")
+            for end in pair:
+                if not _is_integer(end) or not 0 <= end < self.num_nodes:
+                    raise TopologyError(
+                        f"{what}: node {end!r:.20} of pair {tuple(pair)!r:.40} is out of range; {self.name} has "
+                        f"ranks 0..{self.n - 1}" + (f" and switches {self.n}..{self.num_nodes - 1}"
+                                                    if self.switches else ""))
+            key = (int(min(pair)), int(max(pair)))
+            if key not in present:
+                raise TopologyError(f"{what}: {self.name} has no link between {key[0]} and {key[1]}; "
+                                    f"name a pair that Topology.links lists")
+            keys.append(key)
+        return keys
+
+    def without(self, pairs, name: str = "") -> "Topology":
+        """This topology with every link between each pair ``(u, v)`` removed (a failed link).
+
+        Links of every kind between ``u`` and ``v`` go, in both directions;
+        the ranks stay (a rank left without links makes plans fail with an
+        error naming it). The result is a plain topology: its JSON lists the
+        remaining links, so :meth:`fingerprint` and the plan cache key change.
+
+        Parameters
+        ----------
+        pairs : iterable of (int, int)
+            Node pairs, in either order.
+        name : str
+            Display name (default ``"<name>-without(u-v,...)"``).
+
+        Raises
+        ------
+        TopologyError
+            If a node is out of range or a pair has no link.
+
+        Examples
+        --------
+        >>> t = Topology.preset("dgx1-v100").without([(1, 0)])
+        >>> [l for l in t.links if (l.u, l.v) == (0, 1)]
+        []
+        """
+        gone = set(self._pair_keys(pairs, "without"))
+        label = ",".join(f"{u}-{v}" for u, v in sorted(gone))
+        return Topology(self.n, [l for l in self.links if (l.u, l.v) not in gone], list(self.switches),
+                        name or f"{self.name}-without({label})", self.reduce_gbps)
+
+    def degraded(self, factors, name: str = "") -> "Topology":
+        """This topology with every link between each pair ``(u, v)`` scaled by a factor (a slow link).
+
+        Parameters
+        ----------
+        factors : mapping of (int, int) to float
+            ``{(u, v): factor}``, ``0 < factor <= 1``: both directions of
+            every link between ``u`` and ``v`` run at ``factor`` of their
+            bandwidth (an NVLink trained at a lower speed). Use
+            :meth:`without` for a link that is down.
+        name : str
+            Display name (default ``"<name>-degraded(u-v*f,...)"``).
+
+        Raises
+        ------
+        TopologyError
+            If ``factors`` is not a mapping, a node is out of range, a pair
+            has no link, a pair is named twice, or a factor is not in (0, 1].
+
+        Examples
+        --------
+        >>> t = Topology.preset("dgx1-v100").degraded({(0, 1): 0.5})
+        >>> [l.bandwidth_gbps for l in t.links if (l.u, l.v) == (0, 1)]
+        [25.0]
+        """
+        if not isinstance(factors, collections.abc.Mapping):
+            raise TopologyError(f"degraded takes a mapping {{(u, v): factor}}, got {factors!r:.60}")
+        keys = self._pair_keys(list(factors), "degraded")
+        scale = {}
+        for key, factor in zip(keys, factors.values()):
+            if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not 0 < factor <= 1:
+                raise TopologyError(f"degraded: factor {factor!r:.40} for link {key[0]}-{key[1]} is not in (0, 1]; "
+                                    f"give the fraction of its bandwidth the link keeps (use without() "
+                                    f"for a link that is down)")
+            if key in scale:
+                raise TopologyError(f"degraded: link {key[0]}-{key[1]} is named twice")
+            scale[key] = float(factor)
+        label = ",".join(f"{u}-{v}*{f:g}" for (u, v), f in sorted(scale.items()))
+        links = []
+        for l in self.links:
+            f = scale.get((l.u, l.v), 1.0)
+            links.append((l.u, l.v, l.bandwidth_gbps * f, l.kind,
+                          None if l.reverse_gbps is None else l.reverse_gbps * f))
+        return Topology(self.n, links, list(self.switches), name or f"{self.name}-degraded({label})",
+                        self.reduce_gbps)
 
     def host_ranks(self) -> tuple:
         """The ranks of each host: the groups joined by links other than ``"net"``.
