@@ -133,3 +133,19 @@ def test_detection_scales_a_slow_link():
 def test_pair_state_all_inactive_is_down():
     status = {0: {0: None}, 1: {0: None}}
     assert nvlink_pair_state(status, {}, {}, {(0, 1): 1}) == ([(0, 1)], {})
+
+
+def test_detect_reads_nvlink_state(monkeypatch):
+    from jax_blink.topo import detect as detect_module
+    outputs = {"topo": _read("topo_m_dgx1v.txt"), "-s": _read("nvlink_s_dgx1v_one_inactive.txt"),
+               "-R": _read("nvlink_r_dgx1v_one_inactive.txt")}
+
+    def run(args, timeout_s):
+        if args[0] in ("topo", "nvlink"):
+            return outputs[args[0] if args[0] == "topo" else args[1]]
+        return _read("gpu_table_dgx1v.csv")
+    monkeypatch.setattr(detect_module, "_nvidia_smi", run)
+    detected = detect_module.detect()
+    assert (0, 2) not in _nvlink(detected) and (0, 1) in _nvlink(detected)
+    allocation = detect_module.detect_allocation([0, 1, 2], visible="0,2,3")
+    assert (0, 1) not in _nvlink(allocation)  # GPUs 0 and 2 are ranks 0 and 1: their only NVLink is down

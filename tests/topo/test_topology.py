@@ -201,6 +201,8 @@ DGX1_GPU_TABLE = """\
 def fake_smi(monkeypatch):
     """nvidia-smi answering with the recorded DGX-1 outputs."""
     def run(args, timeout_s):
+        if args[0] == "nvlink":
+            return None  # no NVLink state (tests/topo/test_link_state.py reads it)
         return DGX1V_SMI if args[0] == "topo" else DGX1_GPU_TABLE
     monkeypatch.setattr(detect, "_nvidia_smi", run)
 
