@@ -35,7 +35,8 @@ def bucket_size(value, platform: str) -> tuple:
         return chosen, "bucket_bytes=" if value is not None else "JAX_BLINK_BUCKET_BYTES"
     if platform == "cpu":
         source = predict_cpu.cpu_allreduce(4).source
-        return _model_bytes(lambda s: predict_cpu.cpu_allreduce(s).blink_s), f"the CPU model ({source})"
+        return (_model_bytes(lambda s: predict_cpu.cpu_allreduce(s).blink_s,
+                             fixed_s=predict_cpu.blink_fixed_seconds()), f"the CPU model ({source})")
     # On GPUs the CUDA executor enqueues on XLA's compute stream, in program order: a bucket
     # would not overlap the backward pass, only add its per-call cost.
     return None, "one bucket: the CUDA executor runs in the compute stream's order"

@@ -17,9 +17,25 @@ from typing import Optional
 
 from jax_blink.ops import machine
 from jax_blink.planning import profile as profiles
-from jax_blink.planning.cost import CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, cpu_allreduce_seconds
+from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, cpu_allreduce_seconds,
+                                     fixed_seconds)
 
-__all__ = ["CpuPrediction", "cpu_allreduce"]
+__all__ = ["CpuPrediction", "cpu_allreduce", "blink_fixed_seconds"]
+
+
+def _table(processes: int, devices: Optional[int]):
+    """``(table, source)``: the profile's nearest layout, else the recorded table."""
+    found = machine.profile()
+    layout = None
+    if found is not None:
+        layout = profiles.nearest_layout(found.tables, processes, devices if devices is not None else 1 << 20)
+    if layout is not None:
+        kind = "quick " if found.quick else ""
+        return found.tables[layout], f"this machine's {kind}profile ({layout}, {found.created[:10] or 'undated'})"
+    table = CPU_HOST_ALLREDUCE_US if processes > 1 else CPU_ALLREDUCE_US
+    kind = "several processes" if processes > 1 else "one process"
+    why = "no profile" if found is None else f"the profile has no layout of {kind}"
+    return table, f"defaults recorded on a 2-core AMD EPYC ({why}: `python -m jax_blink calibrate`)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,18 +55,12 @@ def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] 
     the recorded tables
     (:data:`~jax_blink.planning.cost.CPU_ALLREDUCE_US` in one process,
     :data:`~jax_blink.planning.cost.CPU_HOST_ALLREDUCE_US` across processes)."""
-    found = machine.profile()
-    layout = None
-    if found is not None:
-        layout = profiles.nearest_layout(found.tables, processes, devices if devices is not None else 1 << 20)
-    if layout is not None:
-        kind = "quick " if found.quick else ""
-        return CpuPrediction(found.allreduce_seconds("blink", size_bytes, layout),
-                             found.allreduce_seconds("lax", size_bytes, layout),
-                             f"this machine's {kind}profile ({layout}, {found.created[:10] or 'undated'})")
-    table = CPU_HOST_ALLREDUCE_US if processes > 1 else CPU_ALLREDUCE_US
-    kind = "several processes" if processes > 1 else "one process"
-    why = "no profile" if found is None else f"the profile has no layout of {kind}"
+    table, source = _table(processes, devices)
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
-                         cpu_allreduce_seconds("lax", size_bytes, table),
-                         f"defaults recorded on a 2-core AMD EPYC ({why}: `python -m jax_blink calibrate`)")
+                         cpu_allreduce_seconds("lax", size_bytes, table), source)
+
+
+def blink_fixed_seconds(processes: int = 1, devices: Optional[int] = None) -> float:
+    """jax_blink's fixed per-call cost in the same table
+    (:func:`jax_blink.planning.cost.fixed_seconds`): what a gradient bucket pays per call."""
+    return fixed_seconds("blink", _table(processes, devices)[0])

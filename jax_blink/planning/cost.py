@@ -24,6 +24,7 @@ import numpy as np
 
 __all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_HOST_ALLREDUCE_US", "CPU_CROSS_PROCESS_BYTES", "cpu_allreduce_seconds", "CUDA_LAUNCH_SECONDS", "MAX_CHUNKS_PER_TREE", "MAX_CHUNKS", "latency_s",
            "pipeline_chunks", "BUCKET_FIXED_SHARE", "bucket_bytes", "ExecutorCost", "CUDA_STREAM",
+           "FIXED_COST_ELEMENTS", "fixed_seconds",
            "CUDA_CALL_SECONDS"]
 
 #: One-way latency of one link (one arc of a route) by link kind, in
@@ -158,6 +159,27 @@ def cpu_allreduce_seconds(which: str, size_bytes: float, table=None) -> float:
     return float(np.exp(np.interp(x, sizes, times))) * 1e-6
 
 
+#: Calls of at most this many float32 elements per device are bound by the fixed
+#: per-call cost alone: the median of their measured times is that cost
+#: (:func:`fixed_seconds`; one size's time alone is noisy on a shared VM).
+FIXED_COST_ELEMENTS = 1_000
+
+
+def fixed_seconds(which: str, table=None) -> float:
+    """The fixed per-call cost of ``which`` in ``table`` (default
+    :data:`CPU_ALLREDUCE_US`): the median of its times at sizes up to
+    :data:`FIXED_COST_ELEMENTS` elements per device.
+
+    Examples
+    --------
+    >>> round(fixed_seconds("blink") * 1e6, 1)  # median of 84.4, 155.8 and 139.8 us
+    139.8
+    """
+    table = CPU_ALLREDUCE_US if table is None else table
+    small = [t for e, t in zip(table["elements"], table[which]) if e <= FIXED_COST_ELEMENTS]
+    return float(np.median(small if small else table[which][:1])) * 1e-6
+
+
 def latency_s(kind: str) -> float:
     """Latency of one link of ``kind`` (see :data:`LATENCY_US`), in seconds.
 
@@ -222,11 +244,12 @@ def pipeline_chunks(depth: int, size_bytes: float, bandwidth_gbps: float, alpha_
 BUCKET_FIXED_SHARE = 0.5
 
 
-def bucket_bytes(allreduce_seconds, lo: int = 1 << 12, hi: int = 1 << 30) -> int:
+def bucket_bytes(allreduce_seconds, lo: int = 1 << 12, hi: int = 1 << 30, fixed_s=None) -> int:
     """The bucket size (bytes per device) for an executor whose allreduce of ``S``
     bytes takes ``allreduce_seconds(S)``: the smallest power of two from ``lo``
-    whose time is at least the fixed per-call cost (the time of one element,
-    taken at 4 bytes) over :data:`BUCKET_FIXED_SHARE`; ``hi`` where none is.
+    whose time is at least the fixed per-call cost (``fixed_s``; by default the time
+    of one element, taken at 4 bytes) over :data:`BUCKET_FIXED_SHARE`; ``hi`` where
+    none is.
 
     Smaller buckets start sooner during the backward pass (less of the
     communication waits for the last gradient) but pay the fixed cost more
@@ -239,7 +262,7 @@ def bucket_bytes(allreduce_seconds, lo: int = 1 << 12, hi: int = 1 << 30) -> int
     >>> bucket_bytes(lambda s: 250e-6 + s / 10e9)
     4194304
     """
-    fixed = allreduce_seconds(4)
+    fixed = allreduce_seconds(4) if fixed_s is None else fixed_s
     size = lo
     while size < hi and allreduce_seconds(size) < fixed / BUCKET_FIXED_SHARE:
         size *= 2

