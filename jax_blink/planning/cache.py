@@ -91,11 +91,14 @@ def clear_memory_cache() -> None:
 
 def cache_key(topology, options: tuple) -> dict:
     """Everything a cached plan for ``topology`` and ``options`` (``collective, root,
-    max_trees, tolerance, links``) must answer, as a JSON object."""
-    collective, root, max_trees, tolerance, links = options
-    return {"cache_version": CACHE_VERSION, "plan_format": FORMAT_VERSION, "topology": topology.fingerprint(),
-            "links": links, "link_kinds": list(topology.planning_kinds(links)), "collective": collective,
-            "root": root, "max_trees": max_trees, "tolerance": tolerance}
+    max_trees, tolerance, links`` and, where given, ``slow_ranks``) must answer, as a JSON object."""
+    collective, root, max_trees, tolerance, links = options[:5]
+    key = {"cache_version": CACHE_VERSION, "plan_format": FORMAT_VERSION, "topology": topology.fingerprint(),
+           "links": links, "link_kinds": list(topology.planning_kinds(links)), "collective": collective,
+           "root": root, "max_trees": max_trees, "tolerance": tolerance}
+    if len(options) > 5 and options[5]:  # plan(slow_ranks=...): sorted rank numbers
+        key["slow_ranks"] = list(options[5])
+    return key
 
 
 def _digest(key: dict) -> str:

@@ -74,6 +74,7 @@ from .bounds import certified_bound
 from .collectives import COLLECTIVES, FAMILIES, ROOTED
 from .errors import PlanError
 from .fewest import exact_weights, fewest_trees, lp_support
+from .leaves import pack_leaves
 from .packing import Packer
 from .result import RATE_RTOL, Plan
 from .rings import best_rings
@@ -85,7 +86,8 @@ MAX_RANKS = 64
 
 
 def plan(topology: Topology, collective: str = "allreduce", root: int | None = None,
-         max_trees: int | None = None, tolerance: float = 0.0, cache: bool = True, links: str = "all") -> Plan:
+         max_trees: int | None = None, tolerance: float = 0.0, cache: bool = True, links: str = "all",
+         slow_ranks=None) -> Plan:
     """Pack weighted spanning trees for ``collective`` on ``topology``.
 
     Parameters
@@ -113,6 +115,12 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
         (hybrid NVLink + PCIe/QPI/NIC transfers). ``"fast"``: over NVLink
         alone wherever it joins all ranks, else over every link, for
         comparison (:meth:`~jax_blink.topo.Topology.planning_kinds`).
+    slow_ranks : sequence of int, optional
+        Allreduce only: ranks that arrive late. The plan's trees then have
+        them as leaves (never a root or a parent), so a late rank delays
+        only its own last hop, wherever such trees reach the optimal rate
+        within ``tolerance`` (:mod:`~jax_blink.planning.leaves`); otherwise
+        the plan is the unrestricted one. :attr:`Plan.note` says which.
 
     Returns
     -------
@@ -166,10 +174,11 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
                         f"over every link (NVLink, PCIe, QPI, NICs), 'fast' over NVLink alone where it joins the ranks")
     max_trees = None if max_trees is None else int(max_trees)
     tolerance = float(tolerance)
+    slow = _slow_ranks(slow_ranks, topology, collective)
 
-    options = (collective, root, max_trees, tolerance, links)
+    options = (collective, root, max_trees, tolerance, links) + ((slow,) if slow else ())
     if not cache:
-        return _plan_uncached(topology, collective, root, max_trees, tolerance, links)[0]
+        return _plan_uncached(topology, collective, root, max_trees, tolerance, links, slow)[0]
     cached = plan_cache.lookup(topology, options)
     if cached is None:
         # processes sharing the cache plan a request once and load that plan: the time-limited
@@ -177,13 +186,55 @@ def plan(topology: Topology, collective: str = "allreduce", root: int | None = N
         with plan_cache.planning(topology, options):
             cached = plan_cache.lookup(topology, options)
             if cached is None:
-                result, certificate = _plan_uncached(topology, collective, root, max_trees, tolerance, links)
+                result, certificate = _plan_uncached(topology, collective, root, max_trees, tolerance, links,
+                                                     slow)
                 plan_cache.store(result, options, certificate)
                 return result
     return cached if cached.topology is topology else dataclasses.replace(cached, topology=topology)
 
 
-def _plan_uncached(topology, collective, root, max_trees, tolerance, links):
+def _slow_ranks(slow_ranks, topology, collective) -> tuple:
+    """``slow_ranks`` checked and sorted (``()`` for None)."""
+    if slow_ranks is None:
+        return ()
+    if isinstance(slow_ranks, (str, bytes)) or not hasattr(slow_ranks, "__iter__"):
+        raise PlanError(f"slow_ranks must be a sequence of rank numbers, got {slow_ranks!r:.60}")
+    slow = list(slow_ranks)
+    for r in slow:
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < topology.n:
+            raise PlanError(f"slow rank {r!r:.20} is out of range: {topology.name} has ranks 0..{topology.n - 1}")
+    if len(set(slow)) != len(slow):
+        raise PlanError(f"slow_ranks {slow} names a rank twice")
+    if slow and collective != "allreduce":
+        raise PlanError(f"slow_ranks applies to allreduce plans (their trees reduce up and broadcast down); "
+                        f"{collective} takes none")
+    if slow and len(slow) >= topology.n:
+        raise PlanError(f"slow_ranks names all {topology.n} ranks; a tree needs a fast rank at its root")
+    return tuple(sorted(int(r) for r in slow))
+
+
+def _with_slow_leaves(result, graph, slow, tolerance, max_trees):
+    """``result``, or the packing whose ``slow`` ranks are leaves where it reaches the certified
+    optimum (``result.bound_gbps``) within ``tolerance``; its :attr:`Plan.note` says which."""
+    restricted = pack_leaves(graph, slow)
+    names = ", ".join(map(str, slow))
+    if restricted is None:
+        return dataclasses.replace(result, note=f"slow ranks {names}: no spanning tree has them all as leaves "
+                                                f"(the other ranks are not joined without them); plan ignores them")
+    _, rate, trees = restricted
+    fits = max_trees is None or len(trees) <= max_trees
+    optimum = result.bound_gbps  # certified: the unrestricted packing's optimum
+    if rate >= optimum * (1 - tolerance) * (1 - RATE_RTOL) and fits:
+        return dataclasses.replace(result, family="tree", rate_gbps=rate, trees=trees,
+                                   note=f"slow ranks {names} are leaves of every tree "
+                                        f"({rate:.4g} GB/s of the optimum {optimum:.4g})")
+    return dataclasses.replace(result, note=f"slow ranks {names}: trees with them as leaves reach {rate:.4g} GB/s, "
+                                            f"below the optimum {optimum:.4g} (tolerance {tolerance:g}"
+                                            + ("" if fits else f", max_trees {max_trees}")
+                                            + "); plan ignores them")
+
+
+def _plan_uncached(topology, collective, root, max_trees, tolerance, links, slow=()):
     """Plan afresh: pack each family, keep the faster, certify it.
 
     Returns the checked :class:`Plan` and its certificate (the arc prices of
@@ -229,6 +280,9 @@ def _plan_uncached(topology, collective, root, max_trees, tolerance, links):
     rings = best_rings(topology)
     result = Plan(collective, root, family, rate, bound, rings.rate_gbps(collective), trees,
                   time.perf_counter() - start, topology, kinds)
+    if slow:
+        result = _with_slow_leaves(result, graph, slow, tolerance, max_trees)
+        result = dataclasses.replace(result, plan_seconds=time.perf_counter() - start)
     return result.check(), certificate
 
 

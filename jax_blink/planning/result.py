@@ -65,6 +65,10 @@ class Plan:
     topology : Topology
     link_kinds : tuple of str
         Link kinds the trees may use.
+    note : str
+        What the planner did with a request it could not take as asked
+        (``plan(slow_ranks=...)``: whether the slow ranks are leaves); empty
+        otherwise.
     """
 
     collective: str
@@ -77,6 +81,7 @@ class Plan:
     plan_seconds: float
     topology: Topology
     link_kinds: tuple
+    note: str = ""
 
     # ------------------------------------------------------------ invariants
     def check(self) -> "Plan":
@@ -155,7 +160,7 @@ class Plan:
                 "rate_gbps": self.rate_gbps, "bound_gbps": self.bound_gbps,
                 "ring_rate_gbps": self.ring_rate_gbps, "plan_seconds": self.plan_seconds,
                 "link_kinds": list(self.link_kinds), "topology": self.topology.to_dict(),
-                "trees": [t.to_dict() for t in self.trees]}
+                "trees": [t.to_dict() for t in self.trees]} | ({"note": self.note} if self.note else {})
 
     def to_json(self, indent=None) -> str:
         """JSON text that :meth:`from_json` reads back."""
@@ -171,7 +176,7 @@ class Plan:
             result = cls(d["collective"], None if d["root"] is None else int(d["root"]), d["family"],
                          float(d["rate_gbps"]), float(d["bound_gbps"]), float(d["ring_rate_gbps"]),
                          tuple(Tree.from_dict(t) for t in d["trees"]), float(d["plan_seconds"]),
-                         topology, tuple(d["link_kinds"]))
+                         topology, tuple(d["link_kinds"]), str(d.get("note", "")))
         except TopologyError as e:
             raise PlanError(f"malformed plan JSON: its topology: {e}") from None
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -293,7 +298,7 @@ class Plan:
                  + f"{'/'.join(self.link_kinds)} links",
                  f"  rate {self.rate_gbps:.4g} GB/s (busbw {self.busbw_gbps:.4g})   bound {self.bound_gbps:.4g} GB/s   "
                  f"{self.ring_text()}   planned in {self.plan_seconds * 1e3:.0f} ms",
-                 f"  rate by link kind: {self.links_text()}"]
+                 f"  rate by link kind: {self.links_text()}"] + ([f"  {self.note}"] if self.note else [])
         for i, t in enumerate(self.trees):
             edges = " ".join(f"{p}->{c}" for p, c in t.edges)
             lines.append(f"  tree {i}: weight {t.weight:.4g} GB/s, root {t.root}, depth {t.depth}: {edges}")

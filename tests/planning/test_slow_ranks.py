@@ -1,0 +1,80 @@
+"""plan(slow_ranks=...): slow ranks as leaves where the packing allows at the rate asked, else the plain plan."""
+
+import json
+
+import pytest
+
+from jax_blink.planning import PlanError, plan
+from jax_blink.planning.cache import cache_key
+from jax_blink.planning.leaves import slow_are_leaves
+from jax_blink.topo import Topology
+
+
+def _all_leaves(p, slow):
+    return all(slow_are_leaves(t.root, t.edges, set(slow)) for t in p.trees)
+
+
+def test_shm8_slow_rank_costs_a_port_share_and_falls_back_at_zero_tolerance():
+    t = Topology.preset("shm:8")  # 8 ports of 10 GB/s on one switch; a tree edge uses two ports
+    plain = plan(t, cache=False)
+    assert plain.rate_gbps == pytest.approx(8 * 10 / (2 * 7))
+    p = plan(t, slow_ranks=[3], cache=False)
+    assert p.rate_gbps == pytest.approx(plain.rate_gbps) and not _all_leaves(p, [3])
+    assert "below the optimum" in p.note and "plan ignores them" in p.note
+    # as a leaf, rank 3 uses its port once per tree: the other 7 ports carry 13 of 14 uses
+    kept = plan(t, slow_ranks=[3], tolerance=0.1, cache=False)
+    assert _all_leaves(kept, [3]) and "are leaves of every tree" in kept.note
+    assert kept.rate_gbps == pytest.approx(7 * 10 / (2 * 7 - 1), rel=1e-6)
+    kept.lower(1 << 20, "float32").validate()
+
+
+def test_a_rank_at_the_end_of_a_chain_is_a_leaf_at_the_optimum():
+    t = Topology.from_links(4, [(0, 1, 10.0), (1, 2, 10.0), (2, 3, 10.0)])
+    p = plan(t, slow_ranks=[3], cache=False)
+    assert _all_leaves(p, [3]) and p.rate_gbps == pytest.approx(10.0) == pytest.approx(p.bound_gbps)
+
+
+def test_impossible_leaves_say_so_and_stay_optimal():
+    t = Topology.from_links(4, [(0, 1, 10.0), (1, 2, 10.0), (2, 3, 10.0)])
+    p = plan(t, slow_ranks=[1], cache=False)
+    assert "no spanning tree has them all as leaves" in p.note
+    assert p.rate_gbps == pytest.approx(p.bound_gbps) == pytest.approx(10.0)
+
+
+def test_dgx1v_allocation_slow_ranks_are_leaves_within_tolerance():
+    from jax_blink.planning.leaves import pack_leaves
+    t = Topology.preset("dgx1-v100").subset([0, 1, 2, 3, 4, 5])
+    plain = plan(t, links="fast", cache=False)
+    lp_rate, _, _ = pack_leaves(t.link_graph(("nvlink",)), [2, 5])
+    assert lp_rate < plain.rate_gbps * (1 - 1e-6)  # leaves cost rate here: exact only falls back
+    exact = plan(t, links="fast", slow_ranks=[5, 2], cache=False)
+    assert exact.rate_gbps == pytest.approx(plain.rate_gbps) and "plan ignores them" in exact.note
+    loose = plan(t, links="fast", slow_ranks=[5, 2], tolerance=1 - lp_rate / plain.rate_gbps + 0.01, cache=False)
+    assert _all_leaves(loose, [2, 5]) and "are leaves of every tree" in loose.note
+    assert loose.rate_gbps == pytest.approx(lp_rate, rel=1e-6) and loose.bound_gbps == pytest.approx(plain.rate_gbps)
+    loose.lower(1 << 20, "float32").validate()
+
+
+def test_cache_key_and_cached_plans_carry_slow_ranks():
+    t = Topology.preset("shm:4")
+    base = ("allreduce", None, None, 0.1, "all")
+    assert "slow_ranks" not in cache_key(t, base)
+    assert cache_key(t, base + ((1,),))["slow_ranks"] == [1]
+    assert json.dumps(cache_key(t, base + ((1,),))) != json.dumps(cache_key(t, base + ((2,),)))
+    first = plan(t, slow_ranks=[1], tolerance=0.1)
+    again = plan(t, slow_ranks=[1], tolerance=0.1)
+    plain = plan(t, tolerance=0.1)
+    assert first.note and again.note == first.note and not plain.note
+    assert _all_leaves(again, [1])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(slow_ranks=[9]), "out of range"),
+    (dict(slow_ranks=[1, 1]), "twice"),
+    (dict(slow_ranks="1"), "sequence of rank numbers"),
+    (dict(slow_ranks=[0, 1, 2, 3]), "all 4 ranks"),
+    (dict(collective="broadcast", root=0, slow_ranks=[1]), "applies to allreduce"),
+])
+def test_bad_slow_ranks_are_named(kwargs, match):
+    with pytest.raises(PlanError, match=match):
+        plan(Topology.preset("shm:4"), cache=False, **kwargs)
