@@ -81,12 +81,13 @@ def _prepare(block, name, collective, op):
 def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum",
         root: Optional[int] = None, axis_index_groups=None, topology=None, min_bytes=None,
         timeout_s=None, chunks=None, fallback: Callable, unreduced_op: Optional[str] = None,
-        invariant: bool = False) -> list:
+        invariant: bool = False, slow_ranks=None) -> list:
     """Runs ``collective`` over ``axes`` on 2-D ``blocks``; returns their results.
 
     ``fallback(blocks, mode)`` runs the lax equivalent on a list of
     schedule-dtype blocks (used where the decision is lax). ``invariant``
-    (allgather): type a varying value's result invariant over the axes.
+    (allgather): type a varying value's result invariant over the axes. ``slow_ranks``
+    (allreduce, without ``axis_index_groups``): ranks of the axes the plan makes leaves.
     ``unreduced_op``: how the collective reduces a value typed unreduced over
     the axes ("sum"; "max" or "min" where jax types such values), None where it
     takes none (:func:`~jax_blink.ops.axes.typed`).
@@ -101,6 +102,9 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
     # lax allows groups of different sizes for the allreduces only
     groups = canonical_groups(axis_index_groups, nranks_axis, name,
                               equal_sizes=collective != "allreduce")
+    if slow_ranks is not None and groups is not None:
+        raise ValueError(f"jax_blink.{name}: slow_ranks cannot be combined with axis_index_groups (each "
+                         "group is planned on its own); pass one or the other")
     sizes = [len(g) for g in groups] if groups else [nranks_axis]
     nranks = sizes[0]
     timeout_ms = settings.timeout_ms(timeout_s)
@@ -153,7 +157,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         def decide(threshold):
             return [_decide.decide(count, np.dtype(dtype).name, size, collective=collective, op=op,
                                    root=root, topology=t, min_bytes=threshold, chunks=chunks,
-                                   processes=processes)
+                                   processes=processes, slow_ranks=slow_ranks)
                     for t, size in zip(topologies, sizes)]
 
         decisions = decide(min_bytes)

@@ -83,9 +83,24 @@ def lax_equivalent(collective: str, op: str = "sum") -> str:
     return _LAX[collective, op]
 
 
+def _slow_ranks(value, collective: str) -> tuple:
+    """``slow_ranks`` as a sorted tuple of ints (the planner checks the ranks themselves)."""
+    if value is None:
+        return ()
+    if collective != "allreduce":
+        raise ValueError(f"slow_ranks applies to the allreduces (psum, pmean, pmax, pmin), not {collective}")
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"slow_ranks must be a sequence of rank numbers, got {value!r:.60}")
+    ranks = list(value)
+    if not all(isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in ranks):
+        raise TypeError(f"slow_ranks must be a sequence of rank numbers, got {ranks!r:.60}")
+    return tuple(sorted(int(r) for r in ranks))
+
+
 def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce",
            op: str = "sum", root: Optional[int] = None, topology=None, min_bytes=None,
-           chunks=None, platform: Optional[str] = None, processes: int = 1) -> Decision:
+           chunks=None, platform: Optional[str] = None, processes: int = 1,
+           slow_ranks=None) -> Decision:
     """The decision for a ``collective`` over ``nranks`` devices whose vector
     holds ``count`` elements of ``dtype`` (one dtype group of a call; the
     whole vector, ``nranks`` shards, for reduce_scatter and allgather).
@@ -94,7 +109,9 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
     the settings' defaults); ``platform`` the backend whose executor runs it
     (default: jax's default backend); ``processes`` how many processes of one
     host the devices live in (more than one: the host transport, and lax
-    across processes, each predicted by its own measurements).
+    across processes, each predicted by its own measurements); ``slow_ranks``
+    (allreduce) the ranks the plan should make leaves of its trees
+    (:func:`jax_blink.planning.plan`'s ``slow_ranks``).
     """
     dtype = np.dtype(dtype).name
     fallback = lax_equivalent(collective, op)
@@ -114,7 +131,8 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
         return Decision(f"{what}: {fallback} (below min_bytes {threshold})")
     platform = platform or jax.default_backend()
     request = PlanRequest(topology_for(topology, nranks), settings.chunks(chunks),
-                          launch_s(platform), collective, op, root)
+                          launch_s(platform), collective, op, root,
+                          slow_ranks=_slow_ranks(slow_ranks, collective))
     if collective != "allreduce":
         request = tuned_on_gpu(request, platform)
         if request.algo == "blink-tuned":

@@ -83,7 +83,7 @@ def _predict_allreduce(request, count, dtype, candidates, size):
         if name in bounds:
             continue
         if name == "blink-tuned":  # tuning simulated it already, for the CUDA executor
-            out[name] = tuned(request.topology, request.collective, None, count, dtype).seconds
+            out[name] = tuned(request.topology, request.collective, None, count, dtype, request.slow_ranks).seconds
             continue
         try:
             if model is not None:  # no transfer beats its busiest link: bound to lose to NCCL?

@@ -23,7 +23,7 @@ _NAME = {"sum": "psum", "max": "pmax", "min": "pmin"}
 
 
 def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, timeout_s, chunks,
-               bucket_bytes=None):
+               bucket_bytes=None, slow_ranks=None):
     name = _NAME[op]
     axes = axes_tuple(axis_name)
     leaves, treedef = jax.tree.flatten(x)
@@ -57,12 +57,12 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
     out = [None] * len(leaves)
     for idx in buckets:
         for i, r in zip(idx, _reduce([leaves[i] for i in idx], axes, op, axis_index_groups,
-                                     keywords)):
+                                     keywords, slow_ranks)):
             out[i] = r
     return treedef.unflatten(out)
 
 
-def _reduce(leaves, axes, op, axis_index_groups, keywords):
+def _reduce(leaves, axes, op, axis_index_groups, keywords, slow_ranks=None):
     """One collective (per dtype group) over ``leaves``: their reduced values."""
     name = _NAME[op]
 
@@ -76,11 +76,14 @@ def _reduce(leaves, axes, op, axis_index_groups, keywords):
     if isinstance(span, str):
         return _LAX_REDUCE[op](leaves, axes, axis_index_groups=axis_index_groups)
     if span is not None:
+        if slow_ranks is not None:
+            _decisions.record(f"{name} over {axes}: slow_ranks ignored: the devices span processes, whose "
+                              "in-process phases are a reduce-scatter and an all-gather (no tree leaves)")
         out = hierarchical.allreduce(blocks, axes, span, name=name, op=op, **keywords)
     else:
         out = run(blocks, axes, name=name, collective="allreduce", op=op,
                   axis_index_groups=axis_index_groups, fallback=fallback,
-                  unreduced_op=op, **keywords)
+                  unreduced_op=op, slow_ranks=slow_ranks, **keywords)
     return [o.reshape(s) for o, s in zip(out, shapes)]
 
 
@@ -104,11 +107,18 @@ _KEYWORDS_DOC = """
     chunks : int or None
         Pipeline chunks per tree, overriding the planner's alpha-beta model.
         Default: ``$JAX_BLINK_CHUNKS``, else the model's choice.
+    slow_ranks : sequence of int or None
+        Ranks (linear indices over the reduced axes) that often arrive late
+        (:func:`jax_blink.slow_ranks` reads them off :func:`jax_blink.stats`):
+        the plan makes them leaves of its trees wherever the packing reaches the
+        same rate, so that a late rank delays only its own last hop
+        (``plan(slow_ranks=...)``; explain() says where it could not). Not with
+        ``axis_index_groups``.
 """
 
 
 def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
-         timeout_s=None, chunks=None, bucket_bytes=None):
+         timeout_s=None, chunks=None, bucket_bytes=None, slow_ranks=None):
     """Sum ``x`` over the devices of ``axis_name``; a drop-in for ``lax.psum``.
 
     Runs a topology-planned, pipelined tree allreduce through a C++ XLA
@@ -151,7 +161,7 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
     """
     return _allreduce(x, axis_name, "sum", axis_index_groups=axis_index_groups,
                       topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks,
-                      bucket_bytes=bucket_bytes)
+                      bucket_bytes=bucket_bytes, slow_ranks=slow_ranks)
 
 
 def pmean(x, axis_name, *, axis_index_groups=None, **kwargs):
@@ -169,7 +179,7 @@ def pmean(x, axis_name, *, axis_index_groups=None, **kwargs):
 
 
 def pmax(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
-         timeout_s=None, chunks=None):
+         timeout_s=None, chunks=None, slow_ranks=None):
     """Maximum of ``x`` over ``axis_name``; a drop-in for ``lax.pmax``.
 
     Runs the same planned trees as :func:`psum` with a max reduction, with
@@ -179,17 +189,19 @@ def pmax(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
     together); like ``lax.pmax`` it is not differentiable.
     """
     return _allreduce(x, axis_name, "max", axis_index_groups=axis_index_groups,
-                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks,
+                      slow_ranks=slow_ranks)
 
 
 def pmin(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
-         timeout_s=None, chunks=None):
+         timeout_s=None, chunks=None, slow_ranks=None):
     """Minimum of ``x`` over ``axis_name``; a drop-in for ``lax.pmin``.
 
     As :func:`pmax`, with a min reduction (an all-NaN column gives +inf).
     """
     return _allreduce(x, axis_name, "min", axis_index_groups=axis_index_groups,
-                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
+                      topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks,
+                      slow_ranks=slow_ranks)
 
 
 _COLLECTIVE_OF = {"psum": ("allreduce", "sum"), "pmean": ("allreduce", "sum"),
@@ -199,7 +211,7 @@ _COLLECTIVE_OF = {"psum": ("allreduce", "sum"), "pmean": ("allreduce", "sum"),
 
 
 def explain(x=None, axis_size=None, *, op="psum", root=0, topology=None, min_bytes=None,
-            chunks=None):
+            chunks=None, slow_ranks=None):
     """Say which plan a jax_blink collective uses, or why it falls back to lax.
 
     With no arguments, returns what the most recent traces decided (one line
@@ -232,4 +244,4 @@ def explain(x=None, axis_size=None, *, op="psum", root=0, topology=None, min_byt
     count = int(np.prod(x.shape)) * parts * (axis_size if collective == "allgather" else 1)
     return _decide.decide(count, dtype, axis_size, collective=collective, op=reduce_op,
                           root=root if collective == "broadcast" else None, topology=topology,
-                          min_bytes=min_bytes, chunks=chunks).text
+                          min_bytes=min_bytes, chunks=chunks, slow_ranks=slow_ranks).text

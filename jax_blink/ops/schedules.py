@@ -76,6 +76,7 @@ class PlanRequest:
     root: Optional[int] = None    # broadcast and reduce
     algo: str = "blink"           # allreduce: blink, blink-tuned, ring, tree, chain or file
     plan_file: Optional[str] = None  # algo "file": the plan or schedule JSON file
+    slow_ranks: tuple = ()        # allreduce: ranks to make leaves of the trees (plan(slow_ranks=))
 
 
 class EncodedSchedule:
@@ -195,9 +196,10 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
     if request.algo == "file":
         p, schedule = _from_file(request, count, dtype)
         return p, schedule, EncodedSchedule(schedule.encode())
-    p = plan(topology, request.collective, root=root)
+    p = plan(topology, request.collective, root=root, slow_ranks=request.slow_ranks or None)
     if request.algo == "blink-tuned":
-        schedule = tuned(topology, request.collective, root, count, dtype).schedule  # validated by lower()
+        schedule = tuned(topology, request.collective, root, count, dtype,
+                         request.slow_ranks).schedule  # validated by lower()
         if schedule.op != request.op:
             schedule = dataclasses.replace(schedule, op=request.op).validate()
     else:
@@ -207,13 +209,14 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
 
 
 @functools.lru_cache(maxsize=64)
-def tuned(topology, collective, root, count, dtype):
+def tuned(topology, collective, root, count, dtype, slow_ranks=()):
     """The plan's lowering tuned for the CUDA executor (the analytic estimate ranks every
     candidate, the best :func:`tune_simulate_top` are simulated), with its predicted time
     (``sim.Tuned.seconds``: the simulated transfer and the executor's costs): the
     choice is kept on disk, since tuning a whole DGX-1 plan at 256 MB takes up to about half
     a second; the op does not change it, nor the time."""
-    return tune(plan(topology, collective, root=root), count * DTYPES[dtype][1], dtype, cache=True,
+    return tune(plan(topology, collective, root=root, slow_ranks=slow_ranks or None), count * DTYPES[dtype][1],
+                dtype, cache=True,
                 executor=CUDA_STREAM, simulate_top=tune_simulate_top(count * DTYPES[dtype][1]))
 
 
@@ -223,7 +226,8 @@ def gpu_key(about, **fields) -> dict:
     tuning simulates), and ``fields``."""
     return {"sources": [source_digest(), rules_digest()], "topology": about.topology.fingerprint(),
             "reduce_gbps": about.topology.reduce_gbps, "executor": dataclasses.asdict(CUDA_STREAM),
-            "simulate_top": [TUNE_SIMULATE_TOP, TUNE_SIMULATE_TOP_LARGE, TUNE_LARGE_BYTES], **fields}
+            "simulate_top": [TUNE_SIMULATE_TOP, TUNE_SIMULATE_TOP_LARGE, TUNE_LARGE_BYTES],
+            **({"slow_ranks": list(about.slow_ranks)} if about.slow_ranks else {}), **fields}
 
 
 _TUNED_SCHEDULE_FORMAT = "jax_blink.tuned_schedule"
@@ -258,7 +262,7 @@ def tuned_schedule(request: PlanRequest, count: int, dtype: str):
         except (KeyError, TypeError, ValueError) as e:  # binascii.Error is a ValueError
             logger.warning("jax_blink decision cache: ignoring a tuned schedule and lowering afresh: %s", e)
     p, schedule, encoded = schedule_for(request, count, dtype)
-    seconds = tuned(request.topology, request.collective, root, count, dtype).seconds
+    seconds = tuned(request.topology, request.collective, root, count, dtype, request.slow_ranks).seconds
     text = describe(p, schedule, "the fastest subset by simulation")
     store_keyed("lowered", _TUNED_SCHEDULE_FORMAT, key, {
         "text": text, "seconds": seconds,
@@ -320,7 +324,7 @@ def describe(p, schedule, fewer="the value is too small for more") -> str:
     used = (f"{full} {unit}" if schedule.ntrees == full else f"{schedule.ntrees} of {full} {unit} ({fewer})")
     return (f"{p.family} plan on {p.topology.name}: {used}, "
             f"rate {p.rate_gbps:.3g} GB/s (bound {p.bound_gbps:.3g}, {p.ring_text()}), "
-            f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps")
+            f"{len(schedule.chunks)} chunk(s), {schedule.num_steps} steps" + (f"; {p.note}" if p.note else ""))
 
 
 

@@ -94,3 +94,42 @@ def test_a_device_late_to_its_psum_is_named():
     got = jax_blink.stats()[n]
     assert got["calls"] == 5
     assert jax_blink.slow_ranks(n, threshold_ms=10) == [late_rank], got["mean_late_ms"]
+
+
+def test_psum_makes_slow_ranks_leaves_and_sums_as_lax():
+    """psum(slow_ranks=...) plans trees with those ranks as leaves (a chain: its end rank is a
+    leaf at the optimum), sums as lax does, and explain() says what the plan did; where no
+    tree can have them as leaves, the plan says so and stays the plain one."""
+    from jax import lax
+    from jax_blink import Topology
+
+    n = 4
+    mesh = jax.make_mesh((n,), ("i",), devices=jax.devices()[:n])
+    chain = Topology.from_links(n, [(0, 1, 10.0), (1, 2, 10.0), (2, 3, 10.0)])
+    x = jax.device_put(np.arange(n * 1000, dtype=np.float32), NamedSharding(mesh, P("i")))
+    want = np.asarray(jax.jit(jax.shard_map(lambda v: lax.psum(v, "i"), mesh=mesh, in_specs=P("i"),
+                                            out_specs=P()))(x))
+    for slow, said in (([3], "slow ranks 3 are leaves of every tree"),
+                       ([1], "slow ranks 1: no spanning tree has them all as leaves")):
+        f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "i", topology=chain, slow_ranks=slow,
+                                                           min_bytes=0),
+                                  mesh=mesh, in_specs=P("i"), out_specs=P()))
+        np.testing.assert_array_equal(np.asarray(f(x)), want)
+        assert said in jax_blink.explain().splitlines()[-1], jax_blink.explain()
+
+
+def test_slow_ranks_refused_with_groups_and_bad_values():
+    n = 4
+    mesh = jax.make_mesh((n,), ("i",), devices=jax.devices()[:n])
+    x = jax.device_put(np.ones(n * 10, np.float32), NamedSharding(mesh, P("i")))
+
+    def call(**kw):
+        return jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "i", min_bytes=0, **kw), mesh=mesh,
+                                     in_specs=P("i"), out_specs=P(), check_vma=False))(x)
+
+    with pytest.raises(ValueError, match="slow_ranks cannot be combined with axis_index_groups"):
+        call(slow_ranks=[1], axis_index_groups=[[0, 1], [2, 3]])
+    with pytest.raises(TypeError, match="sequence of rank numbers"):
+        call(slow_ranks="1")
+    with pytest.raises(ValueError, match="out of range"):
+        call(slow_ranks=[7])
