@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from _machine import machine
+from _machine import machine, machine_tag
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -89,7 +89,7 @@ def geomean(values) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=None, help="two-pair failures per preset (default: all)")
-    parser.add_argument("--machine", default="amd-epyc-2core")
+    parser.add_argument("--machine", default=machine_tag(), help="result file name (default: this machine's)")
     args = parser.parse_args()
     from jax_blink.topo import Topology
 
