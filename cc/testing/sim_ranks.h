@@ -163,11 +163,9 @@ class SimRanks {
   std::string Finish() { return dev_.Finish(); }
   std::string Read(int64_t r, void* host) { return dev_.Download(host, out_[r], out_bytes_); }
 
-  const Schedule& schedule() const { return s_; }
   const StreamPlan& plan() const { return plan_; }
   const std::vector<StreamExecStats>& stats() const { return stats_; }
-  // Rank r's caller stream, as the transport knows it and as the runtime's handle.
-  StreamId stream(int64_t r) const { return streams_[r]; }
+  // Rank r's caller stream as the runtime's handle (CUDA: its cudaStream_t).
   void* handle(int64_t r) const { return handles_[r]; }
 
  private:
