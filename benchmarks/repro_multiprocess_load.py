@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import resource
-import shlex
 import shutil
 import signal
 import subprocess

@@ -213,7 +213,6 @@ def reduce_scatter(blocks: list, axes: tuple, span: Spanning, *, name: str, **ke
 def all_gather(blocks: list, axes: tuple, span: Spanning, *, name: str, **keywords) -> list:
     """The all-gather of ``(1, w)`` ``blocks`` over ``axes``: ``(n, w)`` per
     device, row r from rank r (see the module docstring)."""
-    k, hosts = span.per_process, span.nprocesses
     local = span.local_axes if span.local_axes is not None else axes
     cross = span.cross_axes if span.cross_axes is not None else axes
     _decisions.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "

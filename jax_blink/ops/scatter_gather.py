@@ -63,7 +63,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
         if (length % size if tiled else length != size):
             raise ValueError(
                 f"jax_blink.psum_scatter: dimension {d} of a value of shape {leaf.shape} must "
-                + (f"be a multiple of" if tiled else "equal") + f" the number of devices ({size})")
+                + ("be a multiple of" if tiled else "equal") + f" the number of devices ({size})")
         moved = jnp.moveaxis(leaf, d, 0)
         rest = moved.shape[1:]
         shapes.append(((length // size,) + rest if tiled else rest, d, tiled))

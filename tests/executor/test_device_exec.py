@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jax_blink import _ffi
-from jax_blink.schedule import Schedule, lower_ring, lower_trees
+from jax_blink.schedule import lower_ring, lower_trees
 from reference import NP_DTYPES, check_outputs, make_inputs, v1_words, v2_schedules
 
 harness = _ffi.load_testing()

@@ -14,7 +14,6 @@ flag it, and the sums it gives must fail the same checks the fixed harness
 passes.
 """
 
-import numpy as np
 import pytest
 
 from jax_blink import _ffi
