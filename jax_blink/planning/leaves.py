@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .fewest import exact_weights, fewest_trees, lp_support
-from .packing import PRICE_TOL, Column, Packer, orient
+from .packing import PRICE_TOL, Packer, orient
 from .tree import tree_depth
 
 __all__ = ["LeafPacker", "pack_leaves", "slow_are_leaves"]
@@ -54,13 +54,7 @@ class LeafPacker(Packer):
         edges, paths = orient(edges, paths, root)
         if not slow_are_leaves(root, edges, self.slow):
             return False
-        key = (None, frozenset(min(path, path[::-1]) for path in paths))
-        if key in self.keys:
-            return False
-        self.keys.add(key)
-        use = self.graph.usage(edges, paths, self.directions)
-        self.columns.append(Column(root, edges, paths, use, tree_depth(root, edges)))
-        return True
+        return self._keep((None, frozenset(min(path, path[::-1]) for path in paths)), root, edges, paths)
 
     def seed(self):
         """The cheapest leaf tree at unit prices, then the breadth-first trees that qualify."""

@@ -136,6 +136,10 @@ class Packer:
         key = (root if self.family == "rsag" or self.collective != "allreduce" else None,
                frozenset(zip(edges, paths)) if self.directions != "both"
                else frozenset(min(path, path[::-1]) for path in paths))  # routes matter, not direction
+        return self._keep(key, root, edges, paths)
+
+    def _keep(self, key, root, edges, paths) -> bool:
+        """Adds the oriented tree as a column unless one with ``key`` is there already."""
         if key in self.keys:
             return False
         self.keys.add(key)
