@@ -98,7 +98,8 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
                   const py::sequence& outputs, int64_t timeout_ms,
                   const std::vector<int64_t>& skip_ranks, int64_t op_id,
                   int64_t group, int64_t repeat,
-                  std::optional<int64_t> run_id_arg, const std::vector<double>& delays_ms) {
+                  std::optional<int64_t> run_id_arg, const std::vector<double>& delays_ms,
+                  const py::object& times_ns) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
   // One schedule for all ranks, or a list with one per rank (to test
   // disagreeing ranks).
@@ -131,6 +132,21 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
   }
   for (double d : delays_ms) {
     if (!(d >= 0 && d <= 60000)) throw py::value_error("delays_ms must be in [0, 60000]");
+  }
+  // times_ns: [rank, call, 0] when the rank's call began (after its delay),
+  // [rank, call, 1] when it returned, on the steady clock.
+  int64_t* times = nullptr;
+  py::array_t<int64_t> times_array;
+  if (!times_ns.is_none()) {
+    const bool int64_array = py::isinstance<py::array_t<int64_t>>(times_ns);
+    if (int64_array) times_array = py::reinterpret_borrow<py::array_t<int64_t>>(times_ns);
+    if (!int64_array || times_array.ndim() != 3 ||
+        times_array.shape(0) != nranks || times_array.shape(1) != repeat || times_array.shape(2) != 2 ||
+        !(times_array.flags() & py::array::c_style) || !times_array.writeable()) {
+      throw py::value_error("times_ns must be a writable C-contiguous int64 array of shape (" +
+                            std::to_string(nranks) + ", " + std::to_string(repeat) + ", 2)");
+    }
+    times = times_array.mutable_data();
   }
   std::vector<uint8_t> skip(nranks, 0);
   for (int64_t r : skip_ranks) {
@@ -188,7 +204,13 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
             std::this_thread::sleep_for(std::chrono::microseconds(
                 static_cast<int64_t>(delays_ms[r] * 1000.0)));
           }
+          const auto now_ns = [] {
+            return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now().time_since_epoch()).count());
+          };
+          if (times) times[(r * repeat + k) * 2] = now_ns();
           const ExecResult res = cpu_executor->execute(args[r]);
+          if (times) times[(r * repeat + k) * 2 + 1] = now_ns();
           if (!res.status.ok()) {
             errors[r] = res.status.Text();
             break;
@@ -820,6 +842,7 @@ PYBIND11_MODULE(_blink_testing, m) {
       py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
       py::arg("group") = 0, py::arg("repeat") = 1,
       py::arg("run_id") = py::none(), py::arg("delays_ms") = std::vector<double>{},
+      py::arg("times_ns") = py::none(),
       "Test harness: runs every rank except skip_ranks on its own thread "
       "through the rendezvous and CPU executor used by the custom call "
       "(_blink_ext's, with the settings of _blink_ext.configure). "
@@ -829,7 +852,9 @@ PYBIND11_MODULE(_blink_testing, m) {
       "many times on the same threads (one RunId, successive generations, "
       "like a call site inside lax.scan; for benchmarks). run_id: the "
       "rendezvous RunId (default: a fresh negative id). delays_ms: rank r "
-      "sleeps delays_ms[r] before each call (a late rank). Returns one entry "
+      "sleeps delays_ms[r] before each call (a late rank). times_ns: an int64 "
+      "array of shape (ranks, repeat, 2) that receives, per rank and call, the "
+      "steady clock in ns when the call began (after the delay) and returned. Returns one entry "
       "per rank: None on success (or when skipped), else the first error as "
       "'KIND: message', KIND the error code the custom call would return "
       "(INVALID_ARGUMENT, DEADLINE_EXCEEDED or INTERNAL).");

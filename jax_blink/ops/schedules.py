@@ -58,6 +58,12 @@ TUNE_SIMULATE_TOP_LARGE = 4
 TUNE_LARGE_BYTES = 64 << 20
 
 
+#: How much rate (a fraction of the certified optimum) psum(slow_ranks=...) gives up for trees
+#: whose slow ranks are leaves (``plan``'s ``tolerance``); benchmarks/bench_stragglers.py
+#: measures what it buys.
+SLOW_TOLERANCE = 0.0
+
+
 def tune_simulate_top(size_bytes: int) -> int:
     """How many lowerings psum's trace-time tuning simulates at ``size_bytes`` per device."""
     return TUNE_SIMULATE_TOP_LARGE if size_bytes >= TUNE_LARGE_BYTES else TUNE_SIMULATE_TOP

@@ -67,7 +67,7 @@ __all__ = ["cache_dir", "clear_memory_cache", "lookup", "store", "planning", "ca
            "source_digest", "load_keyed", "store_keyed"]
 
 #: Bumped whenever planning changes its results or the entry format; part of every cache key.
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 #: The ``"format"`` of a cache entry.
 ENTRY_FORMAT = "jax_blink.plan_cache"
 #: How long :func:`planning` waits for another process planning the same request before
@@ -144,6 +144,8 @@ def check_entry(entry, key: dict) -> Plan:
         raise PlanError(f"the plan is for {plan.collective} (root {plan.root}), not {collective} (root {root})")
     if list(plan.link_kinds) != key["link_kinds"]:
         raise PlanError(f"the plan uses {'/'.join(plan.link_kinds)} links, not {'/'.join(key['link_kinds'])}")
+    if list(plan.slow_ranks) != key.get("slow_ranks", []):
+        raise PlanError(f"the plan's slow ranks {list(plan.slow_ranks)} are not {key.get('slow_ranks', [])}")
     if key["max_trees"] is not None and len(plan.trees) > key["max_trees"]:
         raise PlanError(f"the plan has {len(plan.trees)} trees, more than max_trees={key['max_trees']}")
     prices = data.get("certificate")

@@ -215,23 +215,27 @@ def _slow_ranks(slow_ranks, topology, collective) -> tuple:
 
 def _with_slow_leaves(result, graph, slow, tolerance, max_trees):
     """``result``, or the packing whose ``slow`` ranks are leaves where it reaches the certified
-    optimum (``result.bound_gbps``) within ``tolerance``; its :attr:`Plan.note` says which."""
+    optimum (``result.bound_gbps``) within ``tolerance``; either way it records ``slow``
+    (:attr:`Plan.slow_ranks`: the lowering reduces them last) and its :attr:`Plan.note` says
+    which trees it kept."""
     restricted = pack_leaves(graph, slow)
     names = ", ".join(map(str, slow))
+    kept = "; the plan keeps its trees and reduces them after every other child"
     if restricted is None:
-        return dataclasses.replace(result, note=f"slow ranks {names}: no spanning tree has them all as leaves "
-                                                f"(the other ranks are not joined without them); plan ignores them")
+        return dataclasses.replace(result, slow_ranks=slow,
+                                   note=f"slow ranks {names}: no spanning tree has them all as leaves "
+                                        f"(the other ranks are not joined without them){kept}")
     _, rate, trees = restricted
     fits = max_trees is None or len(trees) <= max_trees
     optimum = result.bound_gbps  # certified: the unrestricted packing's optimum
     if rate >= optimum * (1 - tolerance) * (1 - RATE_RTOL) and fits:
-        return dataclasses.replace(result, family="tree", rate_gbps=rate, trees=trees,
+        return dataclasses.replace(result, family="tree", rate_gbps=rate, trees=trees, slow_ranks=slow,
                                    note=f"slow ranks {names} are leaves of every tree "
                                         f"({rate:.4g} GB/s of the optimum {optimum:.4g})")
-    return dataclasses.replace(result, note=f"slow ranks {names}: trees with them as leaves reach {rate:.4g} GB/s, "
-                                            f"below the optimum {optimum:.4g} (tolerance {tolerance:g}"
-                                            + ("" if fits else f", max_trees {max_trees}")
-                                            + "); plan ignores them")
+    return dataclasses.replace(result, slow_ranks=slow,
+                               note=f"slow ranks {names}: trees with them as leaves reach {rate:.4g} GB/s, "
+                                    f"below the optimum {optimum:.4g} (tolerance {tolerance:g}"
+                                    + ("" if fits else f", max_trees {max_trees}") + f"){kept}")
 
 
 def _plan_uncached(topology, collective, root, max_trees, tolerance, links, slow=()):

@@ -69,6 +69,10 @@ class Plan:
         What the planner did with a request it could not take as asked
         (``plan(slow_ranks=...)``: whether the slow ranks are leaves); empty
         otherwise.
+    slow_ranks : tuple of int
+        The ranks ``plan(slow_ranks=...)`` was told arrive late, whether or
+        not its trees could make them leaves: :meth:`lower` reduces them
+        after every other child (``lower_trees``'s ``late``).
     """
 
     collective: str
@@ -82,6 +86,7 @@ class Plan:
     topology: Topology
     link_kinds: tuple
     note: str = ""
+    slow_ranks: tuple = ()
 
     # ------------------------------------------------------------ invariants
     def check(self) -> "Plan":
@@ -160,7 +165,8 @@ class Plan:
                 "rate_gbps": self.rate_gbps, "bound_gbps": self.bound_gbps,
                 "ring_rate_gbps": self.ring_rate_gbps, "plan_seconds": self.plan_seconds,
                 "link_kinds": list(self.link_kinds), "topology": self.topology.to_dict(),
-                "trees": [t.to_dict() for t in self.trees]} | ({"note": self.note} if self.note else {})
+                "trees": [t.to_dict() for t in self.trees]} | ({"note": self.note} if self.note else {}) \
+            | ({"slow_ranks": list(self.slow_ranks)} if self.slow_ranks else {})
 
     def to_json(self, indent=None) -> str:
         """JSON text that :meth:`from_json` reads back."""
@@ -176,7 +182,8 @@ class Plan:
             result = cls(d["collective"], None if d["root"] is None else int(d["root"]), d["family"],
                          float(d["rate_gbps"]), float(d["bound_gbps"]), float(d["ring_rate_gbps"]),
                          tuple(Tree.from_dict(t) for t in d["trees"]), float(d["plan_seconds"]),
-                         topology, tuple(d["link_kinds"]), str(d.get("note", "")))
+                         topology, tuple(d["link_kinds"]), str(d.get("note", "")),
+                         tuple(int(r) for r in d.get("slow_ranks", ())))
         except TopologyError as e:
             raise PlanError(f"malformed plan JSON: its topology: {e}") from None
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -236,7 +243,8 @@ class Plan:
             chunks = self.chunks_for(int(size_bytes), launch_s)
         return lower_trees(self.trees, nranks=self.topology.n, collective=self.collective,
                            root=-1 if self.root is None else self.root, count=int(size_bytes) // itemsize,
-                           dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees], op=op)
+                           dtype=dtype, chunks=chunks, routes=[t.paths for t in self.trees], op=op,
+                           late=self.slow_ranks)
 
     @property
     def busbw_gbps(self) -> float:

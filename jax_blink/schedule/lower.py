@@ -38,8 +38,9 @@ def split_proportional(total: int, weights: Sequence[float]) -> list:
     return parts
 
 
-def _children(edges, nranks, root):
-    """Children lists of a rooted tree given (parent, child) edges; checks it spans."""
+def _children(edges, nranks, root, late=frozenset()):
+    """Children lists of a rooted tree given (parent, child) edges, in ascending rank order
+    with the ranks of ``late`` last; checks it spans."""
     children = defaultdict(list)
     parent = {}
     for p, c in edges:
@@ -55,7 +56,7 @@ def _children(edges, nranks, root):
     if len(seen) != nranks or len(parent) != nranks - 1:
         missing = sorted(set(range(nranks)) - seen)
         raise ScheduleError(f"tree rooted at {root} does not span the ranks: unreachable {missing}")
-    return {p: sorted(cs) for p, cs in children.items()}, parent
+    return {p: sorted(cs, key=lambda c: (c in late, c)) for p, cs in children.items()}, parent
 
 
 def _positive_int(k) -> bool:
@@ -74,14 +75,15 @@ def _check_common(collective, count, dtype, op, allowed=COLLECTIVES):
 
 
 def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1,
-                count: int, dtype, chunks=1, align_bytes: int = 64, routes=None, op: str = "sum") -> Schedule:
+                count: int, dtype, chunks=1, align_bytes: int = 64, routes=None, op: str = "sum",
+                late: Iterable[int] = ()) -> Schedule:
     """Lower weighted spanning trees into a pipelined :class:`Schedule`.
 
     allreduce, broadcast, reduce: ``[0, count)`` is split among the trees in
     proportion to their weights (bandwidth shares), each tree's segment into
     ``chunks`` pieces. For each piece an allreduce reduces up the tree
     (children's partial results into their parent, children in ascending
-    rank order) and broadcasts the root's result down it; a reduce does only
+    rank order but the ranks of ``late`` last) and broadcasts the root's result down it; a reduce does only
     the first phase, a broadcast only the second. An allreduce tree with
     ``up_edges`` (the planner's ``"split"`` family) reduces up those edges
     into the same root instead, and gets a second tree index in the
@@ -121,6 +123,12 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
     op : str
         ``"sum"``, ``"max"`` or ``"min"``: what RECV_REDUCE computes
         (recorded in the schedule).
+    late : iterable of int
+        Ranks expected to arrive late (``plan(slow_ranks=...)``): every parent
+        reduces them after its other children, so that while it waits for
+        one it has folded in everything else of every chunk (the executors
+        run any step whose dependencies are met; a chunk's reductions are
+        one chain).
 
     Examples
     --------
@@ -161,6 +169,7 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
     per_tree_routes = [None] * len(trees) if routes is None else [tuple(map(tuple, r)) for r in routes]
     if len(per_tree_routes) != len(trees):
         raise ScheduleError(f"routes lists {len(per_tree_routes)} trees, expected one per tree ({len(trees)})")
+    late = frozenset(int(r) for r in late)
     up_edges = [tuple(getattr(t, "up_edges", ()) or ()) for t in trees]
     if collective != "allreduce" and any(up_edges):
         raise ScheduleError(f"only an allreduce reduces up a tree of its own (up_edges); this is a {collective}")
@@ -215,9 +224,9 @@ def lower_trees(trees: Iterable, *, nranks: int, collective: str, root: int = -1
     up = collective in ("allreduce", "reduce", "reduce_scatter")
     down = collective in ("allreduce", "broadcast", "allgather")
     for reduce_edges, up_index, tree, tindex, ids in work:
-        children, parent = _children(tree.edges, nranks, tree.root)
+        children, parent = _children(tree.edges, nranks, tree.root, late)
         order = _postorder(tree.root, children)
-        up_children, up_parent = _children(reduce_edges, nranks, tree.root)
+        up_children, up_parent = _children(reduce_edges, nranks, tree.root, late)
         up_order = _postorder(tree.root, up_children)
         for c in ids:
             if up:

@@ -67,6 +67,31 @@ def test_harness_refuses_bad_delays():
         harness.run_ranks(sched, inputs, outputs, 1000, delays_ms=[-1, 0])
 
 
+def test_harness_times_each_call_and_slow_ranks_reduced_last_sum_right():
+    """The plan with rank 2 slow (its trees kept, rank 2 reduced after every other child) sums
+    as numpy with rank 2 late; times_ns records each call's start after the delay."""
+    from jax_blink import Topology
+    from jax_blink.planning import plan
+
+    n, count, calls = 4, 20000, 3
+    sched = plan(Topology.preset("shm:4"), slow_ranks=[2]).lower(count * 4, "float32", chunks=3).encode()
+    inputs = make_inputs("float32", n, count)
+    outputs = [np.zeros_like(x) for x in inputs]
+    times = np.zeros((n, calls, 2), np.int64)
+    assert harness.run_ranks(sched, inputs, outputs, 20000, repeat=calls, delays_ms=[0, 0, 15, 0],
+                             times_ns=times) == [None] * n
+    for out in outputs:
+        check_sum("float32", inputs, out)
+    assert (times[:, :, 1] >= times[:, :, 0]).all() and (times > 0).all()
+    # every call ends after the late rank began it, which is well after the others began
+    assert (times[:, :, 1].max(axis=0) >= times[2, :, 0]).all()
+    assert ((times[2, :, 0] - times[[0, 1, 3], :, 0].min(axis=0)) > 10e6).all(), times
+    with pytest.raises(ValueError, match="times_ns"):
+        harness.run_ranks(sched, inputs, outputs, 1000, repeat=2, times_ns=times)
+    with pytest.raises(ValueError, match="times_ns"):
+        harness.run_ranks(sched, inputs, outputs, 1000, repeat=calls, times_ns=times.astype(np.int32))
+
+
 def test_a_device_late_to_its_psum_is_named():
     """Inside jit: one device's host callback sleeps before its psum (test scaffolding in
     the program, not in jax_blink); stats() names that device's rank."""
