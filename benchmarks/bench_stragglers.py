@@ -195,7 +195,6 @@ def markdown(result) -> str:
              f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores; commit "
              f"{result['machine']['commit']}. Rank {result['late']} late; medians of "
              f"{result['rounds']} rounds x {result['calls']} calls, plans interleaved.", "",
-             "<!-- table: stragglers -->",
              "| elements | late by | plain after arrival | ordered | leaves | leaves / plain | whole call, nobody late: plain / leaves |",
              "|---|---|---|---|---|---|---|"]
     on_time = {r["count"]: r for r in result["collective"] if r["delay_ms"] == 0}
