@@ -112,8 +112,10 @@ _KEYWORDS_DOC = """
         (:func:`jax_blink.slow_ranks` reads them off :func:`jax_blink.stats`):
         the plan makes them leaves of its trees wherever the packing reaches the
         same rate, so that a late rank delays only its own last hop
-        (``plan(slow_ranks=...)``; explain() says where it could not). Not with
-        ``axis_index_groups``.
+        (``plan(slow_ranks=...)``; explain() says where it could not), and
+        every parent reduces them after its other children. On CPU devices
+        this gains nothing yet: no rank starts before all have joined
+        (docs/sharp_bits.md, "Slow ranks"). Not with ``axis_index_groups``.
 """
 
 

@@ -202,7 +202,8 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
     if request.algo == "file":
         p, schedule = _from_file(request, count, dtype)
         return p, schedule, EncodedSchedule(schedule.encode())
-    p = plan(topology, request.collective, root=root, slow_ranks=request.slow_ranks or None)
+    p = plan(topology, request.collective, root=root, slow_ranks=request.slow_ranks or None,
+             tolerance=SLOW_TOLERANCE if request.slow_ranks else 0.0)
     if request.algo == "blink-tuned":
         schedule = tuned(topology, request.collective, root, count, dtype,
                          request.slow_ranks).schedule  # validated by lower()
@@ -221,7 +222,8 @@ def tuned(topology, collective, root, count, dtype, slow_ranks=()):
     (``sim.Tuned.seconds``: the simulated transfer and the executor's costs): the
     choice is kept on disk, since tuning a whole DGX-1 plan at 256 MB takes up to about half
     a second; the op does not change it, nor the time."""
-    return tune(plan(topology, collective, root=root, slow_ranks=slow_ranks or None), count * DTYPES[dtype][1],
+    return tune(plan(topology, collective, root=root, slow_ranks=slow_ranks or None,
+                     tolerance=SLOW_TOLERANCE if slow_ranks else 0.0), count * DTYPES[dtype][1],
                 dtype, cache=True,
                 executor=CUDA_STREAM, simulate_top=tune_simulate_top(count * DTYPES[dtype][1]))
 

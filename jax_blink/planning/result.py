@@ -118,6 +118,10 @@ class Plan:
                                                              else f"has no root, got root {self.root!r}"))
         if not self.trees:
             raise PlanError("a plan needs at least one tree")
+        if list(self.slow_ranks) != sorted(set(self.slow_ranks)) or any(
+                not isinstance(r, int) or not 0 <= r < n for r in self.slow_ranks):
+            raise PlanError(f"slow_ranks must be distinct ranks 0..{n - 1} in ascending order, "
+                            f"got {list(self.slow_ranks)}")
         graph = self.topology.link_graph(self.link_kinds)
         load = np.zeros(len(graph.arcs))
         for i, tree in enumerate(self.trees):

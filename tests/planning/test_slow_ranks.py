@@ -111,3 +111,12 @@ def test_plans_keep_slow_ranks_through_json():
     again = Plan.from_json(p.to_json())
     assert again.slow_ranks == (2,) and again == p
     assert Plan.from_json(plan(Topology.preset("shm:4"), cache=False).to_json()).slow_ranks == ()
+
+
+@pytest.mark.parametrize("bad", [[4], [2, 1], [1, 1], [-1]])
+def test_plan_json_with_bad_slow_ranks_is_refused(bad):
+    from jax_blink.planning import Plan
+    d = json.loads(plan(Topology.preset("shm:4"), slow_ranks=[1], cache=False).to_json())
+    d["slow_ranks"] = bad
+    with pytest.raises(PlanError, match="slow_ranks must be distinct ranks 0..3"):
+        Plan.from_json(d)
