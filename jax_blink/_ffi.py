@@ -75,6 +75,19 @@ def load_cuda_testing():
     return _blink_cuda_testing
 
 
+def configure_cpu(ext=None):
+    """Hands the CPU executor the settings of the environment (``JAX_BLINK_SPIN`` and the
+    others, validated by :func:`jax_blink.settings.executor`); ``ext``: the extension
+    (default: :func:`load_extension`'s). The first lowering does this once; harnesses that
+    run the executor without jax call it themselves."""
+    from jax_blink import settings
+
+    ext = load_extension() if ext is None else ext
+    cfg = settings.executor()
+    ext.configure(spin=cfg.spin, yield_us=cfg.yield_us, push=cfg.push, nt_bytes=cfg.nt_bytes,
+                  hugepage_bytes=cfg.hugepage_bytes, debug=cfg.debug)
+
+
 def ensure_registered(platform="cpu"):
     """Registers the FFI state type and targets for ``platform`` ("cpu" or "cuda"), once."""
     if platform in _registered:
@@ -97,14 +110,12 @@ def ensure_registered(platform="cpu"):
             pass
         # The executors' settings: from the environment, validated in one
         # place (jax_blink.settings), handed to C++ once.
-        from jax_blink import settings
-
-        cfg = settings.executor()
         if platform == "cpu":
-            ext.configure(spin=cfg.spin, yield_us=cfg.yield_us, push=cfg.push,
-                          nt_bytes=cfg.nt_bytes, hugepage_bytes=cfg.hugepage_bytes,
-                          debug=cfg.debug)
+            configure_cpu(ext)
         else:
+            from jax_blink import settings
+
+            cfg = settings.executor()
             ext.configure(debug=cfg.debug, executor=cfg.cuda_executor)
         for name, registration in ext.type_registrations().items():
             jax.ffi.register_ffi_type(name, registration, platform=xla_platform)
