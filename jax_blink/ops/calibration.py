@@ -14,7 +14,10 @@ measures with the same function.
 profile (:mod:`jax_blink.planning.profile`, keyed by :func:`jax_blink.ops.machine.machine_key`)
 atomically into the cache directory. A full calibration measures 7 sizes (1 to 1e7 float32
 per device, about a minute on 8 CPU devices of a 2-core VM); ``quick`` 4 sizes with fewer
-calls (about 10 s). Every collective is bounded by psum's timeout, so it never hangs.
+calls (about 10 s). A full calibration also times the training steps of
+:data:`STEP_MODELS` (:func:`measure_steps`): what summing their gradient pytrees adds to a
+step, by jax_blink and by lax, the profile's ``steps``. Every collective is bounded by
+psum's timeout, so it never hangs.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_blink import numerics
 from jax_blink.ops import machine
+from jax_blink.ops.measure import run_steps
 from jax_blink.ops.psum import psum
 from jax_blink.planning import profile as profiles
 
-__all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "measure_allreduce", "calibrate"]
+__all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "STEP_MODELS", "measure_allreduce", "measure_steps",
+           "calibrate"]
 
 logger = logging.getLogger("jax_blink")
 
@@ -48,6 +53,9 @@ VARIANTS = ("none", "blink", "lax", "auto")
 #: :data:`jax_blink.planning.cost.CPU_ALLREDUCE_US`), and a quick one.
 FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
+#: The MLPs (depth, width: gradients of 1, 4 and 16.8 MB per device) whose training steps a
+#: full calibration times, batch 64 per device.
+STEP_MODELS = ((4, 256), (4, 512), (4, 1024))
 #: The least time a collective is taken to add (microseconds): a median below the
 #: collective-free program's is noise, and a profile's times must be positive.
 MIN_ADDED_US = 1.0
@@ -130,6 +138,28 @@ def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Seque
     return rows
 
 
+def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7) -> dict:
+    """What summing the gradient pytree of each MLP of ``models`` (``(depth, width)``) adds to
+    its jitted data-parallel training step (:func:`jax_blink.ops.measure.run_steps`, the
+    variants interleaved), by ``jax_blink.psum`` on the plan in its default buckets and by
+    ``lax.psum``, in microseconds: the profile's ``steps`` table of this process's devices,
+    by the pytree's bytes per device. RuntimeError where a summed gradient is wrong."""
+    with _algo("blink"):
+        rows, _ = run_steps(list(models), rounds=rounds, variants=("none", "lax.psum", "jax_blink"))
+    wrong = sum(r["wrong"] for r in rows)
+    if wrong:
+        raise RuntimeError(f"jax_blink calibrate: {wrong} summed gradient elements were wrong; nothing was "
+                           f"written (report this: {rows})")
+    step = {(r["depth"], r["width"], r["variant"]): r["step_ms"] * 1e3 for r in rows}
+    table = {"bytes": [], "blink": [], "lax": []}
+    for depth, width in sorted(models, key=lambda m: m[0] * m[1] * (m[1] + 1)):
+        none = step[depth, width, "none"]
+        table["bytes"].append(depth * width * (width + 1) * 4)
+        table["blink"].append(max(step[depth, width, "jax_blink"] - none, MIN_ADDED_US))
+        table["lax"].append(max(step[depth, width, "lax.psum"] - none, MIN_ADDED_US))
+    return table
+
+
 def _bar(out=sys.stderr):
     """A one-line progress bar on ``out`` (redrawn in place on a terminal, a line per step
     otherwise)."""
@@ -199,7 +229,7 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
     rounds = rounds or (7 if quick else 21)
     bar = _bar() if progress else None
-    steps = len(elements) + (0 if quick else 1)
+    steps = len(elements) + (0 if quick else 2)
     rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
                              None if bar is None else lambda done, _, what: bar(done, steps, what))
     tables = {f"1x{jax.device_count()}": rows}
@@ -209,14 +239,18 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
         except RuntimeError as e:
             logger.warning("jax_blink calibrate: %s; the profile keeps one process's layout", e)
         if bar is not None:
-            bar(steps, steps, f"{HOST_PROCESSES} processes of one host")
+            bar(steps - 1, steps, f"{HOST_PROCESSES} processes of one host")
+        step_tables = {f"1x{jax.device_count()}": measure_steps(STEP_MODELS, max(5, rounds // 3))}
+        if bar is not None:
+            bar(steps, steps, "training steps")
     wrong = sum(r["wrong"] for t in tables.values() for r in t)
     if wrong:
         raise RuntimeError(f"jax_blink calibrate: the plan's allreduce gave {wrong} wrong elements; "
                            f"nothing was written (report this: {tables})")
     made = profiles.Profile(key=machine.machine_key(), tables={k: _table(t) for k, t in tables.items()}, quick=quick,
                             seconds=round(time.monotonic() - start, 2),
-                            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+                            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                            steps={} if quick else step_tables)
     where = profiles.save(made, path if path is not None else machine.profile_path())
     machine.forget()
     return made, where
@@ -229,6 +263,12 @@ def describe(p: profiles.Profile) -> str:
         for count, b, x in zip(t["elements"], t["blink"], t["lax"]):
             lines.append(f"  {layout:>5} {count:>10g} float32/device: jax_blink {b:9.1f} us, lax {x:9.1f} us"
                          f"  -> {'jax_blink' if b < x else 'lax'}")
+    for layout, t in p.steps.items():
+        for nbytes, b, x in zip(t["bytes"], t["blink"], t["lax"]):
+            lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB of gradients/device: jax_blink {b:9.1f} us, "
+                         f"lax {x:9.1f} us  -> {'jax_blink' if b < x else 'lax'}")
+        lines.append(f"  {layout:>5} steps: psum hands gradient pytrees up to "
+                     f"{p.step_lax_bytes(layout) / 1e6:.2f} MB per device to lax")
     return "\n".join(lines)
 
 

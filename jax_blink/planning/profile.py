@@ -10,6 +10,12 @@ model and core count, device kind and count, jax and jaxlib versions, the extens
 build), so another machine, an upgrade or a rebuilt executor never reuses it; a profile
 whose key differs, or that is corrupt, is ignored with a warning (:func:`load`).
 
+A full calibration also times training steps (``steps``): per layout, what summing a
+small MLP's gradient pytree adds to a jitted step, by the pytree's bytes per device, for
+both. Inside a step the devices reach each bucket at different times, which isolated calls
+do not show; :meth:`Profile.step_lax_bytes` reads off the size below which lax summed
+the whole pytree faster.
+
 Like FFTW's wisdom, a profile is a plain JSON file (``"format":
 "jax_blink.machine_profile"``) that can be copied to machines of the same kind.
 
@@ -47,12 +53,13 @@ def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _check_table(layout: str, table) -> dict:
-    """``table`` as the cost model's table, or ProfileError naming what is wrong."""
-    if not isinstance(table, dict) or set(table) != {"elements", *_WHICH}:
-        raise ProfileError(f"layout {layout!r}: expected an object with 'elements', 'blink' and 'lax'")
-    columns = {k: table[k] for k in ("elements", *_WHICH)}
-    n = len(columns["elements"]) if isinstance(columns["elements"], (list, tuple)) else -1
+def _check_table(layout: str, table, sizes: str = "elements") -> dict:
+    """``table`` as the cost model's table (``sizes``: the name of its size column), or
+    ProfileError naming what is wrong."""
+    if not isinstance(table, dict) or set(table) != {sizes, *_WHICH}:
+        raise ProfileError(f"layout {layout!r}: expected an object with '{sizes}', 'blink' and 'lax'")
+    columns = {k: table[k] for k in (sizes, *_WHICH)}
+    n = len(columns[sizes]) if isinstance(columns[sizes], (list, tuple)) else -1
     if n < 2:
         raise ProfileError(f"layout {layout!r}: needs at least two measured sizes")
     for k, column in columns.items():
@@ -60,9 +67,9 @@ def _check_table(layout: str, table) -> dict:
                 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                            for v in column)):
             raise ProfileError(f"layout {layout!r}: {k!r} must be {n} positive numbers")
-    if list(columns["elements"]) != sorted(set(columns["elements"])):
-        raise ProfileError(f"layout {layout!r}: 'elements' must increase")
-    return {k: tuple(float(v) if k != "elements" else int(v) for v in column) for k, column in columns.items()}
+    if list(columns[sizes]) != sorted(set(columns[sizes])):
+        raise ProfileError(f"layout {layout!r}: '{sizes}' must increase")
+    return {k: tuple(float(v) if k != sizes else int(v) for v in column) for k, column in columns.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +80,10 @@ class Profile:
     ``tables``: per layout (``"<processes>x<devices per process>"``), microseconds one
     allreduce adds to a program, by float32 elements per device, for ``blink`` and
     ``lax``; ``quick``: made by ``calibrate --quick`` (fewer sizes and calls);
-    ``seconds``: how long the calibration took; ``created``: when (ISO 8601).
+    ``seconds``: how long the calibration took; ``created``: when (ISO 8601); ``steps``:
+    per layout, microseconds that summing a gradient pytree adds to a training step, by
+    its ``bytes`` per device, for ``blink`` and ``lax`` (a full calibration's; empty
+    otherwise).
     """
 
     key: dict
@@ -81,11 +91,38 @@ class Profile:
     quick: bool = False
     seconds: float = 0.0
     created: str = ""
+    steps: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):  # checked and normalised (tuples) however it was made
         if not isinstance(self.tables, dict) or not self.tables:
             raise ProfileError("machine profile: 'tables' must name at least one layout")
         object.__setattr__(self, "tables", {str(k): _check_table(str(k), t) for k, t in self.tables.items()})
+        if not isinstance(self.steps, dict):
+            raise ProfileError("machine profile: 'steps' must be an object of layouts")
+        object.__setattr__(self, "steps", {str(k): _check_table(str(k), t, "bytes") for k, t in self.steps.items()})
+
+    def step_lax_bytes(self, layout: str) -> float:
+        """Bytes per device up to which lax summed a step's gradient pytree faster than
+        jax_blink in ``layout``'s measured steps: the largest measured size up to which lax
+        won at every size, continued linearly to where the two lines cross before the next
+        size (where jax_blink won); 0 where jax_blink won at the smallest size. Never beyond
+        the largest size measured.
+
+        Examples
+        --------
+        >>> p = Profile({}, {"1x8": {"elements": [1, 10], "blink": [1.0, 2.0], "lax": [2.0, 3.0]}},
+        ...             steps={"1x8": {"bytes": [1000, 3000], "blink": [80.0, 100.0], "lax": [60.0, 140.0]}})
+        >>> round(p.step_lax_bytes("1x8"))  # lax 20 us faster at 1000 B, 40 us slower at 3000 B
+        1667
+        """
+        t = self.steps[layout]
+        sizes, gap = t["bytes"], [b - x for b, x in zip(t["blink"], t["lax"])]  # > 0: lax faster
+        if gap[0] <= 0:
+            return 0.0
+        for i in range(1, len(sizes)):
+            if gap[i] <= 0:
+                return sizes[i - 1] + (sizes[i] - sizes[i - 1]) * gap[i - 1] / (gap[i - 1] - gap[i])
+        return float(sizes[-1])
 
     def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
         """The measured time of an allreduce of ``size_bytes`` per device by ``which``
@@ -103,7 +140,9 @@ class Profile:
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "key": self.key, "quick": self.quick,
                 "seconds": self.seconds, "created": self.created,
-                "tables": {k: {c: list(v) for c, v in t.items()} for k, t in self.tables.items()}}
+                "tables": {k: {c: list(v) for c, v in t.items()} for k, t in self.tables.items()}} \
+            | ({"steps": {k: {c: list(v) for c, v in t.items()} for k, t in self.steps.items()}}
+               if self.steps else {})
 
     @classmethod
     def from_json(cls, source) -> "Profile":
@@ -115,7 +154,8 @@ class Profile:
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
             raise ProfileError("machine profile: 'seconds' must be a number")
         return cls(key=d["key"], tables=d.get("tables"),
-                   quick=bool(d.get("quick", False)), seconds=float(seconds), created=str(d.get("created", "")))
+                   quick=bool(d.get("quick", False)), seconds=float(seconds), created=str(d.get("created", "")),
+                   steps=d.get("steps", {}))
 
 
 def path_for(key: dict, directory) -> Path:
