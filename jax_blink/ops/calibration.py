@@ -267,8 +267,6 @@ def describe(p: profiles.Profile) -> str:
         for nbytes, b, x in zip(t["bytes"], t["blink"], t["lax"]):
             lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB of gradients/device: jax_blink {b:9.1f} us, "
                          f"lax {x:9.1f} us  -> {'jax_blink' if b < x else 'lax'}")
-        lines.append(f"  {layout:>5} steps: psum hands gradient pytrees up to "
-                     f"{p.step_lax_bytes(layout) / 1e6:.2f} MB per device to lax")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from jax_blink.planning import profile as profiles
 from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, cpu_allreduce_seconds,
                                      fixed_seconds)
 
-__all__ = ["CpuPrediction", "cpu_allreduce", "blink_fixed_seconds", "step_lax_bytes"]
+__all__ = ["CpuPrediction", "cpu_allreduce", "blink_fixed_seconds"]
 
 
 def _table(processes: int, devices: Optional[int]):
@@ -65,14 +65,3 @@ def blink_fixed_seconds(processes: int = 1, devices: Optional[int] = None) -> fl
     (:func:`jax_blink.planning.cost.fixed_seconds`): what a gradient bucket pays per call."""
     return fixed_seconds("blink", _table(processes, devices)[0])
 
-
-def step_lax_bytes(devices: int) -> tuple:
-    """``(bytes, source)``: per device, how large a gradient pytree summed over ``devices``
-    devices of this process may be for ``lax.psum`` to have summed it faster inside this
-    machine's calibrated training steps (:meth:`jax_blink.planning.profile.Profile.step_lax_bytes`,
-    the profile's nearest layout); ``(0, why not)`` without a profile that timed steps."""
-    found = machine.profile()
-    layout = None if found is None else profiles.nearest_layout(found.steps, 1, devices)
-    if layout is None:
-        return 0.0, "no calibrated steps (`python -m jax_blink calibrate`, not --quick, times them)"
-    return found.step_lax_bytes(layout), f"this machine's profile ({layout} steps, {found.created[:10] or 'undated'})"

@@ -12,7 +12,7 @@ from jax import lax
 
 from jax_blink import settings
 from jax_blink.ops import buckets as _buckets, decide as _decide, hierarchical
-from jax_blink.ops import decisions as _decisions, predict_cpu
+from jax_blink.ops import decisions as _decisions
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import carried_as, run
 
@@ -44,8 +44,6 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
                                   for a in arrays])
 
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
-    if _small_pytree_to_lax(name, axes, op, leaves, axis_index_groups, bucket_bytes, slow_ranks):
-        return treedef.unflatten(lax.psum(leaves, axes))
     buckets = [list(range(len(leaves)))]
     if op == "sum" and len(leaves) > 1:
         size, why = _buckets.bucket_size(bucket_bytes, jax.default_backend())
@@ -62,25 +60,6 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
                                      keywords, slow_ranks)):
             out[i] = r
     return treedef.unflatten(out)
-
-
-def _small_pytree_to_lax(name, axes, op, leaves, axis_index_groups, bucket_bytes, slow_ranks) -> bool:
-    """Whether ``auto`` hands a whole pytree (a step's gradients: several leaves) to
-    ``lax.psum`` on CPU devices of one process: where this machine's calibrated training steps
-    had lax sum pytrees of its size faster (:func:`~jax_blink.ops.predict_cpu.step_lax_bytes`).
-    A caller's ``bucket_bytes``, ``axis_index_groups`` or ``slow_ranks`` keeps jax_blink."""
-    if (op != "sum" or len(leaves) < 2 or bucket_bytes is not None or axis_index_groups is not None
-            or slow_ranks is not None or settings.algo() != "auto" or jax.default_backend() != "cpu"
-            or jax.process_count() > 1):
-        return False
-    nbytes = sum(int(np.size(leaf)) * np.dtype(jnp.result_type(leaf)).itemsize for leaf in leaves)
-    limit, source = predict_cpu.step_lax_bytes(axis_size(axes, name))
-    if nbytes > limit:
-        return False
-    _decisions.record(f"{name} over {axes}: {len(leaves)} leaves ({nbytes} B per device) to lax.psum: in the "
-                      f"training steps timed by {source}, lax summed gradient pytrees up to {limit:.0f} B per "
-                      "device faster")
-    return True
 
 
 def _reduce(leaves, axes, op, axis_index_groups, keywords, slow_ranks=None):

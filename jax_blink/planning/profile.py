@@ -13,8 +13,7 @@ whose key differs, or that is corrupt, is ignored with a warning (:func:`load`).
 A full calibration also times training steps (``steps``): per layout, what summing a
 small MLP's gradient pytree adds to a jitted step, by the pytree's bytes per device, for
 both. Inside a step the devices reach each bucket at different times, which isolated calls
-do not show; :meth:`Profile.step_lax_bytes` reads off the size below which lax summed
-the whole pytree faster.
+do not show. No choice reads these yet: ``calibrate`` prints them beside the calls'.
 
 Like FFTW's wisdom, a profile is a plain JSON file (``"format":
 "jax_blink.machine_profile"``) that can be copied to machines of the same kind.
@@ -100,29 +99,6 @@ class Profile:
         if not isinstance(self.steps, dict):
             raise ProfileError("machine profile: 'steps' must be an object of layouts")
         object.__setattr__(self, "steps", {str(k): _check_table(str(k), t, "bytes") for k, t in self.steps.items()})
-
-    def step_lax_bytes(self, layout: str) -> float:
-        """Bytes per device up to which lax summed a step's gradient pytree faster than
-        jax_blink in ``layout``'s measured steps: the largest measured size up to which lax
-        won at every size, continued linearly to where the two lines cross before the next
-        size (where jax_blink won); 0 where jax_blink won at the smallest size. Never beyond
-        the largest size measured.
-
-        Examples
-        --------
-        >>> p = Profile({}, {"1x8": {"elements": [1, 10], "blink": [1.0, 2.0], "lax": [2.0, 3.0]}},
-        ...             steps={"1x8": {"bytes": [1000, 3000], "blink": [80.0, 100.0], "lax": [60.0, 140.0]}})
-        >>> round(p.step_lax_bytes("1x8"))  # lax 20 us faster at 1000 B, 40 us slower at 3000 B
-        1667
-        """
-        t = self.steps[layout]
-        sizes, gap = t["bytes"], [b - x for b, x in zip(t["blink"], t["lax"])]  # > 0: lax faster
-        if gap[0] <= 0:
-            return 0.0
-        for i in range(1, len(sizes)):
-            if gap[i] <= 0:
-                return sizes[i - 1] + (sizes[i] - sizes[i - 1]) * gap[i - 1] / (gap[i - 1] - gap[i])
-        return float(sizes[-1])
 
     def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
         """The measured time of an allreduce of ``size_bytes`` per device by ``which``

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import jax
@@ -230,19 +229,11 @@ def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_pa
     machine.forget()
 
 
-#: Steps where lax summed 1 MB of gradients 1 ms faster and 4 MB 1 ms slower: the lines cross at 2.5 MB.
-STEPS = {"1x8": {"bytes": [1_000_000, 4_000_000], "blink": [3000.0, 5000.0], "lax": [2000.0, 6000.0]}}
-
-
-@pytest.mark.parametrize("table, limit", [
-    (STEPS["1x8"], 2_500_000),
-    ({"bytes": [10, 20], "blink": [1.0, 5.0], "lax": [2.0, 3.0]}, 0),        # jax_blink won the smallest
-    ({"bytes": [10, 20], "blink": [3.0, 5.0], "lax": [2.0, 3.0]}, 20),       # lax won both: never beyond
-])
-def test_step_lax_bytes_reads_the_crossover_off_the_steps(table, limit):
-    p = profiles.Profile({}, {"1x8": LAX_WINS}, steps={"1x8": table})
-    assert p.step_lax_bytes("1x8") == pytest.approx(limit)
-    assert profiles.Profile.from_json(p.to_json()) == p
+def test_a_profile_keeps_its_step_table():
+    steps = {"1x8": {"bytes": [1_000_000, 4_000_000], "blink": [3000.0, 5000.0], "lax": [2000.0, 6000.0]}}
+    p = profiles.Profile({}, {"1x8": LAX_WINS}, steps=steps)
+    assert profiles.Profile.from_json(p.to_json()) == p and p.steps["1x8"]["bytes"] == (1_000_000, 4_000_000)
+    assert "step,  1.00 MB of gradients/device" in calibration.describe(p)
 
 
 @pytest.mark.parametrize("steps, match", [
@@ -254,49 +245,6 @@ def test_step_lax_bytes_reads_the_crossover_off_the_steps(table, limit):
 def test_bad_step_tables_are_refused_by_name(steps, match):
     with pytest.raises(profiles.ProfileError, match=match):
         profiles.Profile({}, {"1x8": LAX_WINS}, steps=steps)
-
-
-def _gradients(mb):
-    """A pytree of three float32 leaves, ``mb`` MB per device in all, one row per device."""
-    n = 8
-    per = int(mb * 1e6 / 4 / 3)
-    return [np.arange(n * per, dtype=np.float32).reshape(n, per) % 7 for _ in range(3)]
-
-
-def _summed(tree, **kw):
-    import jax_blink
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    mesh = jax.make_mesh((8,), ("i",))
-    f = jax.jit(jax.shard_map(lambda t: jax_blink.psum(t, "i", **kw), mesh=mesh, in_specs=P("i"),
-                              out_specs=P(), check_vma=False))
-    tree = [jax.device_put(x, NamedSharding(mesh, P("i"))) for x in tree]
-    return f.lower(tree).as_text(), f(tree)
-
-
-def test_psum_hands_pytrees_the_calibrated_steps_favour_to_lax(use_profile):
-    """Below the steps' crossover (2.5 MB) a whole pytree goes to lax.psum and explain() says
-    why; above it, or with bucket_bytes, jax_blink sums it. Sums equal numpy's either way."""
-    import jax_blink
-
-    use_profile({"1x8": BLINK_WINS}, steps=STEPS)
-    for mb, kw, blink in ((1.2, {}, False), (3.6, {}, True), (1.2, {"bucket_bytes": 1 << 30}, True)):
-        tree = _gradients(mb)
-        text, out = _summed(tree, **kw)
-        assert ("jax_blink_collective" in text) == blink, (mb, kw)
-        for got, x in zip(out, tree):
-            np.testing.assert_array_equal(np.asarray(got)[0], x.sum(axis=0))
-        said = [line for line in jax_blink.explain().splitlines() if "3 leaves" in line][-1]
-        assert ("to lax.psum: in the training steps timed by this machine's profile (1x8 steps" in said) != blink, said
-        assert blink or "up to 2500000 B per device faster" in said
-
-
-def test_without_calibrated_steps_pytrees_stay_with_jax_blink(use_profile):
-    use_profile({"1x8": BLINK_WINS})
-    assert predict_cpu.step_lax_bytes(8) == (0.0, "no calibrated steps (`python -m jax_blink calibrate`, not "
-                                                  "--quick, times them)")
-    text, _ = _summed(_gradients(0.5))
-    assert "jax_blink_collective" in text
 
 
 def test_measure_steps_times_each_model_and_builds_a_valid_table():
