@@ -83,7 +83,6 @@ def time_collective(schedule, count: int, late: int, delay_ms: float, calls: int
     from jax_blink import _ffi
 
     harness = _ffi.load_testing()
-    _ffi.configure_cpu()  # the JAX_BLINK_* executor settings, as a jitted psum gets them
     rng = np.random.default_rng(count + late)
     inputs = [rng.integers(-8, 9, count).astype(np.float32) for _ in range(N)]
     outputs = [np.zeros(count, np.float32) for _ in range(N)]
@@ -103,6 +102,9 @@ def time_collective(schedule, count: int, late: int, delay_ms: float, calls: int
 
 
 def collective_rows(sizes, delays, late, rounds, calls) -> tuple:
+    from jax_blink import _ffi
+
+    _ffi.configure_cpu()  # the JAX_BLINK_* executor settings, as a jitted psum gets them
     rows = []
     picked = None
     for count in sizes:

@@ -152,9 +152,9 @@ def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7) -> dict:
                            f"written (report this: {rows})")
     step = {(r["depth"], r["width"], r["variant"]): r["step_ms"] * 1e3 for r in rows}
     table = {"bytes": [], "blink": [], "lax": []}
-    for depth, width in sorted(models, key=lambda m: m[0] * m[1] * (m[1] + 1)):
+    for nbytes, depth, width in sorted((d * w * (w + 1) * 4, d, w) for d, w in models):  # float32 weights, biases
         none = step[depth, width, "none"]
-        table["bytes"].append(depth * width * (width + 1) * 4)
+        table["bytes"].append(nbytes)
         table["blink"].append(max(step[depth, width, "jax_blink"] - none, MIN_ADDED_US))
         table["lax"].append(max(step[depth, width, "lax.psum"] - none, MIN_ADDED_US))
     return table
