@@ -25,7 +25,8 @@ counts elements outside the summation-order bound (jax_blink.numerics).
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("PJRT_NPROC", "64")
+from jax_blink.settings import set_xla_cpu_threads  # imports no jax
+set_xla_cpu_threads()  # XLA CPU\'s threads: twice the devices
 
 import argparse
 import json

@@ -24,7 +24,8 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("PJRT_NPROC", "64")
+from jax_blink.settings import set_xla_cpu_threads  # imports no jax
+set_xla_cpu_threads()  # XLA CPU\'s threads: twice the devices
 os.environ.setdefault("JAX_BLINK_ALGO", "blink")  # the plan at every size (auto may pick lax)
 
 import argparse  # noqa: E402

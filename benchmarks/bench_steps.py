@@ -22,7 +22,8 @@ https://ui.perfetto.dev).
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("PJRT_NPROC", "64")
+from jax_blink.settings import set_xla_cpu_threads  # imports no jax
+set_xla_cpu_threads()  # XLA CPU\'s threads: twice the devices
 
 import argparse
 import glob

@@ -35,7 +35,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("PJRT_NPROC", "64")
+from jax_blink.settings import set_xla_cpu_threads  # imports no jax
+set_xla_cpu_threads()  # XLA CPU\'s threads: twice the devices
 os.environ.setdefault("JAX_BLINK_ALGO", "blink")  # the step's psum on the plan, not lax, at every size
 
 import argparse

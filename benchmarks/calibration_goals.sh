@@ -10,7 +10,7 @@
 # (<machine>: benchmarks/_machine.py's machine_tag, e.g. intel-xeon-2core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PJRT_NPROC=64
+export PJRT_NPROC=$(python3 -c "from jax_blink.settings import xla_cpu_threads; print(xla_cpu_threads(8))")
 tag=$(cd benchmarks && python3 -c "import _machine; print(_machine.machine_tag())")
 out=benchmarks/results
 profile="$out/profile_${tag}.json"

@@ -32,7 +32,7 @@ out="${1:-gpu_check_out}"
 mkdir -p "$out"
 stages="${STAGES:-tests parallel device stress bench suite}"
 want() { [[ " $stages " == *" $1 "* ]]; }
-export PYTHONUNBUFFERED=1 PJRT_NPROC=64
+export PYTHONUNBUFFERED=1
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 start=$SECONDS
 stamp() { echo "gpu_check: $1 at +$((SECONDS - start)) s"; }

@@ -30,7 +30,8 @@ def main(argv=None):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={args.devices}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ.setdefault("PJRT_NPROC", "64")
+    from jax_blink.settings import set_xla_cpu_threads  # imports no jax
+    set_xla_cpu_threads()  # XLA CPU\'s threads: twice the devices
     import numpy as np
     import psutil
 

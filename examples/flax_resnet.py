@@ -68,6 +68,8 @@ import platform
 import sys
 import time
 
+from jax_blink import settings  # imports no jax
+
 
 def _gpu_present() -> bool:
     """Best-effort check, before jax is imported, for a usable GPU platform."""
@@ -86,8 +88,9 @@ def _configure_devices(n_cpu_devices: int = 8) -> None:
     """Ask XLA for virtual CPU devices. Must run before jax is imported.
 
     Leaves settings the user made alone, and does nothing when a GPU platform
-    is present (the GPUs are used instead). PJRT_NPROC lifts XLA CPU's cap on
-    queued executions, which can otherwise deadlock collectives.
+    is present (the GPUs are used instead). PJRT_NPROC sizes XLA CPU's thread pool:
+    twice the devices, so that queued executions cannot deadlock collectives, and no
+    more, as more threads slow every step (docs/sharp_bits.md).
     """
     if _gpu_present():
         return
@@ -96,7 +99,7 @@ def _configure_devices(n_cpu_devices: int = 8) -> None:
         os.environ["XLA_FLAGS"] = (
             f"{flags} --xla_force_host_platform_device_count={n_cpu_devices}"
         ).strip()
-    os.environ.setdefault("PJRT_NPROC", "64")
+    settings.set_xla_cpu_threads()
 
 
 _configure_devices()

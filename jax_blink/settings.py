@@ -16,6 +16,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +24,7 @@ __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S
            "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
            "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
            "cuda_enabled", "CUDA_EXECUTORS", "cuda_executor", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor",
-           "profile_file", "PROFILE_DEFAULTS"]
+           "profile_file", "PROFILE_DEFAULTS", "xla_cpu_threads", "set_xla_cpu_threads"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
 #: On 8 CPU devices jax_blink is faster at every size measured, down to one
@@ -303,3 +304,36 @@ def executor() -> ExecutorSettings:
                                default=getattr(d, field))
     return ExecutorSettings(push=_flag("JAX_BLINK_PUSH", d.push), debug=debug(),
                             cuda_executor=cuda_executor(), **values)
+
+
+def xla_cpu_threads(devices: int, cores: Optional[int] = None) -> int:
+    """The ``PJRT_NPROC`` (XLA CPU's thread pool) for a process of ``devices`` CPU devices on
+    ``cores`` cores (default: this machine's): the cores, but at least twice the devices.
+
+    XLA's CPU client runs every device's executions on that one pool. With fewer threads
+    than twice the devices, a program that queues many steps without blocking deadlocks
+    its collectives (lax.psum and jax_blink.psum alike; jax_blink's time out with an
+    error); with more than it needs, every step is slower, as the devices' programs all
+    run at once on the cores (64 threads for 8 devices on 2 cores: +35-50% per step;
+    ``benchmarks/bench_xla_threads.py``, docs/sharp_bits.md).
+
+    >>> xla_cpu_threads(8, cores=2)
+    16
+    >>> xla_cpu_threads(8, cores=32)
+    32
+    """
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    return max(int(cores), 2 * int(devices))
+
+
+def set_xla_cpu_threads(devices: Optional[int] = None) -> None:
+    """Sets ``PJRT_NPROC`` to :func:`xla_cpu_threads` unless the environment sets it;
+    ``devices``: the process's CPU devices (default: ``XLA_FLAGS``'
+    ``--xla_force_host_platform_device_count``, else 1). Call it before jax starts its CPU
+    client, which reads the variable once, when it is made."""
+    if _env("PJRT_NPROC") is not None:
+        return
+    if devices is None:
+        found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+        devices = int(found[-1]) if found else 1
+    os.environ["PJRT_NPROC"] = str(xla_cpu_threads(devices))

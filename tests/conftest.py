@@ -1,12 +1,14 @@
 """Test configuration: 8 virtual CPU devices, set before jax is imported.
 
-PJRT_NPROC lifts XLA's cap on queued executions per device (see docs/sharp_bits.md,
-"PJRT_NPROC"); tests that queue many asynchronous steps would otherwise
+PJRT_NPROC sizes XLA CPU's thread pool: twice the devices (jax_blink.settings.xla_cpu_threads;
+docs/sharp_bits.md, "PJRT_NPROC"), or tests that queue many asynchronous steps would
 deadlock lax.psum and jax_blink.psum alike.
 """
 
 import importlib.util
 import os
+
+from jax_blink.settings import set_xla_cpu_threads  # imports no jax
 
 
 def _nvidia_gpu_for_jax() -> bool:
@@ -19,7 +21,7 @@ def _nvidia_gpu_for_jax() -> bool:
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-os.environ.setdefault("PJRT_NPROC", "64")
+set_xla_cpu_threads(8)
 # The CPU tests run on 8 virtual CPU devices (the default backend, first in the list); on a
 # machine with an NVIDIA GPU jax starts its CUDA backend too, so that the XLA:GPU tests
 # (tests/executor/test_cuda.py, jax.devices("gpu")) run under plain pytest.

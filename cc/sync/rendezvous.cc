@@ -445,8 +445,9 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
            << DescribeRanks(missing)
            << " never arrived (arrived: " << DescribeRanks(arrived)
            << "). A device may be stuck or running a different program, or "
-              "XLA may be limiting queued executions (set PJRT_NPROC=64 "
-              "before importing jax).";
+              "XLA's CPU thread pool may be too small for the queued executions "
+              "(set PJRT_NPROC to at least twice the process's devices before "
+              "jax starts: jax_blink.settings.set_xla_cpu_threads).";
         slot->abort_message_ = os.str();
         if (e.tombstones.empty()) {
           if (++impl_->tombstone_entries > kMaxTombstoneEntries) {

@@ -42,6 +42,7 @@ import math
 import os
 import sys
 
+from jax_blink import settings
 from jax_blink.cli.common import add_topology_args, allocations, output_path, plain, topology_from_args, wrote
 from jax_blink.cli.sizes import format_size, parse_sizes
 from jax_blink.planning import plan_hosts
@@ -297,7 +298,7 @@ def _devices_main(args):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + f" --xla_force_host_platform_device_count={args.cpu_devices}").strip()
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ.setdefault("PJRT_NPROC", "64")
+    settings.set_xla_cpu_threads()
     if args.iters < 1:
         raise ValueError(f"--iters must be >= 1, got {args.iters}")
     if args.steps:

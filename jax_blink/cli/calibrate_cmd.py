@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+from jax_blink import settings
 from jax_blink.cli.common import plain
 
 __all__ = ["add_parser"]
@@ -50,7 +51,7 @@ def main(args) -> int:
             if "jax" in sys.modules:
                 raise ValueError("--cpu-devices must be set before jax is imported")
             os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={count}".strip()
-        os.environ.setdefault("PJRT_NPROC", "64")
+        settings.set_xla_cpu_threads()
         from jax_blink.ops.calibration import calibrate, describe  # imports jax
 
         made, where = calibrate(quick=args.quick, path=args.out, rounds=args.rounds)

@@ -1,6 +1,8 @@
 """jax_blink.settings: every JAX_BLINK_* variable, its default, keyword precedence
 and a clear error for a bad value."""
 
+import os
+
 import pytest
 
 from jax_blink import settings
@@ -266,3 +268,24 @@ def test_a_topology_argument_of_another_type_is_a_type_error():
 
     with pytest.raises(TypeError, match="topology must be a Topology or a preset name, got 123"):
         jax_blink.explain(jax.ShapeDtypeStruct((64,), np.float32), 8, topology=123)
+
+
+@pytest.mark.parametrize("devices, cores, threads", [(8, 2, 16), (8, 16, 16), (8, 64, 64), (1, 2, 2), (4, 1, 8)])
+def test_xla_cpu_threads_is_the_cores_but_at_least_twice_the_devices(devices, cores, threads):
+    # fewer than 2 x devices deadlock queued collectives; more than the cores slow every step
+    # (benchmarks/bench_xla_threads.py)
+    assert settings.xla_cpu_threads(devices, cores=cores) == threads
+
+
+def test_set_xla_cpu_threads_reads_the_device_count_and_leaves_a_user_setting(monkeypatch):
+    monkeypatch.delenv("PJRT_NPROC", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--foo --xla_force_host_platform_device_count=4 "
+                                    "--xla_force_host_platform_device_count=40")
+    settings.set_xla_cpu_threads()
+    assert os.environ["PJRT_NPROC"] == str(settings.xla_cpu_threads(40))  # the last count wins, as in XLA
+    settings.set_xla_cpu_threads(1000)  # set already: left alone
+    assert os.environ["PJRT_NPROC"] == str(settings.xla_cpu_threads(40))
+    monkeypatch.setenv("PJRT_NPROC", "")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    settings.set_xla_cpu_threads()  # an empty value is unset; no count: one device
+    assert os.environ["PJRT_NPROC"] == str(settings.xla_cpu_threads(1))
