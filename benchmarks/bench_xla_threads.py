@@ -19,6 +19,7 @@ the settings alternating ``--repeats`` times:
 Writes ``benchmarks/results/xla_threads_<machine>.{json,md}``.
 
     python benchmarks/bench_xla_threads.py [--devices 8] [--repeats 3] [--rounds 7] [--queue 1000]
+    python benchmarks/bench_xla_threads.py --queue-only --devices 4 --threads 6   # where it deadlocks
 """
 
 from __future__ import annotations
@@ -103,10 +104,11 @@ def _run(args: list, env: dict, timeout: float):
     return json.loads(line[len("RESULT "):]), time.monotonic() - start, ""
 
 
-def measure(devices: int, repeats: int, rounds: int, queue: int, queue_timeout: float) -> dict:
+def measure(devices: int, repeats: int, rounds: int, queue: int, queue_timeout: float,
+            threads=(), queue_only: bool = False) -> dict:
     settings = {"default": None, "recommended": xla_cpu_threads(devices), "64": 64}
     steps = {name: [] for name in settings}
-    for r in range(repeats):
+    for r in range(0 if queue_only else repeats):
         order = list(settings) if r % 2 == 0 else list(settings)[::-1]
         for name in order:
             got, _, why = _run(["--child-steps", str(rounds)], _env(devices, settings[name]), 1800)
@@ -117,14 +119,14 @@ def measure(devices: int, repeats: int, rounds: int, queue: int, queue_timeout: 
             steps[name].append(got)
             print(f"repeat {r + 1}/{repeats}: PJRT_NPROC {settings[name] or 'unset'} measured", file=sys.stderr)
     rows = []
-    for name, threads in settings.items():
+    for name, pool in ({} if queue_only else settings).items():
         for depth, width in MODELS:
             for v in VARIANTS:
                 ms = [row["step_ms"] for run in steps[name] for row in run
                       if row["model"] == f"{depth}x{width}" and row["variant"] == v]
                 cpu = [row["cpu_ms"] for run in steps[name] for row in run
                        if row["model"] == f"{depth}x{width}" and row["variant"] == v]
-                rows.append({"setting": name, "threads": threads, "model": f"{depth}x{width}", "variant": v,
+                rows.append({"setting": name, "threads": pool, "model": f"{depth}x{width}", "variant": v,
                              "step_ms": statistics.median(ms), "cpu_ms": statistics.median(cpu),
                              "runs_ms": ms})
     base = {(r["model"], r["variant"]): r["step_ms"] for r in rows if r["setting"] == "default"}
@@ -133,7 +135,8 @@ def measure(devices: int, repeats: int, rounds: int, queue: int, queue_timeout: 
         r["vs_default"] = r["step_ms"] / base[r["model"], r["variant"]]
         r["vs_lax"] = r["step_ms"] / lax[r["setting"], r["model"]]
     queues = []
-    for name, threads in settings.items():
+    queued = {"recommended": settings["recommended"]} if queue_only else dict(settings)
+    for name, threads in {**queued, **{str(t): t for t in threads}}.items():
         for which in ("lax.psum", "jax_blink"):
             got, seconds, why = _run(["--child-queue", which, str(queue)], _env(devices, threads),
                                      queue_timeout)
@@ -178,13 +181,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--queue", type=int, default=1000)
     ap.add_argument("--queue-timeout", type=float, default=90.0)
+    ap.add_argument("--threads", type=int, nargs="*", default=[],
+                    help="more pool sizes to queue steps under (e.g. --devices 8 --threads 12)")
+    ap.add_argument("--queue-only", action="store_true", help="no steps, and queue under the recommended pool and --threads only (nothing written)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
-    result = measure(args.devices, args.repeats, args.rounds, args.queue, args.queue_timeout)
+    result = measure(args.devices, args.repeats, args.rounds, args.queue, args.queue_timeout,
+                     args.threads, args.queue_only)
     result["machine"] = machine()
     print(markdown(result))
-    if not args.no_write:
+    if not (args.no_write or args.queue_only):
         out = Path(args.out) / f"xla_threads_{machine_tag()}"
         out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
         out.with_suffix(".md").write_text(markdown(result))

@@ -314,8 +314,8 @@ def xla_cpu_threads(devices: int, cores: Optional[int] = None) -> int:
     than twice the devices, a program that queues many steps without blocking deadlocks
     its collectives (lax.psum and jax_blink.psum alike; jax_blink's time out with an
     error); with more than it needs, every step is slower, as the devices' programs all
-    run at once on the cores (64 threads for 8 devices on 2 cores: +35-50% per step;
-    ``benchmarks/bench_xla_threads.py``, docs/sharp_bits.md).
+    run at once on the cores (64 threads for 8 devices on 2 cores: 1.3-1.5x the step time
+    of the default pool, 16: 1.2x; ``benchmarks/bench_xla_threads.py``, docs/sharp_bits.md).
 
     >>> xla_cpu_threads(8, cores=2)
     16
