@@ -64,4 +64,3 @@ def blink_fixed_seconds(processes: int = 1, devices: Optional[int] = None) -> fl
     """jax_blink's fixed per-call cost in the same table
     (:func:`jax_blink.planning.cost.fixed_seconds`): what a gradient bucket pays per call."""
     return fixed_seconds("blink", _table(processes, devices)[0])
-

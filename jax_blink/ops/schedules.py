@@ -64,6 +64,13 @@ TUNE_LARGE_BYTES = 64 << 20
 SLOW_TOLERANCE = 0.0
 
 
+def _plan(topology, collective, root, slow_ranks):
+    """The plan psum lowers: with ``slow_ranks`` as leaves where that gives up at most
+    :data:`SLOW_TOLERANCE` of the rate."""
+    return plan(topology, collective, root=root, slow_ranks=slow_ranks or None,
+                tolerance=SLOW_TOLERANCE if slow_ranks else 0.0)
+
+
 def tune_simulate_top(size_bytes: int) -> int:
     """How many lowerings psum's trace-time tuning simulates at ``size_bytes`` per device."""
     return TUNE_SIMULATE_TOP_LARGE if size_bytes >= TUNE_LARGE_BYTES else TUNE_SIMULATE_TOP
@@ -202,8 +209,7 @@ def schedule_for(request: PlanRequest, count: int, dtype: str):
     if request.algo == "file":
         p, schedule = _from_file(request, count, dtype)
         return p, schedule, EncodedSchedule(schedule.encode())
-    p = plan(topology, request.collective, root=root, slow_ranks=request.slow_ranks or None,
-             tolerance=SLOW_TOLERANCE if request.slow_ranks else 0.0)
+    p = _plan(topology, request.collective, root, request.slow_ranks)
     if request.algo == "blink-tuned":
         schedule = tuned(topology, request.collective, root, count, dtype,
                          request.slow_ranks).schedule  # validated by lower()
@@ -222,8 +228,7 @@ def tuned(topology, collective, root, count, dtype, slow_ranks=()):
     (``sim.Tuned.seconds``: the simulated transfer and the executor's costs): the
     choice is kept on disk, since tuning a whole DGX-1 plan at 256 MB takes up to about half
     a second; the op does not change it, nor the time."""
-    return tune(plan(topology, collective, root=root, slow_ranks=slow_ranks or None,
-                     tolerance=SLOW_TOLERANCE if slow_ranks else 0.0), count * DTYPES[dtype][1],
+    return tune(_plan(topology, collective, root, slow_ranks), count * DTYPES[dtype][1],
                 dtype, cache=True,
                 executor=CUDA_STREAM, simulate_top=tune_simulate_top(count * DTYPES[dtype][1]))
 

@@ -71,6 +71,11 @@ def _check_table(layout: str, table, sizes: str = "elements") -> dict:
     return {k: tuple(float(v) if k != sizes else int(v) for v in column) for k, column in columns.items()}
 
 
+def _lists(layouts: dict) -> dict:
+    """Tables of layouts with JSON's lists for their tuples."""
+    return {k: {c: list(v) for c, v in t.items()} for k, t in layouts.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """What one calibration measured on one machine.
@@ -116,9 +121,7 @@ class Profile:
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "key": self.key, "quick": self.quick,
                 "seconds": self.seconds, "created": self.created,
-                "tables": {k: {c: list(v) for c, v in t.items()} for k, t in self.tables.items()}} \
-            | ({"steps": {k: {c: list(v) for c, v in t.items()} for k, t in self.steps.items()}}
-               if self.steps else {})
+                "tables": _lists(self.tables)} | ({"steps": _lists(self.steps)} if self.steps else {})
 
     @classmethod
     def from_json(cls, source) -> "Profile":
