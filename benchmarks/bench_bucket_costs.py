@@ -1,0 +1,133 @@
+"""What a training step pays for jax_blink's buckets: the copy into one buffer, and the executor's waits.
+
+Issue 45's small MLPs: on 8 CPU devices their steps run slower with jax_blink.psum than
+with lax.psum, although each of their calls alone is faster. Interleaved in one process,
+per MLP, the data-parallel step of :func:`jax_blink.ops.measure.run_steps` with its
+gradients:
+
+* ``none``: not summed; ``lax.psum``; ``copy only``: not summed, but copied into one
+  buffer and read back out of it (``jnp.concatenate``, an ``optimization_barrier`` so that
+  XLA keeps the buffer, slices), which is what one bucket of many leaves does around its
+  collective;
+* ``one bucket``: ``jax_blink.psum`` with every leaf in one collective; ``buckets``:
+  ``jax_blink.psum`` with its default buckets, once per ``--yield-us`` value (the
+  executor's ``JAX_BLINK_YIELD_US``, set between calls).
+
+Prints step times, the process's CPU time per step, and ratios to lax.psum; summed
+jax_blink's summed gradients are checked per element against the exact sum (the
+summation-order bound, as ``run_steps`` does).
+
+    python benchmarks/bench_bucket_costs.py [--models 8x256 4x1024] [--rounds 9] [--yield-us 200 0]
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from jax_blink.settings import set_xla_cpu_threads  # imports no jax
+set_xla_cpu_threads()  # XLA CPU's threads: twice the devices
+
+import argparse
+import resource
+import time
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jax_blink import _ffi, settings
+from jax_blink.ops import measure
+from _machine import machine
+
+
+def copy_only(grads):
+    """The gradients through one buffer and back, as a bucket's collective sees them."""
+    leaves, tree = jax.tree.flatten(grads)
+    flat = lax.optimization_barrier(jnp.concatenate([g.reshape(-1) for g in leaves]))
+    out, offset = [], 0
+    for g in leaves:
+        out.append(flat[offset:offset + g.size].reshape(g.shape))
+        offset += g.size
+    return tree.unflatten(out)
+
+
+def copy_step(mesh, depth, width):
+    """:func:`jax_blink.ops.measure.mlp_step`'s step with its gradients through :func:`copy_only`."""
+    axis = mesh.axis_names[0]
+    params, loss = measure._mlp(mesh, depth, width)
+
+    def step(ps, x):
+        return jax.tree.map(lambda p, g: p - 1e-3 * g, ps, copy_only(jax.grad(loss)(ps, x)))
+
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(), check_vma=False))
+
+
+def cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def configure(yield_us):
+    """The executor's settings from the environment, with ``yield_us`` (between calls only)."""
+    cfg = settings.executor()
+    _ffi.load_extension().configure(spin=cfg.spin, yield_us=yield_us, push=cfg.push, nt_bytes=cfg.nt_bytes,
+                                    hugepage_bytes=cfg.hugepage_bytes, debug=cfg.debug)
+
+
+#: The arms and the :data:`jax_blink.ops.measure.STEP_VARIANTS` they run.
+VARIANT = {"none": "none", "lax.psum": "lax.psum", "one bucket": "jax_blink one bucket", "buckets": "jax_blink"}
+
+
+def measure_model(mesh, depth, width, rounds, yields, reps=3):
+    axis = mesh.axis_names[0]
+    n = mesh.devices.size
+    x = jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(n * 64, width)), jnp.float32),
+                       NamedSharding(mesh, P(axis)))
+    steps = {name: measure.mlp_step(mesh, depth, width, v)[0] for name, v in VARIANT.items()}
+    steps["copy only"] = copy_step(mesh, depth, width)
+    params = measure.mlp_step(mesh, depth, width, "none")[1]
+    for f in steps.values():
+        jax.block_until_ready(f(params, x))  # compiles
+    wrong = {name: measure._wrong_gradient_sums(mesh, depth, width, VARIANT[name], x)
+             for name in ("one bucket", "buckets")}
+    arms = ["none", "lax.psum", "copy only", "one bucket"] + [f"buckets, yield {y} us" for y in yields]
+    times = {a: [] for a in arms}
+    cpu = {a: [] for a in arms}
+    for r in range(rounds):
+        for arm in (arms if r % 2 == 0 else arms[::-1]):
+            name = arm
+            if arm.startswith("buckets"):
+                configure(int(arm.split()[2]))
+                name = "buckets"
+            start, start_cpu = time.perf_counter(), cpu_seconds()
+            for _ in range(reps):
+                jax.block_until_ready(steps[name](params, x))
+            times[arm].append((time.perf_counter() - start) / reps)
+            cpu[arm].append((cpu_seconds() - start_cpu) / reps)
+    configure(settings.executor().yield_us)
+    med = {a: float(np.median(v)) * 1e3 for a, v in times.items()}
+    return [{"model": f"{depth}x{width}", "arm": a, "step_ms": med[a], "cpu_ms": float(np.median(cpu[a])) * 1e3,
+             "vs_lax": med[a] / med["lax.psum"],
+             "wrong": wrong.get("buckets" if a.startswith("buckets") else a, 0)} for a in arms]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["8x256", "4x1024"])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--yield-us", type=int, nargs="+", default=[200, 0, 20])
+    args = ap.parse_args()
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    print(f"# {machine()}, {mesh.devices.size} CPU devices, PJRT_NPROC={os.environ.get('PJRT_NPROC')}")
+    print(f"{'model':>8} {'gradients':>24} {'step ms':>8} {'CPU ms':>8} {'vs lax':>7} {'wrong':>6}")
+    for model in args.models:
+        depth, width = (int(v) for v in model.split("x"))
+        for row in measure_model(mesh, depth, width, args.rounds, args.yield_us):
+            print(f"{row['model']:>8} {row['arm']:>24} {row['step_ms']:8.2f} {row['cpu_ms']:8.1f} "
+                  f"{row['vs_lax']:7.2f} {row['wrong']:6d}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
