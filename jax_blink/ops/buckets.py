@@ -9,11 +9,13 @@ handler is asynchronous: a waiting collective holds no XLA thread). The
 leaves are taken last first: for ``jax.grad`` of a layered model the
 gradients of the last layers are produced first.
 
-The size comes from the cost model of the executor that will run the
-buckets (:func:`jax_blink.planning.cost.bucket_bytes` over
-:func:`jax_blink.ops.predict_cpu.cpu_allreduce`: this machine's profile, else the
-recorded costs), or from
-``bucket_bytes=`` / ``JAX_BLINK_BUCKET_BYTES``.
+The size is ``bucket_bytes=`` / ``JAX_BLINK_BUCKET_BYTES``, else on CPU
+devices the size this machine's profile measured best in training steps
+(:func:`jax_blink.ops.predict_cpu.tuned_bucket_bytes`), else the cost model
+of the executor that will run the buckets
+(:func:`jax_blink.planning.cost.bucket_bytes` over
+:func:`jax_blink.ops.predict_cpu.cpu_allreduce`: this machine's profile's
+isolated calls, else the recorded costs).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def bucket_size(value, platform: str) -> tuple:
     if chosen is not None:
         return chosen, "bucket_bytes=" if value is not None else "JAX_BLINK_BUCKET_BYTES"
     if platform == "cpu":
+        tuned, where = predict_cpu.tuned_bucket_bytes()
+        if tuned is not None:
+            return tuned, f"the training steps of {where}"
         source = predict_cpu.cpu_allreduce(4).source
         return (_model_bytes(lambda s: predict_cpu.cpu_allreduce(s).blink_s,
                              fixed_s=predict_cpu.blink_fixed_seconds()), f"the CPU model ({source})")

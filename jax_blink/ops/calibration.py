@@ -16,8 +16,9 @@ atomically into the cache directory. A full calibration measures 7 sizes (1 to 1
 per device, about a minute on 8 CPU devices of a 2-core VM); ``quick`` 4 sizes with fewer
 calls (about 10 s). A full calibration also times the training steps of
 :data:`STEP_MODELS` (:func:`measure_steps`): what summing their gradient pytrees adds to a
-step, by jax_blink and by lax, the profile's ``steps``. Every collective is bounded by
-psum's timeout, so it never hangs.
+step, by lax and by jax_blink in buckets of each size of :data:`BUCKET_CANDIDATES`, the
+profile's ``steps`` and ``buckets``: psum's default bucket size is the one measured best
+there. Every collective is bounded by psum's timeout, so it never hangs.
 """
 
 from __future__ import annotations
@@ -36,14 +37,14 @@ import jax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_blink import numerics
-from jax_blink.ops import machine
-from jax_blink.ops.measure import run_steps
+from jax_blink import numerics, settings
+from jax_blink.ops import buckets as _buckets, machine
+from jax_blink.ops.measure import bucketed, run_steps
 from jax_blink.ops.psum import psum
 from jax_blink.planning import profile as profiles
 
-__all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "STEP_MODELS", "measure_allreduce", "measure_steps",
-           "calibrate"]
+__all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "STEP_MODELS", "BUCKET_CANDIDATES",
+           "measure_allreduce", "measure_steps", "calibrate"]
 
 logger = logging.getLogger("jax_blink")
 
@@ -56,6 +57,9 @@ QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: The MLPs (depth, width: gradients of 1, 4 and 16.8 MB per device) whose training steps a
 #: full calibration times, batch 64 per device.
 STEP_MODELS = ((4, 256), (4, 512), (4, 1024))
+#: The bucket sizes (bytes per device) a full calibration times those steps in: a quarter,
+#: one and four MiB, and one bucket for the whole pytree.
+BUCKET_CANDIDATES = (1 << 18, 1 << 20, 1 << 22, settings.MAX_BUCKET_BYTES)
 #: The least time a collective is taken to add (microseconds): a median below the
 #: collective-free program's is noise, and a profile's times must be positive.
 MIN_ADDED_US = 1.0
@@ -138,26 +142,45 @@ def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Seque
     return rows
 
 
-def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7) -> dict:
+def _leaf_bytes(depth: int, width: int) -> list:
+    """The bytes per device of an MLP's gradient leaves, in pytree order (float32 weights, biases)."""
+    return [width * width * 4, width * 4] * depth
+
+
+def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
+                  candidates: Sequence[int] = BUCKET_CANDIDATES) -> tuple:
     """What summing the gradient pytree of each MLP of ``models`` (``(depth, width)``) adds to
     its jitted data-parallel training step (:func:`jax_blink.ops.measure.run_steps`, the
-    variants interleaved), by ``jax_blink.psum`` on the plan in its default buckets and by
-    ``lax.psum``, in microseconds: the profile's ``steps`` table of this process's devices,
-    by the pytree's bytes per device. RuntimeError where a summed gradient is wrong."""
-    with _algo("blink"):
-        rows, _ = run_steps(list(models), rounds=rounds, variants=("none", "lax.psum", "jax_blink"))
-    wrong = sum(r["wrong"] for r in rows)
-    if wrong:
-        raise RuntimeError(f"jax_blink calibrate: {wrong} summed gradient elements were wrong; nothing was "
-                           f"written (report this: {rows})")
-    step = {(r["depth"], r["width"], r["variant"]): r["step_ms"] * 1e3 for r in rows}
-    table = {"bytes": [], "blink": [], "lax": []}
-    for nbytes, depth, width in sorted((d * w * (w + 1) * 4, d, w) for d, w in models):  # float32 weights, biases
-        none = step[depth, width, "none"]
-        table["bytes"].append(nbytes)
-        table["blink"].append(max(step[depth, width, "jax_blink"] - none, MIN_ADDED_US))
-        table["lax"].append(max(step[depth, width, "lax.psum"] - none, MIN_ADDED_US))
-    return table
+    variants interleaved), by ``lax.psum`` and by ``jax_blink.psum`` on the plan in buckets of
+    each size of ``candidates`` (bytes per device; sizes that bucket a model's leaves alike
+    are timed once), in microseconds.
+
+    Returns ``(steps, buckets)``: the profile's ``steps`` table of this process's devices (by
+    the pytree's bytes per device; jax_blink in the buckets measured best) and its
+    ``buckets`` table (each candidate's mean over the models of jax_blink's added time over
+    lax's). RuntimeError where a summed gradient is wrong."""
+    added = {}  # (depth, width) -> {"lax": us, candidate: us}
+    for depth, width in models:
+        split = {c: tuple(map(tuple, _buckets.split(_leaf_bytes(depth, width), c))) for c in candidates}
+        timed = {s: c for c, s in reversed(list(split.items()))}  # one candidate per bucketing
+        with _algo("blink"):
+            rows, _ = run_steps([(depth, width)], rounds=rounds,
+                                variants=("none", "lax.psum", *(bucketed(c) for c in timed.values())))
+        wrong = sum(r["wrong"] for r in rows)
+        if wrong:
+            raise RuntimeError(f"jax_blink calibrate: {wrong} summed gradient elements were wrong; nothing was "
+                               f"written (report this: {rows})")
+        step = {r["variant"]: r["step_ms"] * 1e3 for r in rows}
+        def more(variant):
+            return max(step[variant] - step["none"], MIN_ADDED_US)
+        added[depth, width] = {"lax": more("lax.psum"),
+                               **{c: more(bucketed(timed[split[c]])) for c in candidates}}
+    vs_lax = [float(np.mean([a[c] / a["lax"] for a in added.values()])) for c in candidates]
+    best = min(zip(vs_lax, candidates))[1]
+    order = sorted(added, key=lambda m: sum(_leaf_bytes(*m)))
+    steps = {"bytes": [sum(_leaf_bytes(*m)) for m in order], "blink": [added[m][best] for m in order],
+             "lax": [added[m]["lax"] for m in order]}
+    return steps, {"bucket_bytes": list(candidates), "vs_lax": vs_lax}
 
 
 def _bar(out=sys.stderr):
@@ -240,7 +263,8 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
             logger.warning("jax_blink calibrate: %s; the profile keeps one process's layout", e)
         if bar is not None:
             bar(steps - 1, steps, f"{HOST_PROCESSES} processes of one host")
-        step_tables = {f"1x{jax.device_count()}": measure_steps(STEP_MODELS, max(5, rounds // 3))}
+        step_tables, bucket_tables = (
+            {f"1x{jax.device_count()}": t} for t in measure_steps(STEP_MODELS, max(5, rounds // 3)))
         if bar is not None:
             bar(steps, steps, "training steps")
     wrong = sum(r["wrong"] for t in tables.values() for r in t)
@@ -250,7 +274,7 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     made = profiles.Profile(key=machine.machine_key(), tables={k: _table(t) for k, t in tables.items()}, quick=quick,
                             seconds=round(time.monotonic() - start, 2),
                             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                            steps={} if quick else step_tables)
+                            steps={} if quick else step_tables, buckets={} if quick else bucket_tables)
     where = profiles.save(made, path if path is not None else machine.profile_path())
     machine.forget()
     return made, where
@@ -267,6 +291,10 @@ def describe(p: profiles.Profile) -> str:
         for nbytes, b, x in zip(t["bytes"], t["blink"], t["lax"]):
             lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB of gradients/device: jax_blink {b:9.1f} us, "
                          f"lax {x:9.1f} us  -> {'jax_blink' if b < x else 'lax'}")
+    for layout, t in p.buckets.items():
+        lines.append(f"  {layout:>5} steps' buckets: " + ", ".join(
+            f"{size} B {r:.2f} of lax" for size, r in zip(t["bucket_bytes"], t["vs_lax"]))
+            + f"  -> {p.bucket_bytes(layout)} B")
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ default buckets (``python -m jax_blink bench --steps``).
 
 from __future__ import annotations
 
+import re
 import resource
 import sys
 import time
@@ -28,12 +29,20 @@ from jax_blink.numerics import wrong_elements
 from jax_blink.ops.psum import psum
 from jax_blink.sim import bus_factor
 
-__all__ = ["run_devices", "run_steps", "STEP_VARIANTS", "mlp_step"]
+__all__ = ["run_devices", "run_steps", "STEP_VARIANTS", "mlp_step", "bucketed"]
 
 #: How the gradients of a measured step are summed: not at all (the step's
 #: compute alone), by lax.psum, by jax_blink.psum in one bucket (every leaf in
-#: one collective), by jax_blink.psum with its default buckets.
+#: one collective), by jax_blink.psum with its default buckets. (Also
+#: :func:`bucketed`: jax_blink.psum in buckets of a given size.)
 STEP_VARIANTS = ("none", "lax.psum", "jax_blink one bucket", "jax_blink")
+_BUCKETED = re.compile(r"jax_blink in buckets of (\d+) B")
+
+
+def bucketed(size: int) -> str:
+    """The step variant whose gradients ``jax_blink.psum`` sums in buckets of ``size`` bytes
+    per device (``bucket_bytes=size``)."""
+    return f"jax_blink in buckets of {int(size)} B"
 
 
 def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
@@ -111,7 +120,10 @@ def _summer(variant, axis):
         return lambda g: psum(g, axis, bucket_bytes=settings.MAX_BUCKET_BYTES)
     if variant == "jax_blink":
         return lambda g: psum(g, axis)
-    raise ValueError(f"unknown step variant {variant!r}; expected one of {STEP_VARIANTS}")
+    sized = _BUCKETED.fullmatch(variant)
+    if sized:
+        return lambda g: psum(g, axis, bucket_bytes=int(sized.group(1)))
+    raise ValueError(f"unknown step variant {variant!r}; expected one of {STEP_VARIANTS} or bucketed(size)")
 
 
 def _mlp(mesh, depth, width):

@@ -20,18 +20,29 @@ from jax_blink.planning import profile as profiles
 from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, cpu_allreduce_seconds,
                                      fixed_seconds)
 
-__all__ = ["CpuPrediction", "cpu_allreduce", "blink_fixed_seconds"]
+__all__ = ["CpuPrediction", "cpu_allreduce", "blink_fixed_seconds", "tuned_bucket_bytes"]
+
+
+def _nearest(layouts, processes: int, devices: Optional[int]):
+    """``(profile, layout)``: this machine's profile and its layout nearest the call's among
+    those it has in ``layouts(profile)`` (layout None where it has none, profile None where
+    there is no profile)."""
+    found = machine.profile()
+    if found is None:
+        return None, None
+    return found, profiles.nearest_layout(layouts(found), processes, devices if devices is not None else 1 << 20)
+
+
+def _named(found, layout) -> str:
+    kind = "quick " if found.quick else ""
+    return f"this machine's {kind}profile ({layout}, {found.created[:10] or 'undated'})"
 
 
 def _table(processes: int, devices: Optional[int]):
     """``(table, source)``: the profile's nearest layout, else the recorded table."""
-    found = machine.profile()
-    layout = None
-    if found is not None:
-        layout = profiles.nearest_layout(found.tables, processes, devices if devices is not None else 1 << 20)
+    found, layout = _nearest(lambda p: p.tables, processes, devices)
     if layout is not None:
-        kind = "quick " if found.quick else ""
-        return found.tables[layout], f"this machine's {kind}profile ({layout}, {found.created[:10] or 'undated'})"
+        return found.tables[layout], _named(found, layout)
     table = CPU_HOST_ALLREDUCE_US if processes > 1 else CPU_ALLREDUCE_US
     kind = "several processes" if processes > 1 else "one process"
     why = "no profile" if found is None else f"the profile has no layout of {kind}"
@@ -58,6 +69,16 @@ def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] 
     table, source = _table(processes, devices)
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
                          cpu_allreduce_seconds("lax", size_bytes, table), source)
+
+
+def tuned_bucket_bytes(processes: int = 1, devices: Optional[int] = None) -> tuple:
+    """``(bytes, source)``: the bucket size this machine's profile measured best in training
+    steps (:meth:`jax_blink.planning.profile.Profile.bucket_bytes`) for the nearest layout
+    it measured; ``(None, why)`` where it measured none."""
+    found, layout = _nearest(lambda p: p.buckets, processes, devices)
+    if layout is None:
+        return None, "no profile" if found is None else "the profile measured no training steps"
+    return found.bucket_bytes(layout), _named(found, layout)
 
 
 def blink_fixed_seconds(processes: int = 1, devices: Optional[int] = None) -> float:

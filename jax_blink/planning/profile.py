@@ -13,7 +13,10 @@ whose key differs, or that is corrupt, is ignored with a warning (:func:`load`).
 A full calibration also times training steps (``steps``): per layout, what summing a
 small MLP's gradient pytree adds to a jitted step, by the pytree's bytes per device, for
 both. Inside a step the devices reach each bucket at different times, which isolated calls
-do not show. No choice reads these yet: ``calibrate`` prints them beside the calls'.
+do not show. It also times those steps with the gradients in buckets of each size of
+``buckets`` (per layout, ``bucket_bytes`` and ``vs_lax``: the mean over the models of what
+jax_blink adds to the step over what lax.psum adds): psum's default bucket size is the
+size measured best (:meth:`Profile.bucket_bytes`).
 
 Like FFTW's wisdom, a profile is a plain JSON file (``"format":
 "jax_blink.machine_profile"``) that can be copied to machines of the same kind.
@@ -52,12 +55,13 @@ def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _check_table(layout: str, table, sizes: str = "elements") -> dict:
-    """``table`` as the cost model's table (``sizes``: the name of its size column), or
-    ProfileError naming what is wrong."""
-    if not isinstance(table, dict) or set(table) != {sizes, *_WHICH}:
-        raise ProfileError(f"layout {layout!r}: expected an object with '{sizes}', 'blink' and 'lax'")
-    columns = {k: table[k] for k in (sizes, *_WHICH)}
+def _check_table(layout: str, table, sizes: str = "elements", which=_WHICH) -> dict:
+    """``table`` as the cost model's table (``sizes``: the name of its size column, ``which``
+    its other columns), or ProfileError naming what is wrong."""
+    if not isinstance(table, dict) or set(table) != {sizes, *which}:
+        raise ProfileError(f"layout {layout!r}: expected an object with "
+                           + ", ".join(f"'{k}'" for k in (sizes, *which)[:-1]) + f" and '{which[-1]}'")
+    columns = {k: table[k] for k in (sizes, *which)}
     n = len(columns[sizes]) if isinstance(columns[sizes], (list, tuple)) else -1
     if n < 2:
         raise ProfileError(f"layout {layout!r}: needs at least two measured sizes")
@@ -86,7 +90,9 @@ class Profile:
     ``lax``; ``quick``: made by ``calibrate --quick`` (fewer sizes and calls);
     ``seconds``: how long the calibration took; ``created``: when (ISO 8601); ``steps``:
     per layout, microseconds that summing a gradient pytree adds to a training step, by
-    its ``bytes`` per device, for ``blink`` and ``lax`` (a full calibration's; empty
+    its ``bytes`` per device, for ``blink`` (in the buckets of :meth:`bucket_bytes`) and
+    ``lax``; ``buckets``: per layout, candidate ``bucket_bytes`` and the ``vs_lax`` each was
+    measured at in those steps (``steps`` and ``buckets``: a full calibration's; empty
     otherwise).
     """
 
@@ -96,6 +102,7 @@ class Profile:
     seconds: float = 0.0
     created: str = ""
     steps: dict = dataclasses.field(default_factory=dict)
+    buckets: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):  # checked and normalised (tuples) however it was made
         if not isinstance(self.tables, dict) or not self.tables:
@@ -104,6 +111,26 @@ class Profile:
         if not isinstance(self.steps, dict):
             raise ProfileError("machine profile: 'steps' must be an object of layouts")
         object.__setattr__(self, "steps", {str(k): _check_table(str(k), t, "bytes") for k, t in self.steps.items()})
+        if not isinstance(self.buckets, dict):
+            raise ProfileError("machine profile: 'buckets' must be an object of layouts")
+        object.__setattr__(self, "buckets", {str(k): _check_table(str(k), t, "bucket_bytes", which=("vs_lax",))
+                                             for k, t in self.buckets.items()})
+
+    def bucket_bytes(self, layout: str) -> Optional[int]:
+        """The bucket size measured best in ``layout``'s training steps (the least ``vs_lax``;
+        the smaller size on a tie), or None where the profile measured no buckets there.
+
+        Examples
+        --------
+        >>> p = Profile({}, {"1x8": {"elements": [1, 1000], "blink": [50.0, 80.0], "lax": [90.0, 95.0]}},
+        ...             buckets={"1x8": {"bucket_bytes": [1 << 18, 1 << 20], "vs_lax": [1.2, 0.9]}})
+        >>> p.bucket_bytes("1x8"), p.bucket_bytes("2x1")
+        (1048576, None)
+        """
+        table = self.buckets.get(layout)
+        if table is None:
+            return None
+        return min(zip(table["vs_lax"], table["bucket_bytes"]))[1]
 
     def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
         """The measured time of an allreduce of ``size_bytes`` per device by ``which``
@@ -121,7 +148,8 @@ class Profile:
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "key": self.key, "quick": self.quick,
                 "seconds": self.seconds, "created": self.created,
-                "tables": _lists(self.tables)} | ({"steps": _lists(self.steps)} if self.steps else {})
+                "tables": _lists(self.tables)} | ({"steps": _lists(self.steps)} if self.steps else {}) | (
+                    {"buckets": _lists(self.buckets)} if self.buckets else {})
 
     @classmethod
     def from_json(cls, source) -> "Profile":
@@ -134,7 +162,7 @@ class Profile:
             raise ProfileError("machine profile: 'seconds' must be a number")
         return cls(key=d["key"], tables=d.get("tables"),
                    quick=bool(d.get("quick", False)), seconds=float(seconds), created=str(d.get("created", "")),
-                   steps=d.get("steps", {}))
+                   steps=d.get("steps", {}), buckets=d.get("buckets", {}))
 
 
 def path_for(key: dict, directory) -> Path:

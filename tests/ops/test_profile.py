@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+import jax_blink
 from jax_blink.ops import buckets, calibration, decide, machine, predict_cpu
 from jax_blink.planning import profile as profiles
 
@@ -29,10 +32,11 @@ def use_profile(monkeypatch, tmp_path):
     points JAX_BLINK_PROFILE at it; returns the path."""
     machine.forget()
 
-    def install(tables, key=None, quick=False, steps=None):
+    def install(tables, key=None, quick=False, steps=None, bucket_tables=None):
         p = profiles.Profile(key=machine.machine_key() if key is None else key,
                              tables={k: {c: list(v) for c, v in t.items()} for k, t in tables.items()},
-                             quick=quick, created="2026-11-28T00:00:00+00:00", steps=steps or {})
+                             quick=quick, created="2026-11-28T00:00:00+00:00", steps=steps or {},
+                             buckets=bucket_tables or {})
         path = profiles.save(p, tmp_path / "profile.json")
         monkeypatch.setenv("JAX_BLINK_PROFILE", str(path))
         machine.forget()
@@ -145,6 +149,40 @@ def test_the_bucket_size_follows_the_profile(use_profile):
     assert chosen[1] >= 16 * chosen[0]
 
 
+@pytest.mark.parametrize("vs_lax, best", [([1.3, 0.9, 1.1, 1.5], 1 << 20), ([1.3, 1.2, 1.1, 0.95], 1 << 40),
+                                          ([1.0, 1.0, 1.2, 1.3], 1 << 18)])
+def test_the_bucket_size_is_the_one_measured_best_in_training_steps(use_profile, vs_lax, best):
+    """Where the profile timed training steps in buckets of several sizes, psum takes the
+    size whose steps cost least against lax (the smaller on a tie), whatever the isolated
+    calls' model would take, and says where it came from."""
+    sizes = [1 << 18, 1 << 20, 1 << 22, 1 << 40]
+    use_profile({"1x8": BLINK_WINS}, bucket_tables={"1x8": {"bucket_bytes": sizes, "vs_lax": vs_lax}})
+    size, why = buckets.bucket_size(None, "cpu")
+    assert size == best and why.startswith("the training steps of this machine's profile (1x8")
+    assert buckets.bucket_size(4096, "cpu") == (4096, "bucket_bytes=")  # the caller's size still rules
+    use_profile({"1x8": BLINK_WINS})  # no step buckets measured: the isolated calls' model
+    assert buckets.bucket_size(None, "cpu")[1].startswith("the CPU model (this machine's profile")
+
+
+def test_the_tuned_bucket_size_reaches_psum(use_profile, monkeypatch):
+    """psum of a pytree buckets its leaves by the profile's tuned size: 1 MiB groups four
+    256 KiB leaves into one collective, where 256 KiB gives each its own."""
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")  # count buckets, not the choice of each
+    mesh = jax.make_mesh((8,), ("d",))
+    tree = jax.device_put([jnp.ones((8, 65536), jnp.float32) * (i + 1) for i in range(4)],
+                          NamedSharding(mesh, P("d")))
+    calls = {}
+    for best, vs_lax in ((1 << 20, [1.2, 0.9]), (1 << 18, [0.9, 1.2])):
+        use_profile({"1x8": BLINK_WINS}, bucket_tables={"1x8": {"bucket_bytes": [1 << 18, 1 << 20],
+                                                                "vs_lax": vs_lax}})
+        f = jax.jit(jax.shard_map(lambda t: jax_blink.psum(t, "d"), mesh=mesh, in_specs=P("d"), out_specs=P()))
+        calls[best] = f.lower(tree).as_text().count("jax_blink_collective")
+        out = f(tree)
+        for i, o in enumerate(out):
+            assert (abs(o - 8 * (i + 1)) == 0).all()
+    assert calls == {1 << 20: 1, 1 << 18: 4}
+
+
 def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     """A quick calibration on this process's 8 CPU devices: every row measured, the file
     valid, and psum then reads it."""
@@ -229,11 +267,27 @@ def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_pa
     machine.forget()
 
 
-def test_a_profile_keeps_its_step_table():
+def test_a_profile_keeps_its_step_and_bucket_tables():
     steps = {"1x8": {"bytes": [1_000_000, 4_000_000], "blink": [3000.0, 5000.0], "lax": [2000.0, 6000.0]}}
-    p = profiles.Profile({}, {"1x8": LAX_WINS}, steps=steps)
+    tuned = {"1x8": {"bucket_bytes": [1 << 18, 1 << 20], "vs_lax": [1.1, 0.9]}}
+    p = profiles.Profile({}, {"1x8": LAX_WINS}, steps=steps, buckets=tuned)
     assert profiles.Profile.from_json(p.to_json()) == p and p.steps["1x8"]["bytes"] == (1_000_000, 4_000_000)
-    assert "step,  1.00 MB of gradients/device" in calibration.describe(p)
+    assert p.bucket_bytes("1x8") == 1 << 20 and p.bucket_bytes("2x1") is None
+    text = calibration.describe(p)
+    assert "step,  1.00 MB of gradients/device" in text
+    assert "262144 B 1.10 of lax, 1048576 B 0.90 of lax  -> 1048576 B" in text
+
+
+@pytest.mark.parametrize("tuned, match", [
+    ({"1x8": {"bucket_bytes": [2, 1], "vs_lax": [1, 1]}}, "'bucket_bytes' must increase"),
+    ({"1x8": {"bytes": [1, 2], "vs_lax": [1, 1]}}, "'bucket_bytes' and 'vs_lax'"),
+    ({"1x8": {"bucket_bytes": [1, 2], "vs_lax": [1, float("nan")]}}, "positive numbers"),
+    ({"1x8": {"bucket_bytes": [1], "vs_lax": [1]}}, "at least two"),
+    ([1, 2], "'buckets' must be an object"),
+])
+def test_bad_bucket_tables_are_refused_by_name(tuned, match):
+    with pytest.raises(profiles.ProfileError, match=match):
+        profiles.Profile({}, {"1x8": LAX_WINS}, buckets=tuned)
 
 
 @pytest.mark.parametrize("steps, match", [
@@ -247,8 +301,13 @@ def test_bad_step_tables_are_refused_by_name(steps, match):
         profiles.Profile({}, {"1x8": LAX_WINS}, steps=steps)
 
 
-def test_measure_steps_times_each_model_and_builds_a_valid_table():
-    table = calibration.measure_steps(((2, 64), (1, 128)), rounds=2)
+def test_measure_steps_times_each_model_and_bucket_size_and_builds_valid_tables():
+    # (2, 64): leaves of 16 KiB and 256 B; (1, 128): 64 KiB and 512 B. Buckets of 1 and 4 KiB
+    # split both alike (the weights alone, the biases together), so they are timed once
+    candidates = (1 << 10, 1 << 12, 1 << 40)
+    table, tuned = calibration.measure_steps(((2, 64), (1, 128)), rounds=2, candidates=candidates)
     assert table["bytes"] == [2 * 64 * 65 * 4, 128 * 129 * 4]
     assert all(t > 0 for t in table["blink"] + table["lax"])
-    profiles.Profile({}, {"1x8": LAX_WINS}, steps={"1x8": table})  # valid as a profile's steps
+    assert tuned["bucket_bytes"] == list(candidates) and tuned["vs_lax"][0] == tuned["vs_lax"][1]
+    p = profiles.Profile({}, {"1x8": LAX_WINS}, steps={"1x8": table}, buckets={"1x8": tuned})  # valid tables
+    assert p.bucket_bytes("1x8") in (1 << 10, 1 << 40)
