@@ -11,13 +11,17 @@ gradients:
   collective;
 * ``one bucket``: ``jax_blink.psum`` with every leaf in one collective; ``buckets``:
   ``jax_blink.psum`` with its default buckets, once per ``--yield-us`` value (the
-  executor's ``JAX_BLINK_YIELD_US``, set between calls).
+  executor's ``JAX_BLINK_YIELD_US``, set between calls);
+* ``buckets of N B``: ``jax_blink.psum(bucket_bytes=N)`` for each ``--bucket-bytes`` value
+  (``model``: the size the CPU cost model gives, which psum took before a calibration
+  measured training steps).
 
 Prints step times, the process's CPU time per step, and ratios to lax.psum; summed
 jax_blink's summed gradients are checked per element against the exact sum (the
 summation-order bound, as ``run_steps`` does).
 
     python benchmarks/bench_bucket_costs.py [--models 8x256 4x1024] [--rounds 9] [--yield-us 200 0]
+        [--bucket-bytes model 1048576]
 """
 
 import os
@@ -38,7 +42,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_blink import _ffi, settings
-from jax_blink.ops import measure
+from jax_blink.ops import buckets, measure, predict_cpu
+from jax_blink.planning.cost import bucket_bytes as model_bucket_bytes
 from _machine import machine
 
 
@@ -80,19 +85,28 @@ def configure(yield_us):
 VARIANT = {"none": "none", "lax.psum": "lax.psum", "one bucket": "jax_blink one bucket", "buckets": "jax_blink"}
 
 
-def measure_model(mesh, depth, width, rounds, yields, reps=3):
+def model_size() -> int:
+    """The bucket size of the CPU cost model (:func:`jax_blink.planning.cost.bucket_bytes` over
+    this machine's isolated calls), which psum took before calibrations timed steps."""
+    return model_bucket_bytes(lambda b: predict_cpu.cpu_allreduce(b).blink_s,
+                              fixed_s=predict_cpu.blink_fixed_seconds())
+
+
+def measure_model(mesh, depth, width, rounds, yields, sizes=(), reps=3):
     axis = mesh.axis_names[0]
     n = mesh.devices.size
     x = jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(n * 64, width)), jnp.float32),
                        NamedSharding(mesh, P(axis)))
-    steps = {name: measure.mlp_step(mesh, depth, width, v)[0] for name, v in VARIANT.items()}
+    variants = dict(VARIANT, **{f"buckets of {b} B": measure.bucketed(b) for b in sizes})
+    steps = {name: measure.mlp_step(mesh, depth, width, v)[0] for name, v in variants.items()}
     steps["copy only"] = copy_step(mesh, depth, width)
     params = measure.mlp_step(mesh, depth, width, "none")[1]
     for f in steps.values():
         jax.block_until_ready(f(params, x))  # compiles
-    wrong = {name: measure._wrong_gradient_sums(mesh, depth, width, VARIANT[name], x)
-             for name in ("one bucket", "buckets")}
-    arms = ["none", "lax.psum", "copy only", "one bucket"] + [f"buckets, yield {y} us" for y in yields]
+    wrong = {name: measure._wrong_gradient_sums(mesh, depth, width, variants[name], x)
+             for name in ("one bucket", "buckets", *(f"buckets of {b} B" for b in sizes))}
+    arms = (["none", "lax.psum", "copy only", "one bucket"] + [f"buckets, yield {y} us" for y in yields]
+            + [f"buckets of {b} B" for b in sizes])
     times = {a: [] for a in arms}
     cpu = {a: [] for a in arms}
     for r in range(rounds):
@@ -118,13 +132,17 @@ def main():
     ap.add_argument("--models", nargs="+", default=["8x256", "4x1024"])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--yield-us", type=int, nargs="+", default=[200, 0, 20])
+    ap.add_argument("--bucket-bytes", nargs="*", default=[],
+                    help="bucket sizes to time beside the default buckets ('model': the CPU cost model's)")
     args = ap.parse_args()
+    sizes = [model_size() if b == "model" else int(b) for b in args.bucket_bytes]
     mesh = Mesh(np.array(jax.devices()), ("data",))
     print(f"# {machine()}, {mesh.devices.size} CPU devices, PJRT_NPROC={os.environ.get('PJRT_NPROC')}")
+    print(f"# default buckets: {buckets.bucket_size(None, 'cpu')}")
     print(f"{'model':>8} {'gradients':>24} {'step ms':>8} {'CPU ms':>8} {'vs lax':>7} {'wrong':>6}")
     for model in args.models:
         depth, width = (int(v) for v in model.split("x"))
-        for row in measure_model(mesh, depth, width, args.rounds, args.yield_us):
+        for row in measure_model(mesh, depth, width, args.rounds, args.yield_us, sizes):
             print(f"{row['model']:>8} {row['arm']:>24} {row['step_ms']:8.2f} {row['cpu_ms']:8.1f} "
                   f"{row['vs_lax']:7.2f} {row['wrong']:6d}", flush=True)
 

@@ -151,7 +151,9 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         rest are computed (the gradients of a backward pass). Taken last leaf
         first, a bucket closes once it holds at least this many bytes; a size
         at least the whole pytree gives one bucket. Default:
-        ``$JAX_BLINK_BUCKET_BYTES``, else the executor's cost model (on CPU
+        ``$JAX_BLINK_BUCKET_BYTES``, else on CPU devices the size this
+        machine's profile measured best in training steps (``python -m
+        jax_blink calibrate``), else the executor's cost model (on CPU
         devices the size whose fixed per-call cost is at most half of a
         call; on GPUs one bucket, since the CUDA executor runs in the compute
         stream's order). ``explain()`` says how a pytree was bucketed.
