@@ -870,13 +870,47 @@ class RankRunner {
     return !recv.sent_after && StreamEligible(rank, off);
   }
 
-  Src SourceOf(const Step& st) const {
-    const RankInfo& pi = slot_.info[st.peer];
-    const int64_t off = s_.chunk_offset[st.chunk];
-    if (st.src_input) {  // (an allgather's input is its shard of the vector)
-      return {static_cast<const char*>(pi.in) + (off - s_.InputOffset(st.peer)) * tsize_, true};
-    }
+  // Where `st` reads element `off` of its chunk: the peer's input or accumulator.
+  Src SourceOf(const Step& st, int64_t off) const {
+    if (st.src_input) return {InputAt(st.peer, off), true};
     return {AccAt(st.peer, off), false};
+  }
+
+  // Element `off` of the vector in rank `rank`'s input (an allgather's input
+  // is its shard of the vector; a segmented call's, several buffers).
+  const char* InputAt(int64_t rank, int64_t off) const {
+    const RankInfo& ri = slot_.info[rank];
+    if (ri.nsegs == 0) {
+      const char* in = rank == a_.rank ? in_ : static_cast<const char*>(ri.in);
+      return in + (off - s_.InputOffset(rank)) * tsize_;
+    }
+    const int64_t i = Segment(ri.seg_offset, ri.nsegs, off);
+    return static_cast<const char*>(ri.in_segs[i]) + (off - ri.seg_offset[i]) * tsize_;
+  }
+  static int64_t Segment(const int64_t* seg_offset, int32_t nsegs, int64_t off) {
+    return std::upper_bound(seg_offset + 1, seg_offset + nsegs + 1, off) - (seg_offset + 1);
+  }
+
+  // Runs f(o, l, dst + (o - off), pushes + (o - off)) for each piece [o, o + l)
+  // of the chunk [off, off + len) that lies in one segment of the inputs and
+  // outputs (all of it unless the call is segmented: every rank's segments
+  // match, CheckConsistent). `dst` and the pushes' destinations are
+  // accumulators, in accumulator elements.
+  template <typename F>
+  void ForPieces(int64_t off, int64_t len, char* dst, const PushDst* pushes, int nd, F&& f) const {
+    if (a_.nsegs == 0) {
+      f(off, len, dst, pushes);
+      return;
+    }
+    PushDst moved[kMaxPush + 1];
+    for (int64_t o = off; o < off + len;) {
+      const int64_t end =
+          std::min(off + len, a_.seg_offset[Segment(a_.seg_offset, a_.nsegs, o) + 1]);
+      const int64_t by = (o - off) * static_cast<int64_t>(asize_);
+      for (int j = 0; j < nd; ++j) moved[j] = {static_cast<char*>(pushes[j].p) + by, pushes[j].nt};
+      f(o, end - o, dst == nullptr ? nullptr : dst + by, moved);
+      o = end;
+    }
   }
 
   bool TryRun(StepTracker& tr, int32_t i) {
@@ -926,58 +960,57 @@ class RankRunner {
     PushDst push_dsts[kMaxPush + 1];  // and this rank's output (OutputCopy)
     if (st.op == Op::kRecvCopy) {
       if (!Claim(a_.rank, i)) return false;  // the sender got there first
-      const Src src = SourceOf(st);
       int32_t self = i;
       bool all_pushed;
       const int np =
           CollectPushes(tr, &self, 1, push_sends, push_dsts, &all_pushed);
       const int nd = np + OutputCopy(st, push_dsts + np);
-      if (nd > 0) {
-        kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), src, nullptr, 0, len,
-                    push_dsts, nd);
-      } else if (OwnStream(st, off)) {
-        StreamCopy(dst, src.p, len * static_cast<int64_t>(asize_));
-      } else {
-        kt_.copy(dst, src, len);
-      }
+      ForPieces(off, len, dst, push_dsts, nd, [&](int64_t o, int64_t l, char* d, const PushDst* pd) {
+        const Src src = SourceOf(st, o);
+        if (nd > 0) {
+          kt_.produce(d, all_pushed && StreamEligible(a_.rank, off), src, nullptr, 0, l, pd, nd);
+        } else if (OwnStream(st, off)) {
+          StreamCopy(d, src.p, l * static_cast<int64_t>(asize_));
+        } else {
+          kt_.copy(d, src, l);
+        }
+      });
       tr.MarkDone(i);
       PublishRecv(i);
       FinishPushes(tr, push_sends, np);
       return true;
     }
     int32_t group[kMaxFuse];
-    Src srcs[kMaxFuse];
     int k = 0;
-    group[k] = i;
-    srcs[k++] = SourceOf(st);
+    group[k++] = i;
     for (int32_t j = st.fuse_next; j != -1 && k < kMaxFuse;) {
       const Step& sj = rs_.steps[j];
       if (((!sj.src_input || Remote(sj.peer)) && !PeerDone(sj.peer, sj.match)) ||
           !tr.DepsDoneExcept(j, group, k)) {
         break;
       }
-      group[k] = j;
-      srcs[k++] = SourceOf(sj);
+      group[k++] = j;
       j = sj.fuse_next;
     }
-    const Src base =
-        st.first_write ? Src{in_ + (off - s_.InputOffset(a_.rank)) * tsize_, true}
-                       : Src{dst, false};
     const Step& last = rs_.steps[group[k - 1]];
     bool all_pushed = false;
     const int np = last.last_write ? CollectPushes(tr, group, k, push_sends,
                                                    push_dsts, &all_pushed)
                                    : 0;
     const int nd = np + OutputCopy(last, push_dsts + np);
-    if (nd > 0) {
-      kt_.produce(dst, all_pushed && StreamEligible(a_.rank, off), base, srcs, k, len,
-                  push_dsts, nd);
-    } else if (last.last_write && OwnStream(last, off)) {
-      // The final value, read by nobody soon (a reduce_scatter's shard).
-      kt_.produce(dst, true, base, srcs, k, len, nullptr, 0);
-    } else {
-      kt_.reduce(dst, base, srcs, k, len);
-    }
+    ForPieces(off, len, dst, push_dsts, nd, [&](int64_t o, int64_t l, char* d, const PushDst* pd) {
+      Src srcs[kMaxFuse];  // (the fused steps reduce the same chunk)
+      for (int m = 0; m < k; ++m) srcs[m] = SourceOf(rs_.steps[group[m]], o);
+      const Src base = st.first_write ? Src{InputAt(a_.rank, o), true} : Src{d, false};
+      if (nd > 0) {
+        kt_.produce(d, all_pushed && StreamEligible(a_.rank, off), base, srcs, k, l, pd, nd);
+      } else if (last.last_write && OwnStream(last, off)) {
+        // The final value, read by nobody soon (a reduce_scatter's shard).
+        kt_.produce(d, true, base, srcs, k, l, nullptr, 0);
+      } else {
+        kt_.reduce(d, base, srcs, k, l);
+      }
+    });
     for (int m = 0; m < k; ++m) {
       tr.MarkDone(group[m]);
       PublishRecv(group[m]);
@@ -1069,23 +1102,30 @@ class RankRunner {
   // (an allgather's unwritten chunks are its own shard). A reduce_scatter's
   // output is its shard of ACC only.
   void Finalize() {
-    char* out = static_cast<char*>(a_.out);
     const int64_t out_lo = s_.OutputOffset(a_.rank);
-    const int64_t in_lo = s_.InputOffset(a_.rank);
     for (int64_t c = 0; c < s_.nchunks; ++c) {
       const int64_t off = s_.chunk_offset[c];
       const int64_t len = s_.chunk_length[c];
       if (!InOutput(a_.rank, c)) continue;
-      char* dst = out + (off - out_lo) * tsize_;
-      if (rs_.chunk_written[c]) {
-        if (!out_written_.empty() && out_written_[c]) continue;  // by OutputCopy
-        const char* acc = OwnAcc(static_cast<int32_t>(c), off);
-        if (acc != dst) kt_.finalize(dst, acc, len);
-      } else {
-        const char* src = in_ + (off - in_lo) * tsize_;
-        if (dst != src) std::memcpy(dst, src, len * tsize_);
-      }
+      const bool written = rs_.chunk_written[c] != 0;
+      if (written && !out_written_.empty() && out_written_[c]) continue;  // by OutputCopy
+      char* acc = written ? OwnAcc(static_cast<int32_t>(c), off) : nullptr;
+      ForPieces(off, len, acc, nullptr, 0, [&](int64_t o, int64_t l, char* from, const PushDst*) {
+        char* dst = OutputAt(o, out_lo);
+        if (written) {
+          if (from != dst) kt_.finalize(dst, from, l);
+        } else {
+          const char* src = InputAt(a_.rank, o);
+          if (dst != src) std::memcpy(dst, src, l * tsize_);
+        }
+      });
     }
+  }
+  // Element `off` of the vector in this rank's output (whose first element is `lo`).
+  char* OutputAt(int64_t off, int64_t lo) const {
+    if (a_.nsegs == 0) return static_cast<char*>(a_.out) + (off - lo) * tsize_;
+    const int64_t i = Segment(a_.seg_offset, a_.nsegs, off);
+    return static_cast<char*>(a_.out_segs[i]) + (off - a_.seg_offset[i]) * tsize_;
   }
 
   const ExecArgs& a_;
@@ -1181,6 +1221,34 @@ int64_t HostSite(const ExecArgs& a) {
   return static_cast<int64_t>(h & 0x7fffffffffffffffull);
 }
 
+// A segmented call (ExecArgs::nsegs): an allreduce in this process whose
+// segments cover the vector, each with its two buffers, the first ones `in`
+// and `out`.
+Status CheckSegments(const ExecArgs& a) {
+  const Schedule& s = *a.schedule;
+  std::string why;
+  if (s.collective != Collective::kAllReduce || a.transport != kTransportInProcess) {
+    why = "only an allreduce among the devices of one process takes its vector in several buffers";
+  } else if (a.seg_offset == nullptr || a.in_segs == nullptr || a.out_segs == nullptr ||
+             a.seg_offset[0] != 0 || a.seg_offset[a.nsegs] != a.in_count) {
+    why = "the segments do not cover the vector's " + std::to_string(a.in_count) + " elements";
+  } else if (a.in != a.in_segs[0] || a.out != a.out_segs[0]) {
+    why = "the first segment's buffers are not the call's";
+  } else {
+    for (int32_t i = 0; i < a.nsegs && why.empty(); ++i) {
+      if (a.seg_offset[i + 1] <= a.seg_offset[i]) {
+        why = "segment " + std::to_string(i) + " is empty or out of order";
+      } else if (a.in_segs[i] == nullptr || a.out_segs[i] == nullptr) {
+        why = "segment " + std::to_string(i) + " has a null buffer";
+      } else if (a.in_segs[i] == a.out_segs[i]) {
+        why = "segment " + std::to_string(i) + "'s output aliases its input";
+      }
+    }
+  }
+  if (why.empty()) return Status();
+  return Status::InvalidArgument("the call's " + std::to_string(a.nsegs) + " buffers: " + why);
+}
+
 Status CheckRank(const ExecArgs& a) {
   if (a.rank >= 0 && a.rank < a.schedule->nranks) return Status();
   return Status::InvalidArgument(
@@ -1242,6 +1310,7 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
   h.dtype = a.dtype;
   h.error = a.local_error.ok() ? CheckBuffers(s, a.dtype, a.in_count, a.out_count, a.in, a.out)
                                : a.local_error;
+  if (h.error.ok() && a.nsegs > 0) h.error = CheckSegments(a);  // (refused here)
   h.in = a.in;
   h.out = a.out;
   h.in_bytes = h.error.ok() ? a.in_count * static_cast<int64_t>(DTypeSize(s.dtype)) : 0;
@@ -1309,16 +1378,21 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   info.error = a.local_error.ok()
                    ? CheckBuffers(s, a.dtype, a.in_count, a.out_count, a.in, a.out)
                    : a.local_error;
+  if (info.error.ok() && a.nsegs > 0) info.error = CheckSegments(a);
   info.in = a.in;
   info.out = a.out;
   info.acc = a.out;
   info.acc_out = nullptr;
+  info.nsegs = a.nsegs;
+  info.seg_offset = a.seg_offset;
+  info.in_segs = a.in_segs;
   info.count = a.in_count;
   info.dtype = a.dtype;
   info.nranks = s.nranks;
   info.total_steps = s.total_steps;
   info.fingerprint = s.fingerprint;
-  const int64_t ws_bytes = CpuWorkspaceBytes(s, a.in == a.out);
+  const bool segmented = a.nsegs > 0;
+  const int64_t ws_bytes = CpuWorkspaceBytes(s, a.in == a.out, segmented);
   if (info.error.ok() && ws_bytes > 0) {
     // The accumulator lives in the caller's workspace (see CpuWorkspaceBytes).
     if (a.workspace == nullptr || a.workspace_bytes < ws_bytes) {
@@ -1335,7 +1409,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
       info.acc_out = a.out;
     }
   }
-  if (info.error.ok()) {
+  if (info.error.ok() && !segmented) {
     AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype),
                     GetExecTunables().hugepage_bytes);
   }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/schedule.h"
 #include "cpu/executor_cpu.h"
@@ -71,11 +72,20 @@ ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
   state->transport = static_cast<int32_t>(transport);
   // The largest workspace a call may need; none is allocated until a call
   // needs it.
-  const int64_t bytes = std::max(CpuWorkspaceBytes(state->schedule, /*aliased=*/true),
-                                 CpuWorkspaceBytes(state->schedule, /*aliased=*/false));
+  const int64_t bytes = std::max({CpuWorkspaceBytes(state->schedule, /*aliased=*/true),
+                                  CpuWorkspaceBytes(state->schedule, /*aliased=*/false),
+                                  CpuWorkspaceBytes(state->schedule, false, /*segmented=*/true)});
   state->workspaces = std::make_unique<WorkspacePool>(bytes);
   return state;
 }
+
+// A segmented call's buffer table (ExecArgs::nsegs), owned by its rank's
+// work until the call is over.
+struct Segments {
+  std::vector<int64_t> offset;
+  std::vector<const void*> in;
+  std::vector<void*> out;
+};
 
 // Asynchronous: the rank's work (meeting its peers, running its steps) goes
 // to the worker pool (sync/worker_pool.h) and the handler returns a future
@@ -83,23 +93,22 @@ ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
 // independent work, other collectives included, meanwhile. XLA keeps the
 // buffers alive until the future completes; the worker thread runs with
 // the caller's floating-point environment (XLA flushes denormals).
-ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
-                    ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group,
-                    ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                    ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
-                    int64_t /*reduce_op*/, int64_t timeout_ms, int64_t /*transport*/) {
+// `a` holds the call's buffers; Launch fills in the rest.
+ffi::Future Launch(ffi::RunId run_id, ScheduleState* state, ExecArgs a,
+                   ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group, int64_t op_id,
+                   int64_t timeout_ms, std::shared_ptr<Segments> segments) {
   ffi::Promise promise;
   ffi::Future future(promise);
   if (state == nullptr || state->workspaces == nullptr) {
     promise.SetError(ffi::Error::Internal("jax_blink: missing schedule state"));
     return future;
   }
-  const bool aliased = x.untyped_data() == out->untyped_data();
+  const bool aliased = a.in == a.out;
   // The host transport keeps the accumulator in shared memory instead.
   const bool host = state->transport == kTransportHost;
   auto ws = std::make_shared<WorkspaceLease>(
-      state->workspaces.get(), !host && CpuWorkspaceBytes(state->schedule, aliased) > 0);
-  ExecArgs a;
+      state->workspaces.get(),
+      !host && CpuWorkspaceBytes(state->schedule, aliased, a.nsegs > 0) > 0);
   a.workspace = ws->get();
   a.workspace_bytes = ws->get() == nullptr ? 0 : state->workspaces->bytes();
   a.schedule = &state->schedule;
@@ -107,12 +116,6 @@ ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
   a.group = group.typed_data()[0];
   a.run_id = run_id.run_id;
   a.op_id = op_id;
-  a.in = x.untyped_data();
-  a.out = out->untyped_data();
-  a.in_count = static_cast<int64_t>(x.element_count());
-  a.out_count = static_cast<int64_t>(out->element_count());
-  a.dtype = DTypeCode(x.element_type());
-  a.local_error = BufferTypeError(x.element_type(), out->element_type());
   a.timeout_ms = timeout_ms;
   a.transport = state->transport;
   // The order of this rank's calls of one call site is the order XLA makes
@@ -124,10 +127,11 @@ ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
   }
   std::fenv_t env;
   const bool have_env = std::fegetenv(&env) == 0;
-  std::string err = WorkerPool::Global().Run([a, ws, promise, env, have_env]() mutable {
+  std::string err = WorkerPool::Global().Run([a, ws, segments, promise, env, have_env]() mutable {
     if (have_env) std::fesetenv(&env);
     ffi::Error result = ToFfiError(ExecuteCpu(a).status);
     ws.reset();  // the workspace is free for the next call before XLA goes on
+    segments.reset();
     if (result.success()) {
       promise.SetAvailable();  // XLA may go on with this device's program here
     } else {
@@ -138,6 +142,82 @@ ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
     promise.SetError(ffi::Error::Internal("jax_blink (op_id=" + std::to_string(op_id) + "): " + err));
   }
   return future;
+}
+
+ffi::Future Execute(ffi::RunId run_id, ScheduleState* state, ffi::AnyBuffer x,
+                    ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group,
+                    ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                    ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
+                    int64_t /*reduce_op*/, int64_t timeout_ms, int64_t /*transport*/) {
+  ExecArgs a;
+  a.in = x.untyped_data();
+  a.out = out->untyped_data();
+  a.in_count = static_cast<int64_t>(x.element_count());
+  a.out_count = static_cast<int64_t>(out->element_count());
+  a.dtype = DTypeCode(x.element_type());
+  a.local_error = BufferTypeError(x.element_type(), out->element_type());
+  return Launch(run_id, state, a, rank, group, op_id, timeout_ms, nullptr);
+}
+
+// An allreduce whose vector is the concatenation of several operands (one
+// bucket's leaves, 1-D, of one dtype), each summed into its own result: the
+// executor reads and writes them where XLA put them (ExecArgs::nsegs), so
+// the bucket is not copied into one buffer and back.
+ffi::Future ExecuteSegments(ffi::RunId run_id, ScheduleState* state,
+                            ffi::BufferR0<ffi::S32> rank, ffi::BufferR0<ffi::S32> group,
+                            ffi::RemainingArgs xs, ffi::RemainingRets outs, int64_t op_id,
+                            ffi::Span<const int64_t> /*schedule*/, int64_t /*collective*/,
+                            int64_t /*reduce_op*/, int64_t timeout_ms, int64_t /*transport*/) {
+  auto segments = std::make_shared<Segments>();
+  ExecArgs a;
+  std::string bad;
+  if (xs.size() == 0 || xs.size() != outs.size()) {
+    bad = "takes one result per operand and at least one operand, got " + std::to_string(xs.size()) +
+          " operand(s) and " + std::to_string(outs.size()) + " result(s)";
+  }
+  segments->offset.push_back(0);
+  for (size_t i = 0; i < xs.size() && bad.empty(); ++i) {
+    auto x = xs.get<ffi::AnyBuffer>(i);
+    auto r = outs.get<ffi::AnyBuffer>(i);
+    if (!x.has_value() || !r.has_value()) {
+      bad = "operand or result " + std::to_string(i) + " is not a buffer";
+      break;
+    }
+    const int64_t n = static_cast<int64_t>(x->element_count());
+    if (static_cast<int64_t>((*r)->element_count()) != n) {
+      bad = "result " + std::to_string(i) + " has " + std::to_string((*r)->element_count()) +
+            " elements, its operand " + std::to_string(n);
+      break;
+    }
+    const Status types = BufferTypeError(x->element_type(), (*r)->element_type());
+    if (i == 0) {
+      a.dtype = DTypeCode(x->element_type());
+      a.local_error = types;
+    } else if (DTypeCode(x->element_type()) != a.dtype && a.local_error.ok()) {
+      a.local_error = Status::InvalidArgument("operand " + std::to_string(i) +
+                                              "'s dtype differs from operand 0's");
+    }
+    segments->in.push_back(x->untyped_data());
+    segments->out.push_back((*r)->untyped_data());
+    segments->offset.push_back(segments->offset.back() + n);
+  }
+  if (!bad.empty()) {
+    a.local_error = Status::InvalidArgument("jax_blink (op_id=" + std::to_string(op_id) +
+                                            "): the segmented allreduce " + bad);
+    segments->offset.assign(1, 0);
+    segments->in.clear();
+    segments->out.clear();
+  }
+  a.in_count = a.out_count = segments->offset.back();
+  if (!segments->in.empty()) {
+    a.nsegs = static_cast<int32_t>(segments->in.size());
+    a.seg_offset = segments->offset.data();
+    a.in_segs = segments->in.data();
+    a.out_segs = segments->out.data();
+    a.in = segments->in[0];
+    a.out = segments->out[0];
+  }
+  return Launch(run_id, state, a, rank, group, op_id, timeout_ms, std::move(segments));
 }
 
 }  // namespace
@@ -168,7 +248,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("timeout_ms")     // rendezvous limit
         .Attr<int64_t>("transport"));    // checked at instantiation
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxBlinkCpuExecuteSegments, ExecuteSegments,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::RunId>()                 // same on all devices of a run
+        .Ctx<ffi::State<ScheduleState>>()  // decoded once
+        .Arg<ffi::BufferR0<ffi::S32>>()    // rank
+        .Arg<ffi::BufferR0<ffi::S32>>()    // group
+        .RemainingArgs()                   // the segments' inputs: 1-D, of one dtype
+        .RemainingRets()                   // their sums, one per input
+        .Attr<int64_t>("op_id")
+        .Attr<ffi::Span<const int64_t>>("schedule")
+        .Attr<int64_t>("collective")
+        .Attr<int64_t>("reduce_op")
+        .Attr<int64_t>("timeout_ms")
+        .Attr<int64_t>("transport"));
+
 XLA_FFI_Handler* CpuInstantiateHandler() { return JaxBlinkCpuInstantiate; }
+XLA_FFI_Handler* CpuExecuteSegmentsHandler() { return JaxBlinkCpuExecuteSegments; }
 XLA_FFI_Handler* CpuExecuteHandler() { return JaxBlinkCpuExecute; }
 void* StateTypeId() { return &ScheduleState::id; }
 void* StateTypeInfo() {

@@ -12,10 +12,15 @@ namespace jax_blink {
 XLA_FFI_Handler* CpuInstantiateHandler();
 // Execute stage: rendezvous with the other ranks and run this rank's steps.
 XLA_FFI_Handler* CpuExecuteHandler();
+// Execute stage of kSegmentsTargetName: an allreduce whose vector is several
+// operands (one per leaf of a bucket), summed into as many results; its
+// instantiate stage is CpuInstantiateHandler's.
+XLA_FFI_Handler* CpuExecuteSegmentsHandler();
 // The FFI state type (the decoded schedule), for jax.ffi.register_ffi_type.
 void* StateTypeId();
 void* StateTypeInfo();
 inline constexpr const char* kTargetName = "jax_blink_collective";
+inline constexpr const char* kSegmentsTargetName = "jax_blink_collective_segments";
 inline constexpr const char* kStateTypeName = "jax_blink_schedule_state";
 
 // CUDA: the same stages; the state also caches each device's rank and group.

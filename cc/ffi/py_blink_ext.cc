@@ -121,7 +121,9 @@ PYBIND11_MODULE(_blink_ext, m) {
 
   m.def(
       "registrations",
-      []() { return FfiTargets(CpuInstantiateHandler(), CpuExecuteHandler()); },
+      []() {
+        return FfiTargets(CpuInstantiateHandler(), CpuExecuteHandler(), CpuExecuteSegmentsHandler());
+      },
       "FFI targets: {name: {stage: PyCapsule}} for jax.ffi.register_ffi_target "
       "(platform cpu).");
   m.def(

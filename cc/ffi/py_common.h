@@ -21,13 +21,19 @@
 
 namespace jax_blink {
 
-// {kTargetName: {"instantiate": capsule, "execute": capsule}}
-inline pybind11::dict FfiTargets(XLA_FFI_Handler* instantiate, XLA_FFI_Handler* execute) {
-  pybind11::dict stages;
-  stages["instantiate"] = pybind11::capsule(reinterpret_cast<void*>(instantiate));
-  stages["execute"] = pybind11::capsule(reinterpret_cast<void*>(execute));
+// {kTargetName: {"instantiate": capsule, "execute": capsule}}, and
+// kSegmentsTargetName's stages where `segments` (its execute stage) is given.
+inline pybind11::dict FfiTargets(XLA_FFI_Handler* instantiate, XLA_FFI_Handler* execute,
+                                 XLA_FFI_Handler* segments = nullptr) {
+  auto stages = [&](XLA_FFI_Handler* run) {
+    pybind11::dict d;
+    d["instantiate"] = pybind11::capsule(reinterpret_cast<void*>(instantiate));
+    d["execute"] = pybind11::capsule(reinterpret_cast<void*>(run));
+    return d;
+  };
   pybind11::dict d;
-  d[kTargetName] = stages;
+  d[kTargetName] = stages(execute);
+  if (segments != nullptr) d[kSegmentsTargetName] = stages(segments);
   return d;
 }
 

@@ -1,6 +1,7 @@
 // Checks around the rendezvous; see join.h.
 #include "sync/join.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace jax_blink {
@@ -63,6 +64,14 @@ Status CheckConsistent(const Slot& slot, const std::string& where) {
          << " (every rank must run the same schedule on buffers of the same "
             "size and dtype)";
       return Status::InvalidArgument(os.str());
+    }
+    if (ri.nsegs != r0.nsegs ||
+        (ri.nsegs > 0 && !std::equal(ri.seg_offset, ri.seg_offset + ri.nsegs + 1, r0.seg_offset))) {
+      return Status::InvalidArgument(
+          "jax_blink: the ranks of " + where + " disagree on the segments of their vector: rank 0 has " +
+          std::to_string(r0.nsegs) + " buffer(s), rank " + std::to_string(r) + " has " +
+          std::to_string(ri.nsegs) + (ri.nsegs == r0.nsegs ? " (of other sizes)" : "") +
+          " (every rank must pass the same leaves)");
     }
   }
   return Status();

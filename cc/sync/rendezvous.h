@@ -98,6 +98,11 @@ struct RankInfo {
   // instead of in `acc`, so they need no copy at the end.
   void* acc_out = nullptr;
   void* out = nullptr;       // output buffer
+  // CPU executor, a segmented call (cpu/executor_cpu.h, ExecArgs::nsegs): the
+  // input is these nsegs buffers, segment i from element seg_offset[i].
+  int32_t nsegs = 0;
+  const int64_t* seg_offset = nullptr;
+  const void* const* in_segs = nullptr;
   int64_t count = 0;         // elements in its buffers
   int32_t dtype = -1;        // dtype code of its buffers
   int64_t nranks = 0;        // from its schedule

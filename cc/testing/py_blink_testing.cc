@@ -99,7 +99,8 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
                   const std::vector<int64_t>& skip_ranks, int64_t op_id,
                   int64_t group, int64_t repeat,
                   std::optional<int64_t> run_id_arg, const std::vector<double>& delays_ms,
-                  const py::object& times_ns) {
+                  const py::object& times_ns,
+                  const std::optional<std::vector<std::vector<int64_t>>>& segments) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
   // One schedule for all ranks, or a list with one per rank (to test
   // disagreeing ranks).
@@ -153,8 +154,22 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
     if (r < 0 || r >= nranks) throw py::value_error("skip_ranks out of range");
     skip[r] = 1;
   }
+  if (segments && segments->size() != 1 && static_cast<int64_t>(segments->size()) != nranks) {
+    throw py::value_error("segments: one list of element counts for every rank, or one per rank");
+  }
   std::vector<Buffer> ins, outs;
   std::vector<ExecArgs> args(nranks);
+  // Segmented calls (ExecArgs::nsegs): each segment of a rank's input and
+  // output in a heap block of its own (so that a read past a segment is a
+  // sanitizer's heap overflow), copied from the input before and into the
+  // output after.
+  struct Segmented {
+    std::vector<int64_t> offset;
+    std::vector<std::vector<char>> in_blocks, out_blocks;
+    std::vector<const void*> in;
+    std::vector<void*> out;
+  };
+  std::vector<Segmented> segs(nranks);
   // Each rank's workspace for its accumulator (cpu/executor_cpu.h), held
   // across the repeats as the FFI handler's pool holds it across calls.
   struct FreeDeleter {
@@ -181,7 +196,36 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
     a.out_count = outs.back().count;
     a.dtype = static_cast<int32_t>(s.dtype);  // trust the schedule's dtype
     a.timeout_ms = timeout_ms;
-    const int64_t ws = CpuWorkspaceBytes(s, a.in == a.out);
+    if (segments) {
+      const std::vector<int64_t>& counts = (*segments)[segments->size() == 1 ? 0 : r];
+      Segmented& g = segs[r];
+      g.offset.push_back(0);
+      for (int64_t c : counts) {
+        if (c < 1) throw py::value_error("segments: every count must be at least 1");
+        g.offset.push_back(g.offset.back() + c);
+      }
+      if (counts.empty() || g.offset.back() != a.in_count || a.in_count != a.out_count) {
+        throw py::value_error("segments: rank " + std::to_string(r) + "'s counts must sum to its " +
+                              std::to_string(a.in_count) + " input and output elements");
+      }
+      for (size_t i = 0; i < counts.size(); ++i) {
+        const size_t bytes = static_cast<size_t>(counts[i]) * itemsize;
+        const char* from = static_cast<const char*>(a.in) + g.offset[i] * itemsize;
+        g.in_blocks.emplace_back(from, from + bytes);
+        g.out_blocks.emplace_back(bytes);
+      }
+      for (size_t i = 0; i < counts.size(); ++i) {
+        g.in.push_back(g.in_blocks[i].data());
+        g.out.push_back(g.out_blocks[i].data());
+      }
+      a.nsegs = static_cast<int32_t>(counts.size());
+      a.seg_offset = g.offset.data();
+      a.in_segs = g.in.data();
+      a.out_segs = g.out.data();
+      a.in = g.in[0];
+      a.out = g.out[0];
+    }
+    const int64_t ws = CpuWorkspaceBytes(s, a.in == a.out, a.nsegs > 0);
     if (ws > 0) {
       workspaces[r].reset(std::aligned_alloc(64, (static_cast<size_t>(ws) + 63) / 64 * 64));
       if (!workspaces[r]) throw std::bad_alloc();
@@ -219,6 +263,13 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
       });
     }
     for (std::thread& t : threads) t.join();
+  }
+  for (int64_t r = 0; r < nranks; ++r) {  // a segmented call's outputs, back in one array
+    const Segmented& g = segs[r];
+    for (size_t i = 0; i < g.out_blocks.size(); ++i) {
+      std::memcpy(static_cast<char*>(outs[r].ptr) + g.offset[i] * DTypeSize(sched_of(r).dtype),
+                  g.out_blocks[i].data(), g.out_blocks[i].size());
+    }
   }
   py::list result;
   for (int64_t r = 0; r < nranks; ++r) {
@@ -842,7 +893,7 @@ PYBIND11_MODULE(_blink_testing, m) {
       py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("op_id") = 0,
       py::arg("group") = 0, py::arg("repeat") = 1,
       py::arg("run_id") = py::none(), py::arg("delays_ms") = std::vector<double>{},
-      py::arg("times_ns") = py::none(),
+      py::arg("times_ns") = py::none(), py::arg("segments") = py::none(),
       "Test harness: runs every rank except skip_ranks on its own thread "
       "through the rendezvous and CPU executor used by the custom call "
       "(_blink_ext's, with the settings of _blink_ext.configure). "
@@ -854,7 +905,10 @@ PYBIND11_MODULE(_blink_testing, m) {
       "rendezvous RunId (default: a fresh negative id). delays_ms: rank r "
       "sleeps delays_ms[r] before each call (a late rank). times_ns: an int64 "
       "array of shape (ranks, repeat, 2) that receives, per rank and call, the "
-      "steady clock in ns when the call began (after the delay) and returned. Returns one entry "
+      "steady clock in ns when the call began (after the delay) and returned. segments: a list of "
+      "element counts (one for every rank, or one list per rank): the call takes each rank's "
+      "input and output in that many separate buffers (ExecArgs::nsegs), copied from the input "
+      "array and back into the output array. Returns one entry "
       "per rank: None on success (or when skipped), else the first error as "
       "'KIND: message', KIND the error code the custom call would return "
       "(INVALID_ARGUMENT, DEADLINE_EXCEEDED or INTERNAL).");
