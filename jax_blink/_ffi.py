@@ -15,6 +15,7 @@ ops module calls it before lowering). The test-only modules
 import threading
 
 TARGET = "jax_blink_collective"
+SEGMENTS_TARGET = "jax_blink_collective_segments"  # CPU: an allreduce of several operands
 
 _BUILD_HINT = (
     "jax_blink's C++ extension (jax_blink._blink_ext) is not built or cannot "

@@ -23,7 +23,7 @@ from typing import Optional
 __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S",
            "MAX_CHUNKS", "MAX_BYTES", "MAX_SPIN", "MAX_YIELD_US", "ExecutorSettings", "min_bytes",
            "timeout_ms", "chunks", "bucket_bytes", "MAX_BUCKET_BYTES", "topology_source",
-           "cuda_enabled", "CUDA_EXECUTORS", "cuda_executor", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor",
+           "cuda_enabled", "segmented", "CUDA_EXECUTORS", "cuda_executor", "host_transport", "host_label", "network_gbps", "debug", "cache_dir", "executor",
            "profile_file", "PROFILE_DEFAULTS", "xla_cpu_threads", "set_xla_cpu_threads"]
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
@@ -196,6 +196,19 @@ def cuda_enabled() -> bool:
         return False
     raise ValueError(f"JAX_BLINK_CUDA={text!r}: use 0 to keep psum off the CUDA executor "
                      "(lax.psum on GPUs), 1 (the default) to use it")
+
+
+def segmented() -> bool:
+    """``JAX_BLINK_SEGMENTED``: a bucket of several leaves goes to the CPU executor as
+    separate operands, summed where they are (default), unless 0: concatenated into one
+    vector and sliced back (the way before; for comparisons)."""
+    text = _env("JAX_BLINK_SEGMENTED")
+    if text is None or text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError(f"JAX_BLINK_SEGMENTED={text!r}: use 1 (the default) to sum a bucket's leaves as "
+                     "separate operands, 0 to concatenate them into one vector first")
 
 
 #: The CUDA executors JAX_BLINK_CUDA_EXECUTOR names: the stream executor (host-enqueued

@@ -9,7 +9,9 @@ devices for reduce_scatter's input and allgather's output, else 1) and calls
    splitting complex values into their real and imaginary parts),
 2. types each leaf over the axes (:func:`jax_blink.ops.axes.typed`),
 3. groups leaves that can travel together (dtype, weak type, varying axes,
-   typing mode), packs each group's blocks into one vector (shard by shard),
+   typing mode), packs each group's blocks into one vector (shard by shard;
+   an allreduce's in one process passes them as separate operands instead,
+   :mod:`jax_blink.ops.segmented`),
 4. asks :func:`~jax_blink.ops.decide.decide` what each group does and records
    it for :func:`jax_blink.explain`, and
 5. binds the primitive (per ``axis_index_groups`` group topology, a
@@ -32,6 +34,7 @@ from jax_blink import settings
 from jax_blink.ops import decide as _decide
 from jax_blink.ops import decisions as _decisions
 from jax_blink.ops import schedules as _schedules
+from jax_blink.ops import segmented as _segmented
 from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
 from jax_blink.ops.primitive import bind_collective
 from jax_blink.ops.processes import HostLocal, layout
@@ -180,6 +183,14 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
             continue
         if rank is None:
             rank, group = rank_and_group(axes, groups)
+        if _segmented.applies(collective, [parts[i] for i in idx], groups, transport):
+            # the bucket's leaves stay where they are: one call, no concatenation
+            sums = _segmented.bind_segments([parts[i].reshape(-1) for i in idx], rank, group, axes=axes,
+                                            request=decisions[0].request, schedule=decisions[0].schedule,
+                                            timeout_ms=timeout_ms, mode=mode)
+            for i, r in zip(idx, sums):
+                out[i] = r.reshape(parts[i].shape)
+            continue
         widths = [parts[i].shape[1] for i in idx]
         flat = (parts[idx[0]].reshape(-1) if len(idx) == 1
                 else jnp.concatenate([parts[i] for i in idx], axis=1).reshape(-1))

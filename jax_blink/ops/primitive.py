@@ -40,7 +40,8 @@ from jax_blink.ops.schedules import schedule_for
 from jax_blink.ops.processes import check_lowered_mesh
 from jax_blink.schedule.constants import COLLECTIVE_CODE, REDUCE_OP_CODE
 
-__all__ = ["blink_collective_p", "bind_collective", "MODES", "reduced_type"]
+__all__ = ["blink_collective_p", "bind_collective", "MODES", "reduced_type", "result_aval", "next_op_id",
+           "lowering_attributes"]
 
 blink_collective_p = Primitive("blink_collective")
 MODES = ("varying", "unreduced", "invariant", "untyped")
@@ -85,6 +86,12 @@ def _out_size(request, size):
 
 
 def _abstract_eval(x, rank, group, *, axes, request, mode, **params):
+    return result_aval(x, axes=axes, request=request, mode=mode)
+
+
+def result_aval(x, *, axes, request, mode):
+    """The abstract value of the collective's result on the 1-D value ``x`` (its shape and how
+    it is typed over ``axes``, :data:`MODES`)."""
     out = x.update(shape=(_out_size(request, x.shape[0]),))
     mat = out.manual_axis_type
     axes = set(axes)
@@ -234,17 +241,21 @@ def _is_argument(value) -> bool:
 _op_ids = weakref.WeakKeyDictionary()  # lowered module -> its op id counter
 
 
+def next_op_id(ctx) -> np.int64:
+    """The next call site's op id in the module ``ctx`` lowers (every jax_blink custom call of
+    a module draws from one counter, from 1, in lowering order). One id per call site in the
+    module; a call site inside a loop is told apart by the executor's per-rank generation
+    counter."""
+    module = ctx.module_context.module
+    if module not in _op_ids:
+        _op_ids[module] = itertools.count(1)
+    return np.int64(next(_op_ids[module]))
+
+
 def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, transport,
               **params):
     _ffi.ensure_registered(platform)
     check_lowered_mesh(getattr(ctx.module_context, "axis_context", None))
-    module = ctx.module_context.module
-    if module not in _op_ids:
-        _op_ids[module] = itertools.count(1)
-    # one id per call site in the module; a call site inside a loop is told
-    # apart by the executor's per-rank generation counter
-    # collective and reduce_op: header words 4 and 7 of the (format version 2) schedule; the
-    # handler checks them against the schedule it decodes
     in_place = platform == "cpu" and request.collective in _IN_PLACE and not _is_argument(x)
     rule = _ffi_rule_in_place if in_place else _ffi_rule
     if platform == "cpu":
@@ -254,14 +265,16 @@ def _lowering(ctx, x, rank, group, *, platform, request, schedule, timeout_ms, t
                                   "devices only (GPUs: CUDA IPC is not built yet)")
     else:
         params = {}
-    return rule(ctx, x, rank, group, schedule=schedule.words,
-                     op_id=np.int64(next(_op_ids[module])), timeout_ms=np.int64(timeout_ms),
-                     **_lowering_checks(request), **params)
+    return rule(ctx, x, rank, group, **lowering_attributes(ctx, request, schedule, timeout_ms), **params)
 
 
-def _lowering_checks(request):
-    """The attributes the handler checks the schedule against."""
-    return {"collective": np.int64(COLLECTIVE_CODE[request.collective]),
+def lowering_attributes(ctx, request, schedule, timeout_ms) -> dict:
+    """The custom call's attributes but ``transport``: the encoded schedule, the call site's
+    op id (:func:`next_op_id`), the timeout and what the handler checks the schedule
+    against (collective and reduce_op: header words 4 and 7 of the (format version 2)
+    schedule)."""
+    return {"schedule": schedule.words, "op_id": next_op_id(ctx), "timeout_ms": np.int64(timeout_ms),
+            "collective": np.int64(COLLECTIVE_CODE[request.collective]),
             "reduce_op": np.int64(REDUCE_OP_CODE[request.op])}
 
 
