@@ -286,7 +286,8 @@ class Trainer:
         # who sums: the compiled step's XLA all-reduces and jax_blink custom calls
         hlo = self.step_fn.as_text()
         self.collectives = {"xla_all_reduce": hlo.count(" all-reduce("),
-                            "jax_blink": hlo.count('custom_call_target="jax_blink_collective"')}
+                            # (jax_blink_collective and jax_blink_collective_segments)
+                            "jax_blink": hlo.count('custom_call_target="jax_blink_collective')}
         self.loss, self.acc, self.step_s, self.test_acc = [], [], [], []
 
     def step(self, x, y) -> None:

@@ -265,6 +265,7 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
     for (std::thread& t : threads) t.join();
   }
   for (int64_t r = 0; r < nranks; ++r) {  // a segmented call's outputs, back in one array
+    if (errors[r]) continue;  // (a failed call leaves its output as it was)
     const Segmented& g = segs[r];
     for (size_t i = 0; i < g.out_blocks.size(); ++i) {
       std::memcpy(static_cast<char*>(outs[r].ptr) + g.offset[i] * DTypeSize(sched_of(r).dtype),

@@ -71,6 +71,7 @@ def test_explain_names_the_cuda_executor_on_gpus(monkeypatch):
     ("JAX_BLINK_CHUNKS", "2.5", settings.chunks, "is not a whole number; use a whole number of chunks"),
     ("JAX_BLINK_CHUNKS", "0", settings.chunks, "from 1 to 1024"),
     ("JAX_BLINK_CUDA", "maybe", settings.cuda_enabled, "use 0 to keep psum off"),
+    ("JAX_BLINK_SEGMENTED", "maybe", settings.segmented, "use 1 \\(the default\\) to sum a bucket's leaves"),
     ("JAX_BLINK_CUDA_EXECUTOR", "kernel", settings.cuda_executor, "use one of stream, device"),
     ("JAX_BLINK_DEBUG", "verbose", settings.debug, "use 1 or 0"),
     ("JAX_BLINK_SPIN", "fast", settings.executor, "is not a number; use a whole number of iterations"),
@@ -99,6 +100,7 @@ VARIABLES = {
     "JAX_BLINK_PUSH": (lambda: settings.executor().push, {}),
     "JAX_BLINK_DEBUG": (settings.debug, {}),
     "JAX_BLINK_CUDA": (settings.cuda_enabled, {}),
+    "JAX_BLINK_SEGMENTED": (settings.segmented, {}),
     "JAX_BLINK_HOST_TRANSPORT": (settings.host_transport, {}),
     "JAX_BLINK_HOST_KEY": (settings.host_label, {v: v for v in WHOLE}),  # any label
     "JAX_BLINK_ALGO": (settings.algo, {}),
