@@ -9,7 +9,10 @@ gradients:
   buffer and read back out of it (``jnp.concatenate``, an ``optimization_barrier`` so that
   XLA keeps the buffer, slices), which is what one bucket of many leaves does around its
   collective;
-* ``one bucket``: ``jax_blink.psum`` with every leaf in one collective; ``buckets``:
+* ``one bucket``: ``jax_blink.psum`` with every leaf in one collective (the leaves as
+  separate operands of one custom call, :mod:`jax_blink.ops.segmented`); ``one bucket,
+  concatenated``: the same traced with ``JAX_BLINK_SEGMENTED=0`` (the leaves copied into one
+  vector and the sum sliced back); ``buckets``:
   ``jax_blink.psum`` with its default buckets, once per ``--yield-us`` value (the
   executor's ``JAX_BLINK_YIELD_US``, set between calls);
 * ``buckets of N B``: ``jax_blink.psum(bucket_bytes=N)`` for each ``--bucket-bytes`` value
@@ -31,6 +34,7 @@ from jax_blink.settings import set_xla_cpu_threads  # imports no jax
 set_xla_cpu_threads()  # XLA CPU's threads: twice the devices
 
 import argparse
+import contextlib
 import resource
 import time
 
@@ -85,6 +89,21 @@ def configure(yield_us):
 VARIANT = {"none": "none", "lax.psum": "lax.psum", "one bucket": "jax_blink one bucket", "buckets": "jax_blink"}
 
 
+@contextlib.contextmanager
+def concatenated(on: bool):
+    """``JAX_BLINK_SEGMENTED=0`` while a step is traced, where ``on``."""
+    old = os.environ.get("JAX_BLINK_SEGMENTED")
+    if on:
+        os.environ["JAX_BLINK_SEGMENTED"] = "0"
+    try:
+        yield
+    finally:
+        if on and old is None:
+            del os.environ["JAX_BLINK_SEGMENTED"]
+        elif on:
+            os.environ["JAX_BLINK_SEGMENTED"] = old
+
+
 def model_size() -> int:
     """The bucket size of the CPU cost model (:func:`jax_blink.planning.cost.bucket_bytes` over
     this machine's isolated calls), which psum took before calibrations timed steps."""
@@ -99,20 +118,26 @@ def measure_model(mesh, depth, width, rounds, yields, sizes=(), reps=3):
                        NamedSharding(mesh, P(axis)))
     variants = dict(VARIANT, **{f"buckets of {b} B": measure.bucketed(b) for b in sizes})
     steps = {name: measure.mlp_step(mesh, depth, width, v)[0] for name, v in variants.items()}
+    steps["one bucket, concatenated"] = measure.mlp_step(mesh, depth, width, "jax_blink one bucket")[0]
     steps["copy only"] = copy_step(mesh, depth, width)
     params = measure.mlp_step(mesh, depth, width, "none")[1]
-    for f in steps.values():
-        jax.block_until_ready(f(params, x))  # compiles
-    wrong = {name: measure._wrong_gradient_sums(mesh, depth, width, variants[name], x)
-             for name in ("one bucket", "buckets", *(f"buckets of {b} B" for b in sizes))}
-    arms = (["none", "lax.psum", "copy only", "one bucket"] + [f"buckets, yield {y} us" for y in yields]
-            + [f"buckets of {b} B" for b in sizes])
+    wrong = {}
+    for name, f in steps.items():  # compiles (traced now: the setting holds for the trace)
+        with concatenated(name == "one bucket, concatenated"):
+            jax.block_until_ready(f(params, x))
+            if name in variants and name not in ("none", "lax.psum"):
+                wrong[name] = measure._wrong_gradient_sums(mesh, depth, width, variants[name], x)
+    with concatenated(True):
+        wrong["one bucket, concatenated"] = measure._wrong_gradient_sums(mesh, depth, width,
+                                                                         "jax_blink one bucket", x)
+    arms = (["none", "lax.psum", "copy only", "one bucket, concatenated", "one bucket"]
+            + [f"buckets, yield {y} us" for y in yields] + [f"buckets of {b} B" for b in sizes])
     times = {a: [] for a in arms}
     cpu = {a: [] for a in arms}
     for r in range(rounds):
         for arm in (arms if r % 2 == 0 else arms[::-1]):
             name = arm
-            if arm.startswith("buckets"):
+            if arm.startswith("buckets, yield"):
                 configure(int(arm.split()[2]))
                 name = "buckets"
             start, start_cpu = time.perf_counter(), cpu_seconds()
@@ -124,7 +149,7 @@ def measure_model(mesh, depth, width, rounds, yields, sizes=(), reps=3):
     med = {a: float(np.median(v)) * 1e3 for a, v in times.items()}
     return [{"model": f"{depth}x{width}", "arm": a, "step_ms": med[a], "cpu_ms": float(np.median(cpu[a])) * 1e3,
              "vs_lax": med[a] / med["lax.psum"],
-             "wrong": wrong.get("buckets" if a.startswith("buckets") else a, 0)} for a in arms]
+             "wrong": wrong.get("buckets" if a.startswith("buckets, yield") else a, 0)} for a in arms]
 
 
 def main():
@@ -139,11 +164,11 @@ def main():
     mesh = Mesh(np.array(jax.devices()), ("data",))
     print(f"# {machine()}, {mesh.devices.size} CPU devices, PJRT_NPROC={os.environ.get('PJRT_NPROC')}")
     print(f"# default buckets: {buckets.bucket_size(None, 'cpu')}")
-    print(f"{'model':>8} {'gradients':>24} {'step ms':>8} {'CPU ms':>8} {'vs lax':>7} {'wrong':>6}")
+    print(f"{'model':>8} {'gradients':>26} {'step ms':>8} {'CPU ms':>8} {'vs lax':>7} {'wrong':>6}")
     for model in args.models:
         depth, width = (int(v) for v in model.split("x"))
         for row in measure_model(mesh, depth, width, args.rounds, args.yield_us, sizes):
-            print(f"{row['model']:>8} {row['arm']:>24} {row['step_ms']:8.2f} {row['cpu_ms']:8.1f} "
+            print(f"{row['model']:>8} {row['arm']:>26} {row['step_ms']:8.2f} {row['cpu_ms']:8.1f} "
                   f"{row['vs_lax']:7.2f} {row['wrong']:6d}", flush=True)
 
 
