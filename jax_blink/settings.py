@@ -98,7 +98,7 @@ def _whole(value, *, keyword: Optional[str], variable: str, unit: str, lo: int, 
     return default if text is None else _parse_whole(variable, text, unit, lo, hi)
 
 
-def _flag(name: str, default: bool) -> bool:
+def _flag(name: str, default: bool, advice: str = "use 1 or 0 (true/false, yes/no, on/off)") -> bool:
     text = _env(name)
     if text is None:
         return default
@@ -106,7 +106,7 @@ def _flag(name: str, default: bool) -> bool:
         return True
     if text.lower() in _FALSE:
         return False
-    raise ValueError(f"{name}={text!r}: use 1 or 0 (true/false, yes/no, on/off)")
+    raise ValueError(f"{name}={text!r}: {advice}")
 
 
 def min_bytes(value=None) -> int:
@@ -189,26 +189,16 @@ def plan_file() -> Optional[str]:
 
 def cuda_enabled() -> bool:
     """``JAX_BLINK_CUDA``: psum may use the CUDA executor (default), unless 0."""
-    text = _env("JAX_BLINK_CUDA")
-    if text is None or text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise ValueError(f"JAX_BLINK_CUDA={text!r}: use 0 to keep psum off the CUDA executor "
-                     "(lax.psum on GPUs), 1 (the default) to use it")
+    return _flag("JAX_BLINK_CUDA", True, "use 0 to keep psum off the CUDA executor (lax.psum on GPUs), "
+                 "1 (the default) to use it")
 
 
 def segmented() -> bool:
     """``JAX_BLINK_SEGMENTED``: a bucket of several leaves goes to the CPU executor as
     separate operands, summed where they are (default), unless 0: concatenated into one
     vector and sliced back (the way before; for comparisons)."""
-    text = _env("JAX_BLINK_SEGMENTED")
-    if text is None or text.lower() in _TRUE:
-        return True
-    if text.lower() in _FALSE:
-        return False
-    raise ValueError(f"JAX_BLINK_SEGMENTED={text!r}: use 1 (the default) to sum a bucket's leaves as "
-                     "separate operands, 0 to concatenate them into one vector first")
+    return _flag("JAX_BLINK_SEGMENTED", True, "use 1 (the default) to sum a bucket's leaves as separate "
+                 "operands, 0 to concatenate them into one vector first")
 
 
 #: The CUDA executors JAX_BLINK_CUDA_EXECUTOR names: the stream executor (host-enqueued
