@@ -173,6 +173,10 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
                 decisions = retry
                 note = (" (min_bytes ignored: lax takes no axis_index_groups under "
                         "shard_map(check_vma=True))")
+        segmented = (all(d.uses_blink for d in decisions)
+                     and _segmented.applies(collective, [parts[i] for i in idx], groups, transport))
+        if segmented:
+            note += f" ({len(idx)} leaves as separate operands of one call)"
         for text in dict.fromkeys(d.text for d in decisions):
             _decisions.record(f"{name} over {axes}{_groups_text(groups)}: {text}{note}{host_note}")
         if not all(d.uses_blink for d in decisions):
@@ -183,8 +187,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
             continue
         if rank is None:
             rank, group = rank_and_group(axes, groups)
-        if _segmented.applies(collective, [parts[i] for i in idx], groups, transport):
-            # the bucket's leaves stay where they are: one call, no concatenation
+        if segmented:  # the bucket's leaves stay where they are: one call, no concatenation
             sums = _segmented.bind_segments([parts[i].reshape(-1) for i in idx], rank, group, axes=axes,
                                             request=decisions[0].request, schedule=decisions[0].schedule,
                                             timeout_ms=timeout_ms, mode=mode)

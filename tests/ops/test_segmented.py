@@ -57,6 +57,7 @@ def test_one_bucket_is_one_segmented_call_without_a_concatenation(dtype, check_v
     tree = tree_of(dtype)
     out, text = summed(lambda t: jax_blink.psum(t, "x", bucket_bytes=ONE_BUCKET), tree, check_vma)
     assert text.count("jax_blink_collective_segments") == 1 and "concatenate" not in text
+    assert jax_blink.explain().splitlines()[-1].endswith(f"({len(SIZES)} leaves as separate operands of one call)")
     for o, want in zip(out, exact(tree)):
         assert o.dtype == want.dtype and o.shape == want.shape
         np.testing.assert_array_equal(np.asarray(o, np.float64), np.asarray(want, np.float64))
@@ -67,6 +68,7 @@ def test_turned_off_the_bucket_is_concatenated_and_sums_the_same(monkeypatch):
     monkeypatch.setenv("JAX_BLINK_SEGMENTED", "0")
     out, text = summed(lambda t: jax_blink.psum(t, "x", bucket_bytes=ONE_BUCKET), tree)
     assert "jax_blink_collective_segments" not in text and "concatenate" in text
+    assert "separate operands" not in jax_blink.explain().splitlines()[-1]  # this trace's decision
     for o, want in zip(out, exact(tree)):
         np.testing.assert_array_equal(o, want)
 
