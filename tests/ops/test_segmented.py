@@ -16,7 +16,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
-from jax_blink import numerics, settings
+from jax_blink import _ffi, numerics, settings
 from ops_common import N, mesh1d, x64  # noqa: F401  (x64: an autouse fixture)
 
 ONE_BUCKET = settings.MAX_BUCKET_BYTES
@@ -154,6 +154,25 @@ def test_jvp_vmap_and_pmap_match_lax_psum():
     ref = jax.pmap(lambda a, b: lax.psum([a, b], "i"), axis_name="i")(x[0][:, 0], x[1][:, 0])
     for u, w in zip(ours, ref):
         np.testing.assert_allclose(u, w, rtol=1e-5, atol=1e-4)
+
+
+def test_for_gpus_the_bucket_lowers_to_the_concatenation_around_one_call():
+    """The CUDA executor takes one buffer: lowered for CUDA (here without a GPU, through
+    jax.export), a bucket is the concatenation, one jax_blink_collective call and slices."""
+    if not _ffi.has_cuda_support():
+        pytest.skip("the CUDA module jax_blink._blink_cuda is not built (no CUDA compiler at build time)")
+    mesh = mesh1d()
+    sharded = NamedSharding(mesh, P("x"))
+    f = jax.jit(jax.shard_map(lambda a, b: jax_blink.psum([a[0], b[0]], "x", bucket_bytes=ONE_BUCKET),
+                              mesh=mesh, in_specs=P("x"), out_specs=P()))
+    args = [jax.ShapeDtypeStruct((N, n), jnp.float32, sharding=sharded) for n in (100, 7)]
+    unchecked = [jax.export.DisabledSafetyCheck.custom_call("jax_blink_collective")]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=unchecked)(*args).mlir_module()
+    assert text.count("@jax_blink_collective(") == 1 and "jax_blink_collective_segments" not in text
+    assert "stablehlo.concatenate" in text
+    cpu = jax.export.export(f, platforms=["cpu"], disabled_checks=[
+        jax.export.DisabledSafetyCheck.custom_call("jax_blink_collective_segments")])(*args).mlir_module()
+    assert cpu.count("@jax_blink_collective_segments(") == 1 and "stablehlo.concatenate" not in cpu
 
 
 def test_a_bad_setting_names_the_variable(monkeypatch):
