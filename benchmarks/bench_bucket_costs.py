@@ -34,9 +34,9 @@ from jax_blink.settings import set_xla_cpu_threads  # imports no jax
 set_xla_cpu_threads()  # XLA CPU's threads: twice the devices
 
 import argparse
-import contextlib
 import resource
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -89,19 +89,9 @@ def configure(yield_us):
 VARIANT = {"none": "none", "lax.psum": "lax.psum", "one bucket": "jax_blink one bucket", "buckets": "jax_blink"}
 
 
-@contextlib.contextmanager
 def concatenated(on: bool):
     """``JAX_BLINK_SEGMENTED=0`` while a step is traced, where ``on``."""
-    old = os.environ.get("JAX_BLINK_SEGMENTED")
-    if on:
-        os.environ["JAX_BLINK_SEGMENTED"] = "0"
-    try:
-        yield
-    finally:
-        if on and old is None:
-            del os.environ["JAX_BLINK_SEGMENTED"]
-        elif on:
-            os.environ["JAX_BLINK_SEGMENTED"] = old
+    return mock.patch.dict(os.environ, {"JAX_BLINK_SEGMENTED": "0"} if on else {})
 
 
 def model_size() -> int:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from jax_blink.settings import xla_cpu_threads
+from jax_blink.settings import set_xla_cpu_threads
 
 __all__ = ["ProcessResult", "free_port", "run_local", "initialize", "ENV"]
 
@@ -74,8 +74,7 @@ def run_local(argv: Sequence[str], processes: int, *, devices_per_process: int =
     base["XLA_FLAGS"] = " ".join(flags + [
         f"--xla_force_host_platform_device_count={devices_per_process}"])
     base["JAX_PLATFORMS"] = "cpu"
-    if not base.get("PJRT_NPROC", "").strip():  # a thread pool that cannot deadlock queued collectives
-        base["PJRT_NPROC"] = str(xla_cpu_threads(devices_per_process))
+    set_xla_cpu_threads(devices_per_process, env=base)  # a pool that cannot deadlock queued collectives
     procs, files = [], []
     try:
         for pid in range(processes):

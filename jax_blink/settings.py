@@ -329,14 +329,16 @@ def xla_cpu_threads(devices: int, cores: Optional[int] = None) -> int:
     return max(int(cores), 2 * int(devices))
 
 
-def set_xla_cpu_threads(devices: Optional[int] = None) -> None:
-    """Sets ``PJRT_NPROC`` to :func:`xla_cpu_threads` unless the environment sets it;
-    ``devices``: the process's CPU devices (default: ``XLA_FLAGS``'
+def set_xla_cpu_threads(devices: Optional[int] = None, env=None) -> None:
+    """Sets ``PJRT_NPROC`` to :func:`xla_cpu_threads` in ``env`` (default: this process's
+    environment; a child's environment for :func:`jax_blink.launch.run_local`) unless it sets
+    it; ``devices``: the process's CPU devices (default: ``env``'s ``XLA_FLAGS``'
     ``--xla_force_host_platform_device_count``, else 1). Call it before jax starts its CPU
     client, which reads the variable once, when it is made."""
-    if _env("PJRT_NPROC") is not None:
+    env = os.environ if env is None else env
+    if env.get("PJRT_NPROC", "").strip():
         return
     if devices is None:
-        found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+        found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", env.get("XLA_FLAGS", ""))
         devices = int(found[-1]) if found else 1
-    os.environ["PJRT_NPROC"] = str(xla_cpu_threads(devices))
+    env["PJRT_NPROC"] = str(xla_cpu_threads(devices))

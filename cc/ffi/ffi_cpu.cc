@@ -70,11 +70,9 @@ ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
         "this process is not attached to its host's processes"));
   }
   state->transport = static_cast<int32_t>(transport);
-  // The largest workspace a call may need; none is allocated until a call
-  // needs it.
-  const int64_t bytes = std::max({CpuWorkspaceBytes(state->schedule, /*aliased=*/true),
-                                  CpuWorkspaceBytes(state->schedule, /*aliased=*/false),
-                                  CpuWorkspaceBytes(state->schedule, false, /*segmented=*/true)});
+  // The largest workspace a call may need (a segmented call's: a whole
+  // accumulator); none is allocated until a call needs it.
+  const int64_t bytes = CpuWorkspaceBytes(state->schedule, /*aliased=*/false, /*segmented=*/true);
   state->workspaces = std::make_unique<WorkspacePool>(bytes);
   return state;
 }
@@ -131,7 +129,6 @@ ffi::Future Launch(ffi::RunId run_id, ScheduleState* state, ExecArgs a,
     if (have_env) std::fesetenv(&env);
     ffi::Error result = ToFfiError(ExecuteCpu(a).status);
     ws.reset();  // the workspace is free for the next call before XLA goes on
-    segments.reset();
     if (result.success()) {
       promise.SetAvailable();  // XLA may go on with this device's program here
     } else {

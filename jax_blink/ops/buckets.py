@@ -50,8 +50,8 @@ def bucket_size(value, platform: str) -> tuple:
 def split(nbytes: list, size: Optional[int]) -> list:
     """Leaf indices per bucket, the leaves taken last first: a leaf of at least
     ``size`` bytes is a bucket of its own (large enough to travel alone, it
-    starts as soon as it exists), smaller leaves fill buckets until one holds at least ``size``
-    bytes; one bucket with every leaf when ``size`` is None.
+    starts as soon as it exists), smaller leaves fill buckets until one holds
+    at least ``size`` bytes; one bucket with every leaf when ``size`` is None.
 
     Examples
     --------

@@ -85,10 +85,9 @@ def _transpose(cts, rank, group, *xs, axes, mode, schedule, site, **params):
     """As the allreduce's transpose: a varying value's cotangent is every rank's (cast back
     to varying), an unreduced one's reduced; untyped (check_vma=False, pmap) the cotangents
     are summed again."""
-    if mode == "varying":
-        return [None, None, *(None if type(c) is ad.Zero else lax.pcast(c, axes, to="varying") for c in cts)]
-    if mode == "unreduced":
-        return [None, None, *(None if type(c) is ad.Zero else lax.pcast(c, axes, to="reduced") for c in cts)]
+    if mode in ("varying", "unreduced"):
+        to = "varying" if mode == "varying" else "reduced"
+        return [None, None, *(None if type(c) is ad.Zero else lax.pcast(c, axes, to=to) for c in cts)]
     cts = [ad.instantiate_zeros(c) for c in cts]
     return [None, None, *bind_segments(cts, rank, group, axes=axes, mode=mode, schedule=schedule, **params)]
 
