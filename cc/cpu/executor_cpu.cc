@@ -462,6 +462,9 @@ JAX_BLINK_KERNEL void StreamCopy(void* dst, const void* src, size_t bytes) {
 struct PushDst {
   void* p;
   bool nt;  // non-temporal stores (nobody reads it soon)
+  // The peer whose accumulator it is (-1: this rank's output, OutputCopy):
+  // where accumulators are segmented, each piece's address is the peer's.
+  int64_t rank;
 };
 
 template <class Tr, ReduceOp kOp>
@@ -578,6 +581,7 @@ class RankRunner {
         push_(GetExecTunables().push),
         same_types_(!HasScratchAcc(s_.dtype)),
         inplace_(CpuInPlace(s_, a.in == a.out)),
+        acc_segs_(slot.info[a.rank].acc_segs),
         yield_ns_(GetExecTunables().yield_ns) {
     if (a.transport == kTransportHost) {
       remote_.assign(s_.nranks, 0);
@@ -745,6 +749,7 @@ class RankRunner {
       sends[np] = si;
       dsts[np].p = AccOf(snd.peer, snd.chunk, off);
       dsts[np].nt = StreamTo(snd.peer, rcv, off);
+      dsts[np].rank = snd.peer;
       ++np;
     }
     // Sends of the chunk that are not direct successors would read it too.
@@ -839,15 +844,22 @@ class RankRunner {
     dst->p = static_cast<char*>(a_.out) +
              (s_.chunk_offset[last.chunk] - s_.OutputOffset(a_.rank)) * tsize_;
     dst->nt = Large();
+    dst->rank = -1;
     out_written_[last.chunk] = 1;
     return 1;
   }
 
   // Where element `off` of rank `rank`'s accumulator lives: in its output
-  // buffer for its output range when RankInfo::acc_out is set (a
-  // reduce_scatter's shard), else in RankInfo::acc.
+  // segments for a segmented call that accumulates there (RankInfo::
+  // acc_segs), in its output buffer for its output range when
+  // RankInfo::acc_out is set (a reduce_scatter's shard), else in
+  // RankInfo::acc.
   char* AccAt(int64_t rank, int64_t off) const {
     const RankInfo& ri = slot_.info[rank];
+    if (ri.acc_segs) {
+      const int64_t i = Segment(ri.seg_offset, ri.nsegs, off);
+      return static_cast<char*>(ri.out_segs[i]) + (off - ri.seg_offset[i]) * asize_;
+    }
     if (ri.acc_out != nullptr) {
       const int64_t lo = s_.OutputOffset(rank);
       if (off >= lo && off < lo + s_.out_count) {
@@ -861,7 +873,7 @@ class RankRunner {
   bool StreamEligible(int64_t rank, int64_t off) const {
     if (!same_types_ || !Large()) return false;
     const RankInfo& ri = slot_.info[rank];
-    if (ri.acc == ri.out) return true;
+    if (ri.acc == ri.out || ri.acc_segs) return true;
     const int64_t lo = s_.OutputOffset(rank);
     return ri.acc_out != nullptr && off >= lo && off < lo + s_.out_count;
   }
@@ -891,11 +903,13 @@ class RankRunner {
     return std::upper_bound(seg_offset + 1, seg_offset + nsegs + 1, off) - (seg_offset + 1);
   }
 
-  // Runs f(o, l, dst + (o - off), pushes + (o - off)) for each piece [o, o + l)
-  // of the chunk [off, off + len) that lies in one segment of the inputs and
-  // outputs (all of it unless the call is segmented: every rank's segments
-  // match, CheckConsistent). `dst` and the pushes' destinations are
-  // accumulators, in accumulator elements.
+  // Runs f(o, l, d, p) for each piece [o, o + l) of the chunk [off, off + len)
+  // that lies in one segment of the inputs and outputs (all of it unless the
+  // call is segmented: every rank's segments match, CheckConsistent), where
+  // d and p are `dst` (this rank's accumulator at `off`, or null) and the
+  // pushes' destinations (peers' accumulators) at element o. Accumulators
+  // in output segments (acc_segs_) are looked up per piece, others are one
+  // buffer (dst + (o - off)).
   template <typename F>
   void ForPieces(int64_t off, int64_t len, char* dst, const PushDst* pushes, int nd, F&& f) const {
     if (a_.nsegs == 0) {
@@ -907,8 +921,13 @@ class RankRunner {
       const int64_t end =
           std::min(off + len, a_.seg_offset[Segment(a_.seg_offset, a_.nsegs, o) + 1]);
       const int64_t by = (o - off) * static_cast<int64_t>(asize_);
-      for (int j = 0; j < nd; ++j) moved[j] = {static_cast<char*>(pushes[j].p) + by, pushes[j].nt};
-      f(o, end - o, dst == nullptr ? nullptr : dst + by, moved);
+      for (int j = 0; j < nd; ++j) {
+        moved[j] = pushes[j];
+        moved[j].p = acc_segs_ && pushes[j].rank >= 0 ? AccAt(pushes[j].rank, o)
+                                                      : static_cast<char*>(pushes[j].p) + by;
+      }
+      char* d = dst == nullptr ? nullptr : acc_segs_ ? AccAt(a_.rank, o) : dst + by;
+      f(o, end - o, d, moved);
       o = end;
     }
   }
@@ -1149,6 +1168,9 @@ class RankRunner {
   // The input is the accumulator (CpuInPlace): a write of a chunk also waits
   // until the receivers of its input value read it.
   const bool inplace_;
+  // The call is segmented and every rank's accumulator is its output
+  // segments (RankInfo::acc_segs; the ranks' dtypes and segments match).
+  const bool acc_segs_;
   const int64_t yield_ns_;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
@@ -1386,13 +1408,16 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   info.nsegs = a.nsegs;
   info.seg_offset = a.seg_offset;
   info.in_segs = a.in_segs;
+  info.out_segs = a.out_segs;
+  // A segmented allreduce accumulates in its outputs, as a one-buffer call
+  // does in its output, unless its dtype needs a wider accumulator.
+  info.acc_segs = a.nsegs > 0 && !HasScratchAcc(s.dtype);
   info.count = a.in_count;
   info.dtype = a.dtype;
   info.nranks = s.nranks;
   info.total_steps = s.total_steps;
   info.fingerprint = s.fingerprint;
-  const bool segmented = a.nsegs > 0;
-  const int64_t ws_bytes = CpuWorkspaceBytes(s, a.in == a.out, segmented);
+  const int64_t ws_bytes = CpuWorkspaceBytes(s, a.in == a.out);
   if (info.error.ok() && ws_bytes > 0) {
     // The accumulator lives in the caller's workspace (see CpuWorkspaceBytes).
     if (a.workspace == nullptr || a.workspace_bytes < ws_bytes) {
@@ -1409,7 +1434,7 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
       info.acc_out = a.out;
     }
   }
-  if (info.error.ok() && !segmented) {
+  if (info.error.ok() && a.nsegs == 0) {
     AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype),
                     GetExecTunables().hugepage_bytes);
   }

@@ -49,8 +49,9 @@ struct ExecArgs {
   // [seg_offset[i], seg_offset[i + 1]) of the vector in in_segs[i] and
   // out_segs[i] (seg_offset: nsegs + 1 increasing entries from 0 to the
   // count). `in` and `out` are then the first segment's buffers, and the
-  // accumulator is the workspace (CpuWorkspaceBytes(s, false, true)). The
-  // arrays must outlive the call; every rank's segments must match.
+  // accumulator is the output segments (the workspace for a dtype with a
+  // wider accumulator, as in a one-buffer call). The arrays must outlive the
+  // call; every rank's segments must match.
   int32_t nsegs = 0;
   const int64_t* seg_offset = nullptr;
   const void* const* in_segs = nullptr;
@@ -93,12 +94,13 @@ inline bool CpuInPlace(const Schedule& s, bool aliased) {
 // Bytes of workspace a call of `s` needs for its accumulator when it is not
 // the output buffer: count elements of the accumulator type for f16/bf16
 // (float32), when the input aliases the output and the call cannot run in
-// place (peers still read the input), for reduce_scatter (the output is
+// place (peers still read the input), and for reduce_scatter (the output is
 // one shard: it holds that shard of the accumulator, the workspace the
-// chunks of other shards the rank reduces on their way), and for a
-// segmented call (ExecArgs::nsegs: the output is several buffers); else 0.
-inline int64_t CpuWorkspaceBytes(const Schedule& s, bool aliased, bool segmented = false) {
-  const bool separate = segmented || HasScratchAcc(s.dtype) ||
+// chunks of other shards the rank reduces on their way); else 0. (A
+// segmented call, ExecArgs::nsegs, is never aliased and accumulates in its
+// output segments.)
+inline int64_t CpuWorkspaceBytes(const Schedule& s, bool aliased) {
+  const bool separate = HasScratchAcc(s.dtype) ||
                         (aliased && !CpuInPlace(s, aliased)) || s.out_count != s.count;
   return separate ? s.count * static_cast<int64_t>(AccSize(s.dtype)) : 0;
 }

@@ -70,9 +70,10 @@ ffi::ErrorOr<std::unique_ptr<ScheduleState>> Instantiate(
         "this process is not attached to its host's processes"));
   }
   state->transport = static_cast<int32_t>(transport);
-  // The largest workspace a call may need (a segmented call's: a whole
-  // accumulator); none is allocated until a call needs it.
-  const int64_t bytes = CpuWorkspaceBytes(state->schedule, /*aliased=*/false, /*segmented=*/true);
+  // The largest workspace a call may need (an aliased call's that cannot
+  // run in place: a whole accumulator); none is allocated until a call
+  // needs it.
+  const int64_t bytes = CpuWorkspaceBytes(state->schedule, /*aliased=*/true);
   state->workspaces = std::make_unique<WorkspacePool>(bytes);
   return state;
 }
@@ -106,7 +107,7 @@ ffi::Future Launch(ffi::RunId run_id, ScheduleState* state, ExecArgs a,
   const bool host = state->transport == kTransportHost;
   auto ws = std::make_shared<WorkspaceLease>(
       state->workspaces.get(),
-      !host && CpuWorkspaceBytes(state->schedule, aliased, a.nsegs > 0) > 0);
+      !host && CpuWorkspaceBytes(state->schedule, aliased) > 0);
   a.workspace = ws->get();
   a.workspace_bytes = ws->get() == nullptr ? 0 : state->workspaces->bytes();
   a.schedule = &state->schedule;

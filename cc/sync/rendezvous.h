@@ -103,6 +103,10 @@ struct RankInfo {
   int32_t nsegs = 0;
   const int64_t* seg_offset = nullptr;
   const void* const* in_segs = nullptr;
+  // ... and its output these nsegs buffers; with acc_segs, they are its
+  // accumulator too (`acc` is then unused).
+  void* const* out_segs = nullptr;
+  bool acc_segs = false;
   int64_t count = 0;         // elements in its buffers
   int32_t dtype = -1;        // dtype code of its buffers
   int64_t nranks = 0;        // from its schedule

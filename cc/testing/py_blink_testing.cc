@@ -225,7 +225,7 @@ py::list RunRanks(const py::object& schedule, const py::sequence& inputs,
       a.in = g.in[0];
       a.out = g.out[0];
     }
-    const int64_t ws = CpuWorkspaceBytes(s, a.in == a.out, a.nsegs > 0);
+    const int64_t ws = CpuWorkspaceBytes(s, a.in == a.out);
     if (ws > 0) {
       workspaces[r].reset(std::aligned_alloc(64, (static_cast<size_t>(ws) + 63) / 64 * 64));
       if (!workspaces[r]) throw std::bad_alloc();
