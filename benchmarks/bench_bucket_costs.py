@@ -153,10 +153,10 @@ def main():
     sizes = [model_size() if b == "model" else int(b) for b in args.bucket_bytes]
     mesh = Mesh(np.array(jax.devices()), ("data",))
     print(f"# {machine()}, {mesh.devices.size} CPU devices, PJRT_NPROC={os.environ.get('PJRT_NPROC')}")
-    print(f"# default buckets: {buckets.bucket_size(None, 'cpu')}")
     print(f"{'model':>8} {'gradients':>26} {'step ms':>8} {'CPU ms':>8} {'vs lax':>7} {'wrong':>6}")
     for model in args.models:
         depth, width = (int(v) for v in model.split("x"))
+        print(f"# {model}'s default buckets: {buckets.bucket_size(None, 'cpu', 4 * (width + 1) * width * depth)}")
         for row in measure_model(mesh, depth, width, args.rounds, args.yield_us, sizes):
             print(f"{row['model']:>8} {row['arm']:>26} {row['step_ms']:8.2f} {row['cpu_ms']:8.1f} "
                   f"{row['vs_lax']:7.2f} {row['wrong']:6d}", flush=True)

@@ -10,7 +10,8 @@ leaves are taken last first: for ``jax.grad`` of a layered model the
 gradients of the last layers are produced first.
 
 The size is ``bucket_bytes=`` / ``JAX_BLINK_BUCKET_BYTES``, else on CPU
-devices the size this machine's profile measured best in training steps
+devices the size this machine's profile measured best in the training steps
+of the model nearest the pytree in bytes
 (:func:`jax_blink.ops.predict_cpu.tuned_bucket_bytes`), else the cost model
 of the executor that will run the buckets
 (:func:`jax_blink.planning.cost.bucket_bytes` over
@@ -29,14 +30,14 @@ from jax_blink.planning.cost import bucket_bytes as _model_bytes
 __all__ = ["bucket_size", "split"]
 
 
-def bucket_size(value, platform: str) -> tuple:
-    """``(bytes or None, why)``: the bucket size of a psum over ``platform``'s
-    devices; None means one bucket."""
+def bucket_size(value, platform: str, nbytes: float) -> tuple:
+    """``(bytes or None, why)``: the bucket size of a psum of a pytree of
+    ``nbytes`` per device over ``platform``'s devices; None means one bucket."""
     chosen = settings.bucket_bytes(value)
     if chosen is not None:
         return chosen, "bucket_bytes=" if value is not None else "JAX_BLINK_BUCKET_BYTES"
     if platform == "cpu":
-        tuned, where = predict_cpu.tuned_bucket_bytes()
+        tuned, where = predict_cpu.tuned_bucket_bytes(nbytes)
         if tuned is not None:
             return tuned, f"the training steps of {where}"
         source = predict_cpu.cpu_allreduce(4).source

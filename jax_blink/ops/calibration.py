@@ -17,8 +17,8 @@ per device, about a minute on 8 CPU devices of a 2-core VM); ``quick`` 4 sizes w
 calls (about 10 s). A full calibration also times the training steps of
 :data:`STEP_MODELS` (:func:`measure_steps`): what summing their gradient pytrees adds to a
 step, by lax and by jax_blink in buckets of each size of :data:`BUCKET_CANDIDATES`, the
-profile's ``steps`` and ``buckets``: psum's default bucket size is the one measured best
-there. Every collective is bounded by psum's timeout, so it never hangs.
+profile's ``steps`` and ``buckets``: psum's default bucket size for a pytree is the one
+measured best on the model nearest it in bytes. Every collective is bounded by psum's timeout, so it never hangs.
 """
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
     are timed once), in microseconds.
 
     Returns ``(steps, buckets)``: the profile's ``steps`` table of this process's devices (by
-    the pytree's bytes per device; jax_blink in the buckets measured best) and its
-    ``buckets`` table (each candidate's mean over the models of jax_blink's added time over
-    lax's). RuntimeError where a summed gradient is wrong."""
+    the pytree's bytes per device; jax_blink in the buckets psum then takes for it) and its
+    ``buckets`` table (per model and candidate, jax_blink's added time over lax's).
+    RuntimeError where a summed gradient is wrong."""
     added = {}  # (depth, width) -> {"lax": us, candidate: us}
     for depth, width in models:
         split = {c: tuple(map(tuple, _buckets.split(_leaf_bytes(depth, width), c))) for c in candidates}
@@ -175,12 +175,13 @@ def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
             return max(step[variant] - step["none"], MIN_ADDED_US)
         added[depth, width] = {"lax": more("lax.psum"),
                                **{c: more(bucketed(timed[split[c]])) for c in candidates}}
-    vs_lax = [float(np.mean([a[c] / a["lax"] for a in added.values()])) for c in candidates]
-    best = min(zip(vs_lax, candidates))[1]
     order = sorted(added, key=lambda m: sum(_leaf_bytes(*m)))
-    steps = {"bytes": [sum(_leaf_bytes(*m)) for m in order], "blink": [added[m][best] for m in order],
+    nbytes = [sum(_leaf_bytes(*m)) for m in order]
+    buckets = {"bytes": nbytes, "bucket_bytes": list(candidates),
+               "vs_lax": [[added[m][c] / added[m]["lax"] for c in candidates] for m in order]}
+    steps = {"bytes": nbytes, "blink": [added[m][profiles.best_bucket(buckets, b)] for m, b in zip(order, nbytes)],
              "lax": [added[m]["lax"] for m in order]}
-    return steps, {"bucket_bytes": list(candidates), "vs_lax": vs_lax}
+    return steps, buckets
 
 
 def _bar(out=sys.stderr):
@@ -280,6 +281,13 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     return made, where
 
 
+def _size_name(size: int) -> str:
+    """A bucket size as ``calibrate`` prints it: ``1 MiB``, ``256 KiB``, ``one bucket``."""
+    if size >= settings.MAX_BUCKET_BYTES:
+        return "one bucket"
+    return f"{size >> 20} MiB" if size % (1 << 20) == 0 else f"{size >> 10} KiB" if size % 1024 == 0 else f"{size} B"
+
+
 def describe(p: profiles.Profile) -> str:
     """One line per layout and size: both times and which is faster."""
     lines = []
@@ -292,9 +300,10 @@ def describe(p: profiles.Profile) -> str:
             lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB of gradients/device: jax_blink {b:9.1f} us, "
                          f"lax {x:9.1f} us  -> {'jax_blink' if b < x else 'lax'}")
     for layout, t in p.buckets.items():
-        lines.append(f"  {layout:>5} steps' buckets: " + ", ".join(
-            f"{size} B {r:.2f} of lax" for size, r in zip(t["bucket_bytes"], t["vs_lax"]))
-            + f"  -> {p.bucket_bytes(layout)} B")
+        for nbytes, row in zip(t["bytes"], t["vs_lax"]):
+            lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB in buckets of " + ", ".join(
+                f"{_size_name(size)} {r:.2f}" for size, r in zip(t["bucket_bytes"], row))
+                + f" of lax  -> {_size_name(p.bucket_bytes(layout, nbytes))}")
     return "\n".join(lines)
 
 

@@ -71,14 +71,15 @@ def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] 
                          cpu_allreduce_seconds("lax", size_bytes, table), source)
 
 
-def tuned_bucket_bytes(processes: int = 1, devices: Optional[int] = None) -> tuple:
+def tuned_bucket_bytes(nbytes: float, processes: int = 1, devices: Optional[int] = None) -> tuple:
     """``(bytes, source)``: the bucket size this machine's profile measured best in training
-    steps (:meth:`jax_blink.planning.profile.Profile.bucket_bytes`) for the nearest layout
-    it measured; ``(None, why)`` where it measured none."""
+    steps for a pytree of ``nbytes`` per device
+    (:meth:`jax_blink.planning.profile.Profile.bucket_bytes`) in the nearest layout it
+    measured; ``(None, why)`` where it measured none."""
     found, layout = _nearest(lambda p: p.buckets, processes, devices)
     if layout is None:
         return None, "no profile" if found is None else "the profile measured no training steps"
-    return found.bucket_bytes(layout), _named(found, layout)
+    return found.bucket_bytes(layout, nbytes), _named(found, layout)
 
 
 def blink_fixed_seconds(processes: int = 1, devices: Optional[int] = None) -> float:

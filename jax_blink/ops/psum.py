@@ -46,8 +46,8 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
     buckets = [list(range(len(leaves)))]
     if op == "sum" and len(leaves) > 1:
-        size, why = _buckets.bucket_size(bucket_bytes, jax.default_backend())
         nbytes = [int(np.size(leaf)) * np.dtype(jnp.result_type(leaf)).itemsize for leaf in leaves]
+        size, why = _buckets.bucket_size(bucket_bytes, jax.default_backend(), sum(nbytes))
         buckets = _buckets.split(nbytes, size)
         _decisions.record(f"{name} over {axes}: {len(leaves)} leaves ({sum(nbytes)} B per device) in "
                        f"{len(buckets)} bucket(s), last leaf first ("
@@ -152,8 +152,8 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
         first, a bucket closes once it holds at least this many bytes; a size
         at least the whole pytree gives one bucket. Default:
         ``$JAX_BLINK_BUCKET_BYTES``, else on CPU devices the size this
-        machine's profile measured best in training steps (``python -m
-        jax_blink calibrate``), else the executor's cost model (on CPU
+        machine's profile measured best in the training steps of the model
+        nearest the pytree in bytes (``python -m jax_blink calibrate``), else the executor's cost model (on CPU
         devices the size whose fixed per-call cost is at most half of a
         call; on GPUs one bucket, since the CUDA executor runs in the compute
         stream's order). ``explain()`` says how a pytree was bucketed.

@@ -14,9 +14,10 @@ A full calibration also times training steps (``steps``): per layout, what summi
 small MLP's gradient pytree adds to a jitted step, by the pytree's bytes per device, for
 both. Inside a step the devices reach each bucket at different times, which isolated calls
 do not show. It also times those steps with the gradients in buckets of each size of
-``buckets`` (per layout, ``bucket_bytes`` and ``vs_lax``: the mean over the models of what
-jax_blink adds to the step over what lax.psum adds): psum's default bucket size is the
-size measured best (:meth:`Profile.bucket_bytes`).
+``buckets`` (per layout: per model, by its ``bytes``, and per candidate ``bucket_bytes``,
+``vs_lax``: what jax_blink adds to the step over what lax.psum adds): psum's default
+bucket size for a pytree is the size measured best on the model nearest it in bytes
+(:meth:`Profile.bucket_bytes`).
 
 Like FFTW's wisdom, a profile is a plain JSON file (``"format":
 "jax_blink.machine_profile"``) that can be copied to machines of the same kind.
@@ -38,7 +39,8 @@ from jax_blink._jsonio import read_document
 from jax_blink.planning.cache import disk_store
 from jax_blink.planning.cost import cpu_allreduce_seconds
 
-__all__ = ["Profile", "ProfileError", "FORMAT", "VERSION", "path_for", "load", "save", "nearest_layout"]
+__all__ = ["Profile", "ProfileError", "FORMAT", "VERSION", "path_for", "load", "save", "nearest_layout",
+           "best_bucket"]
 
 logger = logging.getLogger("jax_blink")
 
@@ -55,6 +57,10 @@ def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
 def _check_table(layout: str, table, sizes: str = "elements", which=_WHICH) -> dict:
     """``table`` as the cost model's table (``sizes``: the name of its size column, ``which``
     its other columns), or ProfileError naming what is wrong."""
@@ -66,18 +72,66 @@ def _check_table(layout: str, table, sizes: str = "elements", which=_WHICH) -> d
     if n < 2:
         raise ProfileError(f"layout {layout!r}: needs at least two measured sizes")
     for k, column in columns.items():
-        if (not isinstance(column, (list, tuple)) or len(column) != n
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-                           for v in column)):
+        if not isinstance(column, (list, tuple)) or len(column) != n or not all(map(_positive, column)):
             raise ProfileError(f"layout {layout!r}: {k!r} must be {n} positive numbers")
     if list(columns[sizes]) != sorted(set(columns[sizes])):
         raise ProfileError(f"layout {layout!r}: '{sizes}' must increase")
     return {k: tuple(float(v) if k != sizes else int(v) for v in column) for k, column in columns.items()}
 
 
+def _check_buckets(layout: str, table) -> dict:
+    """A ``buckets`` table (``bytes`` of the models, candidate ``bucket_bytes``, and
+    ``vs_lax``: a row per model, a ratio per candidate), or ProfileError naming what is wrong."""
+    if not isinstance(table, dict) or set(table) != {"bytes", "bucket_bytes", "vs_lax"}:
+        raise ProfileError(f"layout {layout!r}: expected an object with 'bytes', 'bucket_bytes' and 'vs_lax'")
+    out = {}
+    for k in ("bytes", "bucket_bytes"):
+        column = table[k]
+        if not isinstance(column, (list, tuple)) or not column or not all(
+                _positive(v) and v == int(v) for v in column):
+            raise ProfileError(f"layout {layout!r}: {k!r} must be a list of positive whole numbers")
+        if list(column) != sorted(set(column)):
+            raise ProfileError(f"layout {layout!r}: {k!r} must increase")
+        out[k] = tuple(int(v) for v in column)
+    if len(out["bucket_bytes"]) < 2:
+        raise ProfileError(f"layout {layout!r}: needs at least two candidate bucket sizes")
+    rows = table["vs_lax"]
+    if (not isinstance(rows, (list, tuple)) or len(rows) != len(out["bytes"]) or not all(
+            isinstance(r, (list, tuple)) and len(r) == len(out["bucket_bytes"]) and all(map(_positive, r))
+            for r in rows)):
+        raise ProfileError(f"layout {layout!r}: 'vs_lax' must be {len(out['bytes'])} rows (one per model) of "
+                           f"{len(out['bucket_bytes'])} positive numbers (one per candidate)")
+    out["vs_lax"] = tuple(tuple(float(v) for v in r) for r in rows)
+    return out
+
+
+def best_bucket(table: dict, nbytes: Optional[float] = None) -> int:
+    """Of a ``buckets`` table's candidates, the one measured best for a pytree of ``nbytes``
+    per device: the least ``vs_lax`` on the model nearest it in bytes (by ratio); a tie (two
+    sizes that bucket that model's leaves alike, timed once) goes to the better mean over
+    all models, then to the smaller size. ``nbytes`` None: by the mean alone.
+
+    Examples
+    --------
+    >>> t = {"bytes": [10**6, 10**7], "bucket_bytes": [1 << 20, 1 << 22, 1 << 40],
+    ...      "vs_lax": [[0.9, 0.8, 0.7], [0.5, 0.5, 0.9]]}
+    >>> best_bucket(t, 2e6), best_bucket(t, 8e6), best_bucket(t, 1e9), best_bucket(t)
+    (1099511627776, 4194304, 4194304, 4194304)
+    """
+    rows = table["vs_lax"]
+    mean = [sum(r[j] for r in rows) / len(rows) for j in range(len(table["bucket_bytes"]))]
+    if nbytes is None:
+        row = mean
+    else:
+        near = min(range(len(rows)), key=lambda i: abs(math.log(table["bytes"][i] / max(nbytes, 1))))
+        row = rows[near]
+    return min(zip(row, mean, table["bucket_bytes"]))[2]
+
+
 def _lists(layouts: dict) -> dict:
-    """Tables of layouts with JSON's lists for their tuples."""
-    return {k: {c: list(v) for c, v in t.items()} for k, t in layouts.items()}
+    """Tables of layouts with JSON's lists for their tuples (and rows)."""
+    return {k: {c: [list(x) if isinstance(x, tuple) else x for x in v] for c, v in t.items()}
+            for k, t in layouts.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +145,9 @@ class Profile:
     ``seconds``: how long the calibration took; ``created``: when (ISO 8601); ``steps``:
     per layout, microseconds that summing a gradient pytree adds to a training step, by
     its ``bytes`` per device, for ``blink`` (in the buckets of :meth:`bucket_bytes`) and
-    ``lax``; ``buckets``: per layout, candidate ``bucket_bytes`` and the ``vs_lax`` each was
-    measured at in those steps (``steps`` and ``buckets``: a full calibration's; empty
-    otherwise).
+    ``lax``; ``buckets``: per layout, the models' ``bytes``, candidate ``bucket_bytes`` and
+    the ``vs_lax`` each candidate was measured at in each model's steps (``steps`` and
+    ``buckets``: a full calibration's; empty otherwise).
     """
 
     key: dict
@@ -113,24 +167,23 @@ class Profile:
         object.__setattr__(self, "steps", {str(k): _check_table(str(k), t, "bytes") for k, t in self.steps.items()})
         if not isinstance(self.buckets, dict):
             raise ProfileError("machine profile: 'buckets' must be an object of layouts")
-        object.__setattr__(self, "buckets", {str(k): _check_table(str(k), t, "bucket_bytes", which=("vs_lax",))
-                                             for k, t in self.buckets.items()})
+        object.__setattr__(self, "buckets", {str(k): _check_buckets(str(k), t) for k, t in self.buckets.items()})
 
-    def bucket_bytes(self, layout: str) -> Optional[int]:
-        """The bucket size measured best in ``layout``'s training steps (the least ``vs_lax``;
-        the smaller size on a tie), or None where the profile measured no buckets there.
+    def bucket_bytes(self, layout: str, nbytes: Optional[float] = None) -> Optional[int]:
+        """The bucket size measured best in ``layout``'s training steps for a pytree of
+        ``nbytes`` per device (:func:`best_bucket`; None: over all models), or None where the
+        profile measured no buckets there.
 
         Examples
         --------
         >>> p = Profile({}, {"1x8": {"elements": [1, 1000], "blink": [50.0, 80.0], "lax": [90.0, 95.0]}},
-        ...             buckets={"1x8": {"bucket_bytes": [1 << 18, 1 << 20], "vs_lax": [1.2, 0.9]}})
-        >>> p.bucket_bytes("1x8"), p.bucket_bytes("2x1")
+        ...             buckets={"1x8": {"bytes": [10**6], "bucket_bytes": [1 << 18, 1 << 20],
+        ...                              "vs_lax": [[1.2, 0.9]]}})
+        >>> p.bucket_bytes("1x8", 4e6), p.bucket_bytes("2x1")
         (1048576, None)
         """
         table = self.buckets.get(layout)
-        if table is None:
-            return None
-        return min(zip(table["vs_lax"], table["bucket_bytes"]))[1]
+        return None if table is None else best_bucket(table, nbytes)
 
     def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
         """The measured time of an allreduce of ``size_bytes`` per device by ``which``

@@ -141,7 +141,7 @@ def test_the_bucket_size_follows_the_profile(use_profile):
         use_profile({"1x8": {"elements": sizes, "blink": [fixed_us + 4e-3 * s for s in sizes],
                              "lax": [1e6] * 4}})
         p = machine.profile()
-        size, why = buckets.bucket_size(None, "cpu")
+        size, why = buckets.bucket_size(None, "cpu", 1 << 20)
         t = lambda b: p.allreduce_seconds("blink", b, "1x8")  # noqa: E731
         assert t(size) >= 2 * t(4) and (size == 4096 or t(size // 2) < 2 * t(4)), size
         assert "profile" in why
@@ -149,19 +149,25 @@ def test_the_bucket_size_follows_the_profile(use_profile):
     assert chosen[1] >= 16 * chosen[0]
 
 
-@pytest.mark.parametrize("vs_lax, best", [([1.3, 0.9, 1.1, 1.5], 1 << 20), ([1.3, 1.2, 1.1, 0.95], 1 << 40),
-                                          ([1.0, 1.0, 1.2, 1.3], 1 << 18)])
-def test_the_bucket_size_is_the_one_measured_best_in_training_steps(use_profile, vs_lax, best):
-    """Where the profile timed training steps in buckets of several sizes, psum takes the
-    size whose steps cost least against lax (the smaller on a tie), whatever the isolated
+@pytest.mark.parametrize("small, large, best", [
+    ([1.3, 0.9, 1.1, 1.5], [0.5, 0.5, 0.5, 0.9], (1 << 20, 1 << 20)),
+    ([1.3, 1.2, 1.1, 0.95], [0.5, 0.5, 0.5, 0.9], (1 << 40, 1 << 22)),  # the tie on the large model: its mean
+    ([1.0, 1.0, 1.2, 1.3], [0.6, 0.6, 0.6, 0.6], (1 << 18, 1 << 18)),  # ties all along: the smaller
+])
+def test_the_bucket_size_is_the_one_measured_best_in_training_steps(use_profile, small, large, best):
+    """Where the profile timed training steps in buckets of several sizes, psum takes for a
+    pytree the size whose steps cost least against lax on the model nearest it in bytes (a tie
+    to the better mean over the models, then to the smaller size), whatever the isolated
     calls' model would take, and says where it came from."""
     sizes = [1 << 18, 1 << 20, 1 << 22, 1 << 40]
-    use_profile({"1x8": BLINK_WINS}, bucket_tables={"1x8": {"bucket_bytes": sizes, "vs_lax": vs_lax}})
-    size, why = buckets.bucket_size(None, "cpu")
-    assert size == best and why.startswith("the training steps of this machine's profile (1x8")
-    assert buckets.bucket_size(4096, "cpu") == (4096, "bucket_bytes=")  # the caller's size still rules
+    use_profile({"1x8": BLINK_WINS}, bucket_tables={"1x8": {"bytes": [1_000_000, 16_000_000], "bucket_bytes": sizes,
+                                                            "vs_lax": [small, large]}})
+    for nbytes, expected in zip((2_000_000, 50_000_000), best):
+        size, why = buckets.bucket_size(None, "cpu", nbytes)
+        assert size == expected and why.startswith("the training steps of this machine's profile (1x8")
+    assert buckets.bucket_size(4096, "cpu", 1e8) == (4096, "bucket_bytes=")  # the caller's size still rules
     use_profile({"1x8": BLINK_WINS})  # no step buckets measured: the isolated calls' model
-    assert buckets.bucket_size(None, "cpu")[1].startswith("the CPU model (this machine's profile")
+    assert buckets.bucket_size(None, "cpu", 1e6)[1].startswith("the CPU model (this machine's profile")
 
 
 def test_the_tuned_bucket_size_reaches_psum(use_profile, monkeypatch):
@@ -173,8 +179,8 @@ def test_the_tuned_bucket_size_reaches_psum(use_profile, monkeypatch):
                           NamedSharding(mesh, P("d")))
     calls = {}
     for best, vs_lax in ((1 << 20, [1.2, 0.9]), (1 << 18, [0.9, 1.2])):
-        use_profile({"1x8": BLINK_WINS}, bucket_tables={"1x8": {"bucket_bytes": [1 << 18, 1 << 20],
-                                                                "vs_lax": vs_lax}})
+        use_profile({"1x8": BLINK_WINS}, bucket_tables={"1x8": {"bytes": [1 << 20], "bucket_bytes": [1 << 18, 1 << 20],
+                                                                "vs_lax": [vs_lax]}})
         f = jax.jit(jax.shard_map(lambda t: jax_blink.psum(t, "d"), mesh=mesh, in_specs=P("d"), out_specs=P()))
         calls[best] = f.lower(tree).as_text().count("jax_blink_collective")
         out = f(tree)
@@ -269,20 +275,27 @@ def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_pa
 
 def test_a_profile_keeps_its_step_and_bucket_tables():
     steps = {"1x8": {"bytes": [1_000_000, 4_000_000], "blink": [3000.0, 5000.0], "lax": [2000.0, 6000.0]}}
-    tuned = {"1x8": {"bucket_bytes": [1 << 18, 1 << 20], "vs_lax": [1.1, 0.9]}}
+    tuned = {"1x8": {"bytes": [1_000_000, 4_000_000], "bucket_bytes": [1 << 18, 1 << 20, 1 << 40],
+                     "vs_lax": [[1.1, 0.9, 0.8], [0.9, 0.95, 1.2]]}}
     p = profiles.Profile({}, {"1x8": LAX_WINS}, steps=steps, buckets=tuned)
     assert profiles.Profile.from_json(p.to_json()) == p and p.steps["1x8"]["bytes"] == (1_000_000, 4_000_000)
-    assert p.bucket_bytes("1x8") == 1 << 20 and p.bucket_bytes("2x1") is None
+    assert p.bucket_bytes("1x8", 1e6) == 1 << 40 and p.bucket_bytes("1x8", 5e6) == 1 << 18
+    assert p.bucket_bytes("2x1", 1e6) is None
     text = calibration.describe(p)
     assert "step,  1.00 MB of gradients/device" in text
-    assert "262144 B 1.10 of lax, 1048576 B 0.90 of lax  -> 1048576 B" in text
+    assert "step,  1.00 MB in buckets of 256 KiB 1.10, 1 MiB 0.90, one bucket 0.80 of lax  -> one bucket" in text
+    assert "step,  4.00 MB in buckets of 256 KiB 0.90, 1 MiB 0.95, one bucket 1.20 of lax  -> 256 KiB" in text
 
 
 @pytest.mark.parametrize("tuned, match", [
-    ({"1x8": {"bucket_bytes": [2, 1], "vs_lax": [1, 1]}}, "'bucket_bytes' must increase"),
-    ({"1x8": {"bytes": [1, 2], "vs_lax": [1, 1]}}, "'bucket_bytes' and 'vs_lax'"),
-    ({"1x8": {"bucket_bytes": [1, 2], "vs_lax": [1, float("nan")]}}, "positive numbers"),
-    ({"1x8": {"bucket_bytes": [1], "vs_lax": [1]}}, "at least two"),
+    ({"1x8": {"bytes": [5], "bucket_bytes": [2, 1], "vs_lax": [[1, 1]]}}, "'bucket_bytes' must increase"),
+    ({"1x8": {"bytes": [5, 3], "bucket_bytes": [1, 2], "vs_lax": [[1, 1], [1, 1]]}}, "'bytes' must increase"),
+    ({"1x8": {"bytes": [5], "bucket_bytes": [1.5, 2], "vs_lax": [[1, 1]]}}, "positive whole numbers"),
+    ({"1x8": {"bucket_bytes": [1, 2], "vs_lax": [1, 1]}}, "'bytes', 'bucket_bytes' and 'vs_lax'"),
+    ({"1x8": {"bytes": [5], "bucket_bytes": [1, 2], "vs_lax": [[1, float("nan")]]}}, "1 rows .* of 2 positive"),
+    ({"1x8": {"bytes": [5], "bucket_bytes": [1, 2], "vs_lax": [1, 1]}}, "1 rows .* of 2 positive"),
+    ({"1x8": {"bytes": [5, 6], "bucket_bytes": [1, 2], "vs_lax": [[1, 1]]}}, "2 rows"),
+    ({"1x8": {"bytes": [5], "bucket_bytes": [1], "vs_lax": [[1]]}}, "at least two candidate"),
     ([1, 2], "'buckets' must be an object"),
 ])
 def test_bad_bucket_tables_are_refused_by_name(tuned, match):
@@ -308,6 +321,9 @@ def test_measure_steps_times_each_model_and_bucket_size_and_builds_valid_tables(
     table, tuned = calibration.measure_steps(((2, 64), (1, 128)), rounds=2, candidates=candidates)
     assert table["bytes"] == [2 * 64 * 65 * 4, 128 * 129 * 4]
     assert all(t > 0 for t in table["blink"] + table["lax"])
-    assert tuned["bucket_bytes"] == list(candidates) and tuned["vs_lax"][0] == tuned["vs_lax"][1]
+    assert tuned["bucket_bytes"] == list(candidates) and tuned["bytes"] == table["bytes"]
+    assert all(row[0] == row[1] for row in tuned["vs_lax"]) and len(tuned["vs_lax"]) == 2
     p = profiles.Profile({}, {"1x8": LAX_WINS}, steps={"1x8": table}, buckets={"1x8": tuned})  # valid tables
-    assert p.bucket_bytes("1x8") in (1 << 10, 1 << 40)
+    for nbytes, row in zip(table["bytes"], tuned["vs_lax"]):
+        assert p.bucket_bytes("1x8", nbytes) in (1 << 10, 1 << 40)
+        assert row[candidates.index(p.bucket_bytes("1x8", nbytes))] == min(row)
