@@ -54,9 +54,11 @@ VARIANTS = ("none", "blink", "lax", "auto")
 #: :data:`jax_blink.planning.cost.CPU_ALLREDUCE_US`), and a quick one.
 FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
-#: The MLPs (depth, width: gradients of 1, 4 and 16.8 MB per device) whose training steps a
-#: full calibration times, batch 64 per device.
-STEP_MODELS = ((4, 256), (4, 512), (4, 1024))
+#: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
+#: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket was as fast
+#: as any up to 17-19 MB and buckets were faster from 33.6 MB on (0.47-0.57 of lax against
+#: one bucket's 0.83-0.89), so the largest model is that large.
+STEP_MODELS = ((4, 256), (4, 512), (8, 1024))
 #: The bucket sizes (bytes per device) a full calibration times those steps in: a quarter,
 #: one and four MiB, and one bucket for the whole pytree.
 BUCKET_CANDIDATES = (1 << 18, 1 << 20, 1 << 22, settings.MAX_BUCKET_BYTES)
@@ -147,6 +149,12 @@ def _leaf_bytes(depth: int, width: int) -> list:
     return [width * width * 4, width * 4] * depth
 
 
+def _step_rounds(nbytes: int, rounds: int) -> int:
+    """Rounds of a model's steps with ``nbytes`` of gradients per device: the large models'
+    steps are slow, and their buckets' differences large."""
+    return rounds if nbytes <= 1 << 24 else max(3, rounds // 2)
+
+
 def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
                   candidates: Sequence[int] = BUCKET_CANDIDATES) -> tuple:
     """What summing the gradient pytree of each MLP of ``models`` (``(depth, width)``) adds to
@@ -164,7 +172,7 @@ def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
         split = {c: tuple(map(tuple, _buckets.split(_leaf_bytes(depth, width), c))) for c in candidates}
         timed = {s: c for c, s in reversed(list(split.items()))}  # one candidate per bucketing
         with _algo("blink"):
-            rows, _ = run_steps([(depth, width)], rounds=rounds,
+            rows, _ = run_steps([(depth, width)], rounds=_step_rounds(sum(_leaf_bytes(depth, width)), rounds),
                                 variants=("none", "lax.psum", *(bucketed(c) for c in timed.values())))
         wrong = sum(r["wrong"] for r in rows)
         if wrong:
