@@ -18,7 +18,8 @@ calls (about 10 s). A full calibration also times the training steps of
 :data:`STEP_MODELS` (:func:`measure_steps`): what summing their gradient pytrees adds to a
 step, by lax and by jax_blink in buckets of each size of :data:`BUCKET_CANDIDATES`, the
 profile's ``steps`` and ``buckets``: psum's default bucket size for a pytree is the one
-measured best on the model nearest it in bytes. Every collective is bounded by psum's timeout, so it never hangs.
+measured best on the model nearest it in bytes. Every collective is bounded by psum's
+timeout, so it never hangs.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
 #: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket was as fast
-#: as any up to 17-19 MB and buckets were faster from 33.6 MB on (0.47-0.57 of lax against
-#: one bucket's 0.83-0.89), so the largest model is that large.
+#: as any up to 17-19 MB and buckets were faster from 33.6 MB on (0.47-0.60 of lax against
+#: one bucket's 0.83-0.97), so the largest model is that large.
 STEP_MODELS = ((4, 256), (4, 512), (8, 1024))
 #: The bucket sizes (bytes per device) a full calibration times those steps in: a quarter,
 #: one and four MiB, and one bucket for the whole pytree.
