@@ -23,6 +23,11 @@
 #   suite     the whole suite on the CPU under the image's jax, and the tests that start CPU
 #             processes under the GPU machine's default platforms (issue 44)
 #   repro     (not by default; about 10 min) issue 44's multi-process segfault reproducer
+#   calibrate (not by default; about 5 min) issue 45's goals on the host's CPU
+#             (benchmarks/calibration_goals.sh under JAX_PLATFORMS=cpu; its results are
+#             copied to OUTDIR). A psum over one GPU is lax's, so a one-GPU machine has no
+#             GPU allreduce to calibrate: `python -m jax_blink calibrate` measures one on
+#             hosts of several GPUs
 # Logs and JSON results go to OUTDIR (default ./gpu_check_out). TEST_TIMEOUT and
 # BENCH_TIMEOUT (seconds, default 420 and 300) bound each test run and each
 # benchmark, so that the whole check fits a short lease of a GPU machine.
@@ -131,6 +136,13 @@ if want suite; then
   # tests that start CPU processes
   run_tests suite_gpu_env -n 8 tests/ops/test_example.py tests/ops/test_readme.py \
     tests/ops/test_arguments.py tests/multiprocess
+fi
+if want calibrate; then
+  stamp "calibrate"
+  JAX_PLATFORMS=cpu timeout "${CALIBRATE_TIMEOUT:-480}" bash benchmarks/calibration_goals.sh \
+    > "$out/calibration_goals.log" 2>&1 || status=1
+  tag=$(cd benchmarks && JAX_PLATFORMS=cpu python3 -c "import _machine; print(_machine.machine_tag())")
+  cp benchmarks/results/*_"$tag".* "$out"/ 2>/dev/null || status=1
 fi
 if want repro; then
   # issue 44's multi-process segfault under load (about 10 min); if it crashes, rerun with --gdb

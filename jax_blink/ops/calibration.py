@@ -244,7 +244,11 @@ def _table(rows) -> dict:
 
 def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, progress: bool = True):
     """Measures this process's devices and, unless ``quick``, :data:`HOST_PROCESSES`
-    processes of one host, and writes their profile; returns ``(profile, path)``.
+    processes of one host and the training steps of :data:`STEP_MODELS` (CPU devices only:
+    the host transport is a CPU executor's, and on GPUs a pytree is one bucket), and writes
+    their profile; returns ``(profile, path)``. On GPUs the plan runs tuned for the CUDA
+    executor and lax is NCCL: psum's GPU choice then reads them
+    (:func:`jax_blink.ops.predict_gpu.measured_allreduce`).
 
     ``path``: where to write it (default: this machine's place in the cache directory,
     where psum looks); ``rounds``: calls per program and size (default 21, quick 7).
@@ -262,11 +266,13 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
     rounds = rounds or (7 if quick else 21)
     bar = _bar() if progress else None
-    steps = len(elements) + (0 if quick else 2)
+    full = not quick and jax.devices()[0].platform == "cpu"
+    steps = len(elements) + (2 if full else 0)
     rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
                              None if bar is None else lambda done, _, what: bar(done, steps, what))
     tables = {f"1x{jax.device_count()}": rows}
-    if not quick:
+    step_tables = bucket_tables = {}
+    if full:
         try:
             tables[f"{HOST_PROCESSES}x1"] = _measure_processes(HOST_PROCESSES, HOST_ELEMENTS, max(5, rounds // 2))
         except RuntimeError as e:
@@ -284,7 +290,7 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     made = profiles.Profile(key=machine.machine_key(), tables={k: _table(t) for k, t in tables.items()}, quick=quick,
                             seconds=round(time.monotonic() - start, 2),
                             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                            steps={} if quick else step_tables, buckets={} if quick else bucket_tables)
+                            steps=step_tables, buckets=bucket_tables)
     where = profiles.save(made, path if path is not None else machine.profile_path())
     machine.forget()
     return made, where

@@ -5,8 +5,9 @@ One decision function, :func:`decide`, serves every op (at trace time) and
 :func:`jax_blink.explain`, so the two cannot disagree. It reads its numbers from one
 interface per platform, each source in its own module: on CPU devices
 :mod:`jax_blink.ops.predict_cpu` (this machine's profile, else the recorded costs of
-:mod:`jax_blink.planning.cost`), on GPUs :mod:`jax_blink.ops.predict_gpu` (the simulator
-with the CUDA executor's costs, NCCL's tuner model). What runs is
+:mod:`jax_blink.planning.cost`), on GPUs :mod:`jax_blink.ops.predict_gpu` (this machine's
+profile where it measured the call's devices, else the simulator with the CUDA executor's
+costs and NCCL's tuner model). What runs is
 :mod:`jax_blink.ops.schedules`' (the plan inputs travel with the primitive as a hashable
 :class:`~jax_blink.ops.schedules.PlanRequest`, the encoded schedule as an
 :class:`~jax_blink.ops.schedules.EncodedSchedule`, so lowering reads no module-global state
@@ -157,7 +158,10 @@ _NAMES = {"blink": "blink plan", "blink-tuned": "blink plan (tuned by simulation
 
 def _choose(request, count, dtype, platform, what, fallback, processes=1):
     """The allreduce's algorithm: ``JAX_BLINK_PLAN``, else ``JAX_BLINK_ALGO``,
-    else (``auto``) the fastest predicted one. On GPUs the simulator predicts
+    else (``auto``) the fastest predicted one. On GPUs, where this machine's
+    profile measured the call's devices on their detected topology, the
+    measured times of the tuned plan and of lax (NCCL) decide
+    (:func:`jax_blink.ops.predict_gpu.measured_allreduce`); otherwise the simulator predicts
     the transfers of the tuned plan and of the baselines our executor runs
     (ring, tree, chain), to which the CUDA executor's costs are added
     (``planning.cost.CUDA_STREAM``: per call, and per step of the busiest
@@ -252,5 +256,9 @@ def _predicted(request, count, dtype, gpu, candidates, processes=1):
         out["lax"] = p.lax_s
         return out, f"CPU model{' across processes' if processes > 1 else ''} from {p.source}", {}
     request = dataclasses.replace(request, op="sum")
+    measured = predict_gpu.measured_allreduce(request, count * DTYPES[dtype][1], processes)
+    if measured is not None:  # read afresh, as the CPU's
+        times, how = measured
+        return times, how, {}
     times, how, bounds = predict_gpu.allreduce(request, count, dtype, tuple(candidates))
     return dict(times), how, dict(bounds)

@@ -6,8 +6,8 @@
 
 :func:`cpu_allreduce` gives both executors' times and names the source, which
 ``explain()`` repeats. psum's ``auto`` choice on CPU devices and the bucket size use it;
-GPU predictions (the simulator with the CUDA executor's costs, NCCL's model) are
-:mod:`jax_blink.ops.decide`'s.
+GPU predictions (a GPU machine's profile, else the simulator with the CUDA executor's
+costs and NCCL's model) are :mod:`jax_blink.ops.predict_gpu`'s.
 """
 
 from __future__ import annotations
@@ -33,16 +33,11 @@ def _nearest(layouts, processes: int, devices: Optional[int]):
     return found, profiles.nearest_layout(layouts(found), processes, devices if devices is not None else 1 << 20)
 
 
-def _named(found, layout) -> str:
-    kind = "quick " if found.quick else ""
-    return f"this machine's {kind}profile ({layout}, {found.created[:10] or 'undated'})"
-
-
 def _table(processes: int, devices: Optional[int]):
     """``(table, source)``: the profile's nearest layout, else the recorded table."""
     found, layout = _nearest(lambda p: p.tables, processes, devices)
     if layout is not None:
-        return found.tables[layout], _named(found, layout)
+        return found.tables[layout], found.named(layout)
     table = CPU_HOST_ALLREDUCE_US if processes > 1 else CPU_ALLREDUCE_US
     kind = "several processes" if processes > 1 else "one process"
     why = "no profile" if found is None else f"the profile has no layout of {kind}"
@@ -79,7 +74,7 @@ def tuned_bucket_bytes(nbytes: float, processes: int = 1, devices: Optional[int]
     found, layout = _nearest(lambda p: p.buckets, processes, devices)
     if layout is None:
         return None, "no profile" if found is None else "the profile measured no training steps"
-    return found.bucket_bytes(layout, nbytes), _named(found, layout)
+    return found.bucket_bytes(layout, nbytes), found.named(layout)
 
 
 def blink_fixed_seconds(processes: int = 1, devices: Optional[int] = None) -> float:

@@ -1,9 +1,11 @@
-"""The GPU predictions psum's choices read: a schedule's transfer simulated
-(:func:`jax_blink.sim.simulate`) with the CUDA executor's costs
-(:data:`jax_blink.planning.cost.CUDA_STREAM`), and NCCL running the lax equivalent by its
-tuner's model (:mod:`jax_blink.sim.nccl`). Kept on disk beside the plan cache, keyed by
-everything they depend on (:func:`jax_blink.ops.schedules.gpu_key`), so that a later
-process decides without planning, tuning or simulating.
+"""The GPU predictions psum's choices read: for an allreduce over the devices a GPU
+machine's profile measured (``python -m jax_blink calibrate`` on that machine), the tuned
+plan on the CUDA executor and lax (NCCL) as measured there (:func:`measured_allreduce`);
+otherwise a schedule's transfer simulated (:func:`jax_blink.sim.simulate`) with the CUDA
+executor's costs (:data:`jax_blink.planning.cost.CUDA_STREAM`), and NCCL running the lax
+equivalent by its tuner's model (:mod:`jax_blink.sim.nccl`), kept on disk beside the plan
+cache, keyed by everything they depend on (:func:`jax_blink.ops.schedules.gpu_key`), so
+that a later process decides without planning, tuning or simulating.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import logging
 
 from jax_blink import settings
 from jax_blink._gcpause import gc_paused
-from jax_blink.ops.schedules import (baseline, gpu_key, schedule_for, tuned,
+from jax_blink.ops import machine
+from jax_blink.ops.schedules import (baseline, gpu_key, schedule_for, topology_for, tuned,
                                      tuned_schedule)
 from jax_blink.planning import plan
 from jax_blink.planning.cache import load_keyed, store_keyed
@@ -24,11 +27,30 @@ from jax_blink.sim import nccl as nccl_model, simulate
 from jax_blink.sim.closed_form import busiest_arc_s
 from jax_blink.topo import TopologyError
 
-__all__ = ["allreduce", "other", "nccl_equivalent", "seconds"]
+__all__ = ["allreduce", "measured_allreduce", "other", "nccl_equivalent", "seconds"]
 
 logger = logging.getLogger("jax_blink")
 
 _PREDICTION_FORMAT = "jax_blink.gpu_prediction"
+
+
+def measured_allreduce(request, size_bytes: float, processes: int = 1):
+    """``({"blink-tuned": seconds, "lax": seconds}, how)``: an allreduce of ``size_bytes`` per
+    device as this GPU machine's profile measured it (the tuned plan on the CUDA executor, and
+    lax.psum, that is NCCL, interpolated between the measured sizes); None where the profile
+    does not cover the call, which the simulator then predicts: no profile, a CPU machine's,
+    devices in several processes, another device count than it measured, or a topology other
+    than the one detected here (``topology=``, ``JAX_BLINK_TOPOLOGY``), whose links the
+    measurement did not run on."""
+    found = machine.profile()
+    if found is None or found.key.get("platform", "cpu") == "cpu" or processes != 1:
+        return None
+    layout = f"1x{request.topology.n}"
+    if layout not in found.tables or request.topology != topology_for(None, request.topology.n):
+        return None
+    return ({"blink-tuned": found.allreduce_seconds("blink", size_bytes, layout),
+             "lax": found.allreduce_seconds("lax", size_bytes, layout)},
+            f"measured by {found.named(layout)}")
 
 
 @functools.lru_cache(maxsize=64)

@@ -185,6 +185,12 @@ class Profile:
         table = self.buckets.get(layout)
         return None if table is None else best_bucket(table, nbytes)
 
+    def named(self, layout: str) -> str:
+        """How ``explain()`` names this profile's ``layout``: ``this machine's profile (1x8,
+        2026-11-28)``."""
+        kind = "quick " if self.quick else ""
+        return f"this machine's {kind}profile ({layout}, {self.created[:10] or 'undated'})"
+
     def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
         """The measured time of an allreduce of ``size_bytes`` per device by ``which``
         (``"blink"`` or ``"lax"``) in ``layout``, interpolated as the cost model's

@@ -5,6 +5,7 @@ The choice is checked against the numbers a profile holds (a recorded one is rep
 never against a copy of the choosing code.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
-from jax_blink.ops import buckets, calibration, decide, machine, predict_cpu
+from jax_blink.ops import buckets, calibration, decide, machine, predict_cpu, predict_gpu
 from jax_blink.planning import profile as profiles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,3 +328,53 @@ def test_measure_steps_times_each_model_and_bucket_size_and_builds_valid_tables(
     for nbytes, row in zip(table["bytes"], tuned["vs_lax"]):
         assert p.bucket_bytes("1x8", nbytes) in (1 << 10, 1 << 40)
         assert row[candidates.index(p.bucket_bytes("1x8", nbytes))] == min(row)
+
+
+def gpu_profile(table):
+    """A profile of a GPU machine (an 8-GPU host's key) holding ``table`` for its 8 devices."""
+    key = {**machine.machine_key(), "platform": "gpu", "device_kind": "NVIDIA H200", "devices": 8}
+    return profiles.Profile(key, {"1x8": table}, created="2026-11-28T00:00:00+00:00")
+
+
+GPU_MEASURED = {"elements": [1, 1000, 1_000_000], "blink": [40.0, 45.0, 300.0], "lax": [20.0, 30.0, 900.0]}
+
+
+def test_on_gpus_psum_chooses_from_the_measured_times(monkeypatch):
+    """A GPU machine's profile decides an allreduce over the devices it measured, on their
+    detected topology: lax (NCCL) where it measured faster, the tuned plan where that was,
+    and explain() names the profile and both times. With the columns swapped the choices
+    flip, so the check follows the numbers."""
+    monkeypatch.setenv("JAX_BLINK_ALGO", "auto")
+    monkeypatch.setattr(machine, "profile", lambda: gpu_profile(GPU_MEASURED))
+    small = decide.decide(1000, "float32", 8, platform="gpu")
+    large = decide.decide(1_000_000, "float32", 8, platform="gpu")
+    assert not runs_blink(small) and "measured by this machine's profile (1x8, 2026-11-28)" in small.text
+    assert "blink-tuned 45 us, lax 30 us" in small.text
+    assert runs_blink(large) and large.request.algo == "blink-tuned" and "blink-tuned 300 us, lax 900 us" in large.text
+    swapped = dict(GPU_MEASURED, blink=GPU_MEASURED["lax"], lax=GPU_MEASURED["blink"])
+    monkeypatch.setattr(machine, "profile", lambda: gpu_profile(swapped))
+    assert runs_blink(decide.decide(1000, "float32", 8, platform="gpu"))
+    assert not runs_blink(decide.decide(1_000_000, "float32", 8, platform="gpu"))
+
+
+@pytest.mark.parametrize("case", ["another topology", "another device count", "a CPU machine's profile",
+                                  "several processes"])
+def test_on_gpus_a_profile_that_does_not_cover_the_call_leaves_it_to_the_simulator(monkeypatch, case):
+    """The GPU measurement holds for the devices and links it ran on: a topology given by
+    hand, a device count it did not measure, a CPU machine's profile or devices in several
+    processes go to the simulator and NCCL's model instead."""
+    monkeypatch.setenv("JAX_BLINK_ALGO", "auto")
+    found = gpu_profile(GPU_MEASURED)
+    if case == "a CPU machine's profile":
+        found = profiles.Profile(machine.machine_key(), {"1x8": GPU_MEASURED})
+    monkeypatch.setattr(machine, "profile", lambda: found)
+    request = decide.PlanRequest(decide.topology_for("hgx-h100" if case == "another topology" else None,
+                                                     4 if case == "another device count" else 8),
+                                 None, 0.0, "allreduce", "sum", None)
+    processes = 2 if case == "several processes" else 1
+    assert predict_gpu.measured_allreduce(request, 4e6, processes) is None
+    covered = dataclasses.replace(request, topology=decide.topology_for(None, 8))
+    assert (predict_gpu.measured_allreduce(covered, 4e6) is None) == (case == "a CPU machine's profile")
+    if case == "another topology":
+        d = decide.decide(1_000_000, "float32", 8, topology="hgx-h100", platform="gpu")
+        assert "measured by" not in d.text and "simulated" in d.text
