@@ -46,7 +46,8 @@ def measured_allreduce(request, size_bytes: float, processes: int = 1):
     if found is None or found.key.get("platform", "cpu") == "cpu" or processes != 1:
         return None
     layout = f"1x{request.topology.n}"
-    if layout not in found.tables or request.topology != topology_for(None, request.topology.n):
+    if (layout not in found.tables or settings.topology_source()
+            or request.topology != topology_for(None, request.topology.n)):
         return None
     return ({"blink-tuned": found.allreduce_seconds("blink", size_bytes, layout),
              "lax": found.allreduce_seconds("lax", size_bytes, layout)},

@@ -357,14 +357,16 @@ def test_on_gpus_psum_chooses_from_the_measured_times(monkeypatch):
     assert not runs_blink(decide.decide(1_000_000, "float32", 8, platform="gpu"))
 
 
-@pytest.mark.parametrize("case", ["another topology", "another device count", "a CPU machine's profile",
-                                  "several processes"])
+@pytest.mark.parametrize("case", ["another topology", "JAX_BLINK_TOPOLOGY", "another device count",
+                                  "a CPU machine's profile", "several processes"])
 def test_on_gpus_a_profile_that_does_not_cover_the_call_leaves_it_to_the_simulator(monkeypatch, case):
     """The GPU measurement holds for the devices and links it ran on: a topology given by
     hand, a device count it did not measure, a CPU machine's profile or devices in several
     processes go to the simulator and NCCL's model instead."""
     monkeypatch.setenv("JAX_BLINK_ALGO", "auto")
     found = gpu_profile(GPU_MEASURED)
+    if case == "JAX_BLINK_TOPOLOGY":  # the same links, but named by hand: not what was measured
+        monkeypatch.setenv("JAX_BLINK_TOPOLOGY", "shm:8")
     if case == "a CPU machine's profile":
         found = profiles.Profile(machine.machine_key(), {"1x8": GPU_MEASURED})
     monkeypatch.setattr(machine, "profile", lambda: found)
@@ -374,7 +376,8 @@ def test_on_gpus_a_profile_that_does_not_cover_the_call_leaves_it_to_the_simulat
     processes = 2 if case == "several processes" else 1
     assert predict_gpu.measured_allreduce(request, 4e6, processes) is None
     covered = dataclasses.replace(request, topology=decide.topology_for(None, 8))
-    assert (predict_gpu.measured_allreduce(covered, 4e6) is None) == (case == "a CPU machine's profile")
+    assert (predict_gpu.measured_allreduce(covered, 4e6) is None) == (case in ("a CPU machine's profile",
+                                                                              "JAX_BLINK_TOPOLOGY"))
     if case == "another topology":
         d = decide.decide(1_000_000, "float32", 8, topology="hgx-h100", platform="gpu")
         assert "measured by" not in d.text and "simulated" in d.text
