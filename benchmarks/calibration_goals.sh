@@ -5,6 +5,8 @@
 # lax in the same run. Run it on an idle machine (nothing else timing or building).
 #
 #   bash benchmarks/calibration_goals.sh [STEP_ROUNDS]
+#   (STEPS_ARGS: more arguments of bench_steps.py, e.g. --no-resnet where scikit-learn,
+#   which the example's data comes from, is missing)
 #
 # Writes benchmarks/results/{profile,psum_cpu,steps,host_transport}_<machine>.json
 # (<machine>: benchmarks/_machine.py's machine_tag, e.g. intel-xeon-2core).
@@ -19,7 +21,7 @@ python3 -m jax_blink calibrate --out "$profile"
 echo "calibrated in $((SECONDS - start)) s"
 export JAX_BLINK_PROFILE="$PWD/$profile"   # what every benchmark below chooses from
 python3 benchmarks/bench_psum_cpu.py --out "$out/psum_cpu_${tag}.json"
-python3 benchmarks/bench_steps.py --rounds "${1:-7}"
+python3 benchmarks/bench_steps.py --rounds "${1:-7}" ${STEPS_ARGS:-}  # e.g. STEPS_ARGS=--no-resnet
 python3 benchmarks/bench_host_transport.py --layouts 2x1 4x1 2x4 1x8 --sizes 1 1e3 1e5 1e6 \
   --json "$out/host_transport_${tag}.json"
 echo "calibration_goals: done in $((SECONDS - start)) s"
