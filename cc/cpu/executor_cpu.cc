@@ -873,7 +873,7 @@ class RankRunner {
   bool StreamEligible(int64_t rank, int64_t off) const {
     if (!same_types_ || !Large()) return false;
     const RankInfo& ri = slot_.info[rank];
-    if (ri.acc == ri.out || ri.acc_segs) return true;
+    if (ri.acc == ri.out) return true;  // (a segmented call's too: acc_segs)
     const int64_t lo = s_.OutputOffset(rank);
     return ri.acc_out != nullptr && off >= lo && off < lo + s_.out_count;
   }

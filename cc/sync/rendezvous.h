@@ -104,7 +104,7 @@ struct RankInfo {
   const int64_t* seg_offset = nullptr;
   const void* const* in_segs = nullptr;
   // ... and its output these nsegs buffers; with acc_segs, they are its
-  // accumulator too (`acc` is then unused).
+  // accumulator too (`acc`, like `out`, is then the first of them).
   void* const* out_segs = nullptr;
   bool acc_segs = false;
   int64_t count = 0;         // elements in its buffers

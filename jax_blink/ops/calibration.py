@@ -56,9 +56,10 @@ VARIANTS = ("none", "blink", "lax", "auto")
 FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
-#: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket was as fast
-#: as any up to 17-19 MB and buckets were faster from 33.6 MB on (0.47-0.60 of lax against
-#: one bucket's 0.83-0.97), so the largest model is that large.
+#: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket tied the
+#: best size at 1 and 4 MB, and at 33.6 MB buckets were much faster (bench_bucket_costs: the
+#: 8x1024 step 0.81x lax in 4 MB buckets, 0.98x in one; docs/performance.md), so the
+#: largest model is that large.
 STEP_MODELS = ((4, 256), (4, 512), (8, 1024))
 #: The bucket sizes (bytes per device) a full calibration times those steps in: a quarter,
 #: one and four MiB, and one bucket for the whole pytree.
