@@ -6,7 +6,10 @@ devices this times, interleaved in one process:
 * data-parallel MLPs (``python -m jax_blink bench --steps``, the issue's
   8 x 1024 x 1024 MLP with batch 64 per device and other shapes): gradients
   from ``jax.grad`` summed by nothing, ``lax.psum``, ``jax_blink.psum`` in one
-  bucket and ``jax_blink.psum`` with its default buckets;
+  bucket, ``jax_blink.psum`` with its default buckets, and ``jax_blink.psum``
+  called once per leaf (``jax.tree.map``, as code written for lax.psum often
+  does: XLA merges lax's per-leaf all-reduces into one, it cannot merge
+  jax_blink's custom calls);
 * the ResNet of ``examples/flax_resnet.py`` (AdamW, its own step function):
   no communication, ``lax.psum`` (JAX's implicit cast), ``jax_blink.pvary``
   in one bucket and with its default buckets;
@@ -43,7 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
 from jax_blink import settings
-from jax_blink.ops.measure import mlp_step, run_steps
+from jax_blink.ops.measure import PER_LEAF, STEP_VARIANTS, mlp_step, run_steps
 from _machine import RUN_COMMIT, machine, machine_tag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,7 +218,7 @@ def main():
 
     profile = predict_cpu.cpu_allreduce(4, devices=jax.device_count()).source
     print(f"# jax_blink (auto): psum's choices and buckets from {profile}")
-    rows, devices = run_steps(MLPS, rounds=args.rounds)
+    rows, devices = run_steps(MLPS, rounds=args.rounds, variants=STEP_VARIANTS + (PER_LEAF,))
     if not args.no_resnet:
         rows += resnet_steps(args.rounds)
     for r in rows:

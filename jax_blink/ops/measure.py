@@ -29,13 +29,16 @@ from jax_blink.numerics import wrong_elements
 from jax_blink.ops.psum import psum
 from jax_blink.sim import bus_factor
 
-__all__ = ["run_devices", "run_steps", "STEP_VARIANTS", "mlp_step", "bucketed"]
+__all__ = ["run_devices", "run_steps", "STEP_VARIANTS", "PER_LEAF", "mlp_step", "bucketed"]
 
 #: How the gradients of a measured step are summed: not at all (the step's
 #: compute alone), by lax.psum, by jax_blink.psum in one bucket (every leaf in
 #: one collective), by jax_blink.psum with its default buckets. (Also
-#: :func:`bucketed`: jax_blink.psum in buckets of a given size.)
+#: :func:`bucketed`: jax_blink.psum in buckets of a given size, and :data:`PER_LEAF`.)
 STEP_VARIANTS = ("none", "lax.psum", "jax_blink one bucket", "jax_blink")
+#: The step variant that calls jax_blink.psum once per leaf (``jax.tree.map``), as code
+#: written for lax.psum often does: one collective per leaf, where XLA merges lax's.
+PER_LEAF = "jax_blink per leaf"
 _BUCKETED = re.compile(r"jax_blink in buckets of (\d+) B")
 
 
@@ -120,10 +123,12 @@ def _summer(variant, axis):
         return lambda g: psum(g, axis, bucket_bytes=settings.MAX_BUCKET_BYTES)
     if variant == "jax_blink":
         return lambda g: psum(g, axis)
+    if variant == PER_LEAF:
+        return lambda g: jax.tree.map(lambda leaf: psum(leaf, axis), g)
     sized = _BUCKETED.fullmatch(variant)
     if sized:
         return lambda g: psum(g, axis, bucket_bytes=int(sized.group(1)))
-    raise ValueError(f"unknown step variant {variant!r}; expected one of {STEP_VARIANTS} or bucketed(size)")
+    raise ValueError(f"unknown step variant {variant!r}; expected one of {STEP_VARIANTS}, {PER_LEAF!r} or bucketed(size)")
 
 
 def _mlp(mesh, depth, width):

@@ -54,3 +54,13 @@ def test_step_rows_check_the_summed_gradients(monkeypatch):
                                                                                     "jax_blink"))
     by = {r["variant"]: r["wrong"] for r in rows}
     assert by["lax.psum"] == 0 and by["jax_blink"] > 0
+
+
+def test_the_per_leaf_step_makes_one_call_per_leaf_and_sums_right(monkeypatch):
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")  # every leaf on the plan, whatever its size
+    rows, _ = measure.run_steps([(3, 16)], batch=4, rounds=1, reps=1,
+                                variants=("none", "lax.psum", measure.PER_LEAF, "jax_blink one bucket"))
+    by = {r["variant"]: r for r in rows}
+    assert by[measure.PER_LEAF]["collectives"] == 6  # 3 weights and 3 biases
+    assert by["jax_blink one bucket"]["collectives"] == 1
+    assert all(r["wrong"] == 0 for r in rows)
