@@ -137,7 +137,9 @@ def psum(x, axis_name, *, axis_index_groups=None, topology=None, min_bytes=None,
     x : pytree of arrays
         Its leaves are summed in buckets, last leaf first (see
         ``bucket_bytes``); the leaves of one dtype in a bucket are packed into
-        one collective. Supported dtypes:
+        one collective. Pass the whole pytree: a call per leaf
+        (``jax.tree.map``) makes a collective per leaf, which XLA does not
+        merge as it merges ``lax.psum``'s (docs/sharp_bits.md). Supported dtypes:
         float32, float64, float16, bfloat16, int32, int64, uint32, complex64
         and complex128 (as pairs of floats), the 8- and 16-bit integers
         (carried as int32), and bool (summed as int32, as ``lax.psum`` does).
