@@ -19,8 +19,9 @@ with no other collective between its calls: the gloo calls of ``lax`` and
 elements: 0.75 ms interleaved, 0.51 ms alone, in the recorded run), and a
 one-process job makes none, so P x L is compared with 1 x P*L on these.
 Every result is checked per element against lax's (jax_blink.numerics); the
-``step`` rows time a per-leaf MLP training step (8 layers of 512 x 512,
-gradients summed leaf by leaf) with each psum.
+``step`` rows time an MLP training step (8 layers of 512 x 512) with each psum,
+its gradients summed leaf by leaf (one call per leaf, as loops written for
+lax.psum often do; XLA merges lax's) and as one pytree (one call, in buckets).
 
     python benchmarks/bench_host_transport.py
     python benchmarks/bench_host_transport.py --layouts 2x1 --sizes 1e6 --json out.json
@@ -108,14 +109,14 @@ def child(sizes, reps, step_layers):
         rows.append({"what": "psum", "size": size, "reps": count, "wrong": wrong,
                      **{f"{k}_ms": 1e3 * v for k, v in med.items()}, "blink_alone_ms": 1e3 * alone,
                      "explain": explained.splitlines()[-1][:300]})
-    # a per-leaf MLP step: grads summed leaf by leaf, as a data-parallel loop does
+    # an MLP step, its grads summed leaf by leaf (as many data-parallel loops do) or as one pytree
     width = 512
     params = [(np.full((width, width), 0.01, np.float32), np.zeros((width,), np.float32))
               for _ in range(step_layers)]
     batch = np.random.default_rng(0).standard_normal((n * 8, width)).astype(np.float32)
     pspec = jax.tree.map(lambda _: P(), params)
 
-    def make_step(reduce):
+    def make_step(reduce, per_leaf):
         def loss(ps, xb):
             h = xb
             for w, b in ps:
@@ -124,31 +125,35 @@ def child(sizes, reps, step_layers):
 
         def body(ps, xb):
             g = jax.grad(loss)(ps, xb)
-            if reduce is not None:
+            if reduce is not None and per_leaf:
                 g = jax.tree.map(lambda leaf: reduce(leaf, "i"), g)
+            elif reduce is not None:
+                g = reduce(g, "i")
             return jax.tree.map(lambda p, d: p - 0.1 * d, ps, g)
 
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(pspec, P("i")),
                                      out_specs=pspec, check_vma=False))
 
-    steps = {"blink": make_step(jax_blink.psum), "lax": make_step(lax.psum),
-             "none": make_step(None)}
-    if jax.process_count() > 1:
-        steps["old"] = make_step(jax_blink.psum)
     rep = jax.tree.map(lambda a: jax.device_put(a, NamedSharding(mesh, P())), params)
     xb = placed(batch)
-    finals = {k: traced(f, k != "old", rep, xb) for k, f in steps.items()}  # compiles
-    ref = jax.tree.leaves(finals["lax"])
-    wrong = {k: sum(int((np.abs(np.asarray(a.addressable_shards[0].data)
-                                - np.asarray(b.addressable_shards[0].data)) > 1e-5).sum())
-                    for a, b in zip(jax.tree.leaves(v), ref))
-             for k, v in finals.items() if k not in ("lax", "none")}
-    med = timed(steps, (rep, xb), max(5, reps))
-    alone = timed({"blink": steps["blink"]}, (rep, xb), max(5, reps))["blink"]
-    rows.append({"what": f"step ({step_layers} x {width}x{width} MLP, per-leaf psum)",
-                 "size": sum(w.size + b.size for w, b in params), "reps": max(5, reps),
-                 "wrong": wrong, **{f"{k}_ms": 1e3 * v for k, v in med.items()},
-                 "blink_alone_ms": 1e3 * alone})
+    for per_leaf in (True, False):
+        steps = {"blink": make_step(jax_blink.psum, per_leaf), "lax": make_step(lax.psum, per_leaf),
+                 "none": make_step(None, per_leaf)}
+        if jax.process_count() > 1:
+            steps["old"] = make_step(jax_blink.psum, per_leaf)
+        finals = {k: traced(f, k != "old", rep, xb) for k, f in steps.items()}  # compiles
+        ref = jax.tree.leaves(finals["lax"])
+        wrong = {k: sum(int((np.abs(np.asarray(a.addressable_shards[0].data)
+                                    - np.asarray(b.addressable_shards[0].data)) > 1e-5).sum())
+                        for a, b in zip(jax.tree.leaves(v), ref))
+                 for k, v in finals.items() if k not in ("lax", "none")}
+        med = timed(steps, (rep, xb), max(5, reps))
+        alone = timed({"blink": steps["blink"]}, (rep, xb), max(5, reps))["blink"]
+        how = "per-leaf psum" if per_leaf else "one psum of the pytree"
+        rows.append({"what": f"step ({step_layers} x {width}x{width} MLP, {how})",
+                     "size": sum(w.size + b.size for w, b in params), "reps": max(5, reps),
+                     "wrong": wrong, **{f"{k}_ms": 1e3 * v for k, v in med.items()},
+                     "blink_alone_ms": 1e3 * alone})
     if pid == 0:
         from jax_blink.ops import predict_cpu
 
