@@ -125,10 +125,8 @@ def child(sizes, reps, step_layers):
 
         def body(ps, xb):
             g = jax.grad(loss)(ps, xb)
-            if reduce is not None and per_leaf:
-                g = jax.tree.map(lambda leaf: reduce(leaf, "i"), g)
-            elif reduce is not None:
-                g = reduce(g, "i")
+            if reduce is not None:
+                g = jax.tree.map(lambda leaf: reduce(leaf, "i"), g) if per_leaf else reduce(g, "i")
             return jax.tree.map(lambda p, d: p - 0.1 * d, ps, g)
 
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(pspec, P("i")),
