@@ -21,7 +21,10 @@ one-process job makes none, so P x L is compared with 1 x P*L on these.
 Every result is checked per element against lax's (jax_blink.numerics); the
 ``step`` rows time an MLP training step (8 layers of 512 x 512) with each psum,
 its gradients summed leaf by leaf (one call per leaf, as loops written for
-lax.psum often do; XLA merges lax's) and as one pytree (one call, in buckets).
+lax.psum often do; XLA merges lax's) and as one pytree (one call, in buckets);
+the pytree's row times ``concat`` too: the same psum with each bucket's leaves
+concatenated into one vector first (``JAX_BLINK_SEGMENTED=0``) instead of
+passed as separate operands.
 
     python benchmarks/bench_host_transport.py
     python benchmarks/bench_host_transport.py --layouts 2x1 --sizes 1e6 --json out.json
@@ -62,13 +65,18 @@ def child(sizes, reps, step_layers):
     def placed(x):
         return jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("i")), lambda i: x[i])
 
-    def traced(f, host_transport, *args):
-        """Runs ``f`` once (tracing it) under the host transport setting."""
-        os.environ["JAX_BLINK_HOST_TRANSPORT"] = "1" if host_transport else "0"
+    #: what each arm turns off when it is traced
+    off = {"old": "JAX_BLINK_HOST_TRANSPORT", "concat": "JAX_BLINK_SEGMENTED"}
+
+    def traced(f, arm, *args):
+        """Runs ``f`` once (tracing it) with what ``arm`` turns off set to 0."""
+        if arm not in off:
+            return f(*args)
+        os.environ[off[arm]] = "0"
         try:
             return f(*args)
         finally:
-            os.environ.pop("JAX_BLINK_HOST_TRANSPORT")
+            os.environ.pop(off[arm])
 
     def fn(reduce):
         return jax.jit(jax.shard_map(lambda v: reduce(v, "i"), mesh=mesh, in_specs=P("i"),
@@ -97,7 +105,7 @@ def child(sizes, reps, step_layers):
             fns["old"] = fn(jax_blink.psum)
         outs = {}
         for k, f in fns.items():
-            outs[k] = np.asarray(traced(f, k != "old", xs).addressable_shards[0].data)
+            outs[k] = np.asarray(traced(f, k, xs).addressable_shards[0].data)
             if k == "blink":
                 explained = jax_blink.explain()
         mag = np.asarray(fns["lax"](placed(np.abs(x))).addressable_shards[0].data)
@@ -139,7 +147,9 @@ def child(sizes, reps, step_layers):
                  "none": make_step(None, per_leaf)}
         if jax.process_count() > 1:
             steps["old"] = make_step(jax_blink.psum, per_leaf)
-        finals = {k: traced(f, k != "old", rep, xb) for k, f in steps.items()}  # compiles
+        if not per_leaf:
+            steps["concat"] = make_step(jax_blink.psum, per_leaf)
+        finals = {k: traced(f, k, rep, xb) for k, f in steps.items()}  # compiles
         ref = jax.tree.leaves(finals["lax"])
         wrong = {k: sum(int((np.abs(np.asarray(a.addressable_shards[0].data)
                                     - np.asarray(b.addressable_shards[0].data)) > 1e-5).sum())
@@ -208,7 +218,9 @@ def main(argv=None):
                   f"{row['lax_ms']:>9.3f} {old if old is not None else float('nan'):>9.3f} "
                   f"{row['blink_ms'] / row['lax_ms']:>9.2f} "
                   f"{(old / row['lax_ms']) if old else float('nan'):>8.2f}  {row['wrong']}"
-                  + (f"  none {row['none_ms']:.3f} ms" if "none_ms" in row else ""))
+                  + (f"  none {row['none_ms']:.3f} ms" if "none_ms" in row else "")
+                  + (f"  concat {row['concat_ms']:.3f} ms (blink/concat {row['blink_ms'] / row['concat_ms']:.2f})"
+                     if "concat_ms" in row else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": _machine.machine(), "command": "python benchmarks/bench_host_transport.py "

@@ -581,7 +581,6 @@ class RankRunner {
         push_(GetExecTunables().push),
         same_types_(!HasScratchAcc(s_.dtype)),
         inplace_(CpuInPlace(s_, a.in == a.out)),
-        acc_segs_(slot.info[a.rank].acc_segs),
         yield_ns_(GetExecTunables().yield_ns) {
     if (a.transport == kTransportHost) {
       remote_.assign(s_.nranks, 0);
@@ -796,19 +795,17 @@ class RankRunner {
   // Where chunk `chunk` (at element `off`) of the accumulator of rank `r`
   // (this rank, or a peer of this process) lives.
   char* AccOf(int64_t r, int32_t chunk, int64_t off) const {
-    if (Private(r, chunk)) {
-      char* out = r == a_.rank ? static_cast<char*>(a_.out) : static_cast<char*>(slot_.info[r].out);
-      return out + (off - s_.OutputOffset(r)) * asize_;
-    }
-    return AccAt(r, off);
+    return Private(r, chunk) ? OutOf(r, off) : AccAt(r, off);
   }
   // Rank `peer` lives in another process (host transport): it reads this
   // rank's input from the arena, once the SEND that stages it is done.
   bool Remote(int64_t peer) const { return !remote_.empty() && remote_[peer] != 0; }
   void Stage(int32_t chunk) {
     if (stage_ == nullptr || staged_[chunk]) return;
-    const int64_t at = (s_.chunk_offset[chunk] - s_.InputOffset(a_.rank)) * tsize_;
-    std::memcpy(stage_ + at, in_ + at, s_.chunk_length[chunk] * tsize_);
+    const int64_t lo = s_.InputOffset(a_.rank);
+    ForPieces(chunk, nullptr, nullptr, 0, [&](int64_t o, int64_t l, char*, const PushDst*) {
+      std::memcpy(stage_ + (o - lo) * tsize_, InputAt(a_.rank, o), l * tsize_);
+    });
     staged_[chunk] = 1;
   }
   char* OwnAcc(int32_t chunk, int64_t off) const { return AccOf(a_.rank, chunk, off); }
@@ -903,15 +900,17 @@ class RankRunner {
     return std::upper_bound(seg_offset + 1, seg_offset + nsegs + 1, off) - (seg_offset + 1);
   }
 
-  // Runs f(o, l, d, p) for each piece [o, o + l) of the chunk [off, off + len)
-  // that lies in one segment of the inputs and outputs (all of it unless the
-  // call is segmented: every rank's segments match, CheckConsistent), where
-  // d and p are `dst` (this rank's accumulator at `off`, or null) and the
-  // pushes' destinations (peers' accumulators) at element o. Accumulators
-  // in output segments (acc_segs_) are looked up per piece, others are one
-  // buffer (dst + (o - off)).
+  // Runs f(o, l, d, p) for each piece [o, o + l) of chunk `chunk` that lies
+  // in one segment of the inputs and outputs (all of it unless the call is
+  // segmented: the segments of this rank and of the peers of its process
+  // match, CheckConsistent), where d and p are `dst` (this rank's accumulator
+  // at the chunk's start, or null) and the pushes' destinations (peers'
+  // accumulators, or this rank's output: PushDst::rank) at element o. In a
+  // segmented call every piece's addresses are looked up anew (AccOf, OutOf).
   template <typename F>
-  void ForPieces(int64_t off, int64_t len, char* dst, const PushDst* pushes, int nd, F&& f) const {
+  void ForPieces(int32_t chunk, char* dst, const PushDst* pushes, int nd, F&& f) const {
+    const int64_t off = s_.chunk_offset[chunk];
+    const int64_t len = s_.chunk_length[chunk];
     if (a_.nsegs == 0) {
       f(off, len, dst, pushes);
       return;
@@ -920,14 +919,11 @@ class RankRunner {
     for (int64_t o = off; o < off + len;) {
       const int64_t end =
           std::min(off + len, a_.seg_offset[Segment(a_.seg_offset, a_.nsegs, o) + 1]);
-      const int64_t by = (o - off) * static_cast<int64_t>(asize_);
       for (int j = 0; j < nd; ++j) {
         moved[j] = pushes[j];
-        moved[j].p = acc_segs_ && pushes[j].rank >= 0 ? AccAt(pushes[j].rank, o)
-                                                      : static_cast<char*>(pushes[j].p) + by;
+        moved[j].p = pushes[j].rank >= 0 ? AccOf(pushes[j].rank, chunk, o) : OutOf(a_.rank, o);
       }
-      char* d = dst == nullptr ? nullptr : acc_segs_ ? AccAt(a_.rank, o) : dst + by;
-      f(o, end - o, d, moved);
+      f(o, end - o, dst == nullptr ? nullptr : AccOf(a_.rank, chunk, o), moved);
       o = end;
     }
   }
@@ -973,7 +969,6 @@ class RankRunner {
       }
     }
     const int64_t off = s_.chunk_offset[st.chunk];
-    const int64_t len = s_.chunk_length[st.chunk];
     char* dst = OwnAcc(st.chunk, off);
     int32_t push_sends[kMaxPush];
     PushDst push_dsts[kMaxPush + 1];  // and this rank's output (OutputCopy)
@@ -984,7 +979,7 @@ class RankRunner {
       const int np =
           CollectPushes(tr, &self, 1, push_sends, push_dsts, &all_pushed);
       const int nd = np + OutputCopy(st, push_dsts + np);
-      ForPieces(off, len, dst, push_dsts, nd, [&](int64_t o, int64_t l, char* d, const PushDst* pd) {
+      ForPieces(st.chunk, dst, push_dsts, nd, [&](int64_t o, int64_t l, char* d, const PushDst* pd) {
         const Src src = SourceOf(st, o);
         if (nd > 0) {
           kt_.produce(d, all_pushed && StreamEligible(a_.rank, off), src, nullptr, 0, l, pd, nd);
@@ -1017,7 +1012,7 @@ class RankRunner {
                                                    push_dsts, &all_pushed)
                                    : 0;
     const int nd = np + OutputCopy(last, push_dsts + np);
-    ForPieces(off, len, dst, push_dsts, nd, [&](int64_t o, int64_t l, char* d, const PushDst* pd) {
+    ForPieces(st.chunk, dst, push_dsts, nd, [&](int64_t o, int64_t l, char* d, const PushDst* pd) {
       Src srcs[kMaxFuse];  // (the fused steps reduce the same chunk)
       for (int m = 0; m < k; ++m) srcs[m] = SourceOf(rs_.steps[group[m]], o);
       const Src base = st.first_write ? Src{InputAt(a_.rank, o), true} : Src{d, false};
@@ -1121,16 +1116,13 @@ class RankRunner {
   // (an allgather's unwritten chunks are its own shard). A reduce_scatter's
   // output is its shard of ACC only.
   void Finalize() {
-    const int64_t out_lo = s_.OutputOffset(a_.rank);
-    for (int64_t c = 0; c < s_.nchunks; ++c) {
-      const int64_t off = s_.chunk_offset[c];
-      const int64_t len = s_.chunk_length[c];
+    for (int32_t c = 0; c < s_.nchunks; ++c) {
       if (!InOutput(a_.rank, c)) continue;
       const bool written = rs_.chunk_written[c] != 0;
       if (written && !out_written_.empty() && out_written_[c]) continue;  // by OutputCopy
-      char* acc = written ? OwnAcc(static_cast<int32_t>(c), off) : nullptr;
-      ForPieces(off, len, acc, nullptr, 0, [&](int64_t o, int64_t l, char* from, const PushDst*) {
-        char* dst = OutputAt(o, out_lo);
+      char* acc = written ? OwnAcc(c, s_.chunk_offset[c]) : nullptr;
+      ForPieces(c, acc, nullptr, 0, [&](int64_t o, int64_t l, char* from, const PushDst*) {
+        char* dst = OutOf(a_.rank, o);
         if (written) {
           if (from != dst) kt_.finalize(dst, from, l);
         } else {
@@ -1140,11 +1132,16 @@ class RankRunner {
       });
     }
   }
-  // Element `off` of the vector in this rank's output (whose first element is `lo`).
-  char* OutputAt(int64_t off, int64_t lo) const {
-    if (a_.nsegs == 0) return static_cast<char*>(a_.out) + (off - lo) * tsize_;
-    const int64_t i = Segment(a_.seg_offset, a_.nsegs, off);
-    return static_cast<char*>(a_.out_segs[i]) + (off - a_.seg_offset[i]) * tsize_;
+  // Element `off` of the vector in the output of rank `r` (this rank, or a
+  // peer of this process; a segmented call's, several buffers).
+  char* OutOf(int64_t r, int64_t off) const {
+    const RankInfo& ri = slot_.info[r];
+    if (ri.nsegs == 0) {
+      char* out = r == a_.rank ? static_cast<char*>(a_.out) : static_cast<char*>(ri.out);
+      return out + (off - s_.OutputOffset(r)) * tsize_;
+    }
+    const int64_t i = Segment(ri.seg_offset, ri.nsegs, off);
+    return static_cast<char*>(ri.out_segs[i]) + (off - ri.seg_offset[i]) * tsize_;
   }
 
   const ExecArgs& a_;
@@ -1168,9 +1165,6 @@ class RankRunner {
   // The input is the accumulator (CpuInPlace): a write of a chunk also waits
   // until the receivers of its input value read it.
   const bool inplace_;
-  // The call is segmented and every rank's accumulator is its output
-  // segments (RankInfo::acc_segs; the ranks' dtypes and segments match).
-  const bool acc_segs_;
   const int64_t yield_ns_;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
@@ -1243,14 +1237,13 @@ int64_t HostSite(const ExecArgs& a) {
   return static_cast<int64_t>(h & 0x7fffffffffffffffull);
 }
 
-// A segmented call (ExecArgs::nsegs): an allreduce in this process whose
-// segments cover the vector, each with its two buffers, the first ones `in`
-// and `out`.
+// A segmented call (ExecArgs::nsegs): an allreduce whose segments cover the
+// vector, each with its two buffers, the first ones `in` and `out`.
 Status CheckSegments(const ExecArgs& a) {
   const Schedule& s = *a.schedule;
   std::string why;
-  if (s.collective != Collective::kAllReduce || a.transport != kTransportInProcess) {
-    why = "only an allreduce among the devices of one process takes its vector in several buffers";
+  if (s.collective != Collective::kAllReduce) {
+    why = "only an allreduce takes its vector in several buffers";
   } else if (a.seg_offset == nullptr || a.in_segs == nullptr || a.out_segs == nullptr ||
              a.seg_offset[0] != 0 || a.seg_offset[a.nsegs] != a.in_count) {
     why = "the segments do not cover the vector's " + std::to_string(a.in_count) + " elements";
@@ -1332,9 +1325,15 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
   h.dtype = a.dtype;
   h.error = a.local_error.ok() ? CheckBuffers(s, a.dtype, a.in_count, a.out_count, a.in, a.out)
                                : a.local_error;
-  if (h.error.ok() && a.nsegs > 0) h.error = CheckSegments(a);  // (refused here)
+  if (h.error.ok() && a.nsegs > 0) h.error = CheckSegments(a);
   h.in = a.in;
   h.out = a.out;
+  if (h.error.ok()) {
+    h.nsegs = a.nsegs;
+    h.seg_offset = a.seg_offset;
+    h.in_segs = a.in_segs;
+    h.out_segs = a.out_segs;
+  }
   h.in_bytes = h.error.ok() ? a.in_count * static_cast<int64_t>(DTypeSize(s.dtype)) : 0;
   // The rank and its peers in this process read the input where XLA put it,
   // and the rank copies into the arena only the chunks it sends to other
@@ -1349,7 +1348,7 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
   const int64_t generation =
       a.generation >= 0 ? a.generation : HostReserve(h.site, a.group, a.rank);
   res.generation = generation;
-  if (h.error.ok()) {  // as in-process: the output is this process's own memory
+  if (h.error.ok() && a.nsegs == 0) {  // as in-process: the output is this process's own memory
     AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype), GetExecTunables().hugepage_bytes);
   }
   HostTicket ticket;

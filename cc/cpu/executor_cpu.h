@@ -43,15 +43,17 @@ struct ExecArgs {
   // does not fit the schedule). The rank still joins so that its peers fail
   // fast with the same error instead of timing out.
   Status local_error;
-  // A segmented call (an allreduce in this process whose vector is several
-  // buffers: the leaves of one bucket, passed as separate operands instead of
+  // A segmented call (an allreduce whose vector is several buffers: the
+  // leaves of one bucket, passed as separate operands instead of
   // concatenated): nsegs > 0 pairs of buffers, segment i holding elements
   // [seg_offset[i], seg_offset[i + 1]) of the vector in in_segs[i] and
   // out_segs[i] (seg_offset: nsegs + 1 increasing entries from 0 to the
-  // count). `in` and `out` are then the first segment's buffers, and the
-  // accumulator is the output segments (the workspace for a dtype with a
-  // wider accumulator, as in a one-buffer call). The arrays must outlive the
-  // call; every rank's segments must match.
+  // count). `in` and `out` are then the first segment's buffers. In this
+  // process the accumulator is the output segments (the workspace for a
+  // dtype with a wider accumulator, as in a one-buffer call); over the host
+  // transport it is where a one-buffer call's is (the arena, and the output
+  // segments for the chunks only the rank's process reads). The arrays must
+  // outlive the call; the segments of the ranks of one process must match.
   int32_t nsegs = 0;
   const int64_t* seg_offset = nullptr;
   const void* const* in_segs = nullptr;
@@ -98,7 +100,7 @@ inline bool CpuInPlace(const Schedule& s, bool aliased) {
 // one shard: it holds that shard of the accumulator, the workspace the
 // chunks of other shards the rank reduces on their way); else 0. (A
 // segmented call, ExecArgs::nsegs, is never aliased and accumulates in its
-// output segments.)
+// output segments, or over the host transport in the arena.)
 inline int64_t CpuWorkspaceBytes(const Schedule& s, bool aliased) {
   const bool separate = HasScratchAcc(s.dtype) ||
                         (aliased && !CpuInPlace(s, aliased)) || s.out_count != s.count;

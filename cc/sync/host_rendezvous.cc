@@ -36,13 +36,17 @@ struct HostRankInfo {
   int64_t acc_off = 0;
   int64_t count = 0;
   int32_t dtype = -1;
-  int32_t pad = 0;
+  int32_t nsegs = 0;  // a segmented call's buffers (HostRankArgs::nsegs)
   int64_t nranks = 0;
   int64_t total_steps = 0;
   uint64_t fingerprint = 0;
   uint64_t local_in = 0;  // the input as its own process sees it (0: read the copy)
   uint64_t local_out = 0;  // the output as its own process sees it
-  char error[176] = {};
+  // a segmented call's buffer table, as its own process sees it
+  uint64_t local_seg_offset = 0;
+  uint64_t local_in_segs = 0;
+  uint64_t local_out_segs = 0;
+  char error[152] = {};
 };
 static_assert(sizeof(HostRankInfo) == 256, "HostRankInfo layout");
 
@@ -451,6 +455,10 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   mine.fingerprint = a.fingerprint;
   mine.local_in = a.stage_input ? 0 : reinterpret_cast<uint64_t>(a.in);
   mine.local_out = reinterpret_cast<uint64_t>(a.out);
+  mine.nsegs = a.nsegs;
+  mine.local_seg_offset = reinterpret_cast<uint64_t>(a.seg_offset);
+  mine.local_in_segs = reinterpret_cast<uint64_t>(a.in_segs);
+  mine.local_out_segs = reinterpret_cast<uint64_t>(a.out_segs);
   e->blobs[a.rank].bytes = blob_fits ? a.blob_bytes : 0;
   if (blob_fits && a.blob_bytes > 0) std::memcpy(e->blobs[a.rank].data, a.blob, a.blob_bytes);
   e->present[a.rank] = 1;
@@ -531,8 +539,15 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
     }
     ri.acc = mapped ? base + hi.acc_off : nullptr;
     ri.acc_out = nullptr;
-    // the output of a rank of another process is not visible here
-    ri.out = hi.process == st.slot ? reinterpret_cast<void*>(hi.local_out) : nullptr;
+    // the output of a rank of another process is not visible here, nor are its
+    // segments: its input is read from the arena's copy, one buffer
+    const bool local = hi.process == st.slot;
+    ri.out = local ? reinterpret_cast<void*>(hi.local_out) : nullptr;
+    ri.nsegs = local ? hi.nsegs : 0;
+    ri.seg_offset = local ? reinterpret_cast<const int64_t*>(hi.local_seg_offset) : nullptr;
+    ri.in_segs = local ? reinterpret_cast<const void* const*>(hi.local_in_segs) : nullptr;
+    ri.out_segs = local ? reinterpret_cast<void* const*>(hi.local_out_segs) : nullptr;
+    ri.acc_segs = false;  // the accumulator lives in the arena
     ri.count = hi.count;
     ri.dtype = hi.dtype;
     ri.nranks = hi.nranks;

@@ -95,6 +95,14 @@ struct HostRankArgs {
   // it sends them (cpu/executor_cpu.cc).
   bool stage_input = true;
   int64_t acc_bytes = 0;     // the accumulator's size, in the arena
+  // A segmented call (cpu/executor_cpu.h, ExecArgs::nsegs; never staged whole): its
+  // buffer table, as its own process sees it. Peers of its process read its input
+  // segments and push into its output segments; peers of other processes see only
+  // the arena (the chunks the rank stages there, and its accumulator).
+  int32_t nsegs = 0;
+  const int64_t* seg_offset = nullptr;
+  const void* const* in_segs = nullptr;
+  void* const* out_segs = nullptr;
   // Bytes every peer receives in HostTicket::blobs (at most kHostBlobBytes;
   // more is InvalidArgument): how a rank hands its peers what only it can
   // make, such as the IPC handles of its device buffers.

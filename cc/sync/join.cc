@@ -65,13 +65,19 @@ Status CheckConsistent(const Slot& slot, const std::string& where) {
             "size and dtype)";
       return Status::InvalidArgument(os.str());
     }
-    if (ri.nsegs != r0.nsegs ||
-        (ri.nsegs > 0 && !std::equal(ri.seg_offset, ri.seg_offset + ri.nsegs + 1, r0.seg_offset))) {
+    // Segments: ranks read each other's only within a process (over the host
+    // transport, a rank of another process reads the arena's copy, one
+    // buffer), so each rank's must match the first rank's of its process.
+    int64_t f = 0;
+    while (slot.info[f].process != ri.process) ++f;
+    const RankInfo& rf = slot.info[f];
+    if (ri.nsegs != rf.nsegs ||
+        (ri.nsegs > 0 && !std::equal(ri.seg_offset, ri.seg_offset + ri.nsegs + 1, rf.seg_offset))) {
       return Status::InvalidArgument(
-          "jax_blink: the ranks of " + where + " disagree on the segments of their vector: rank 0 has " +
-          std::to_string(r0.nsegs) + " buffer(s), rank " + std::to_string(r) + " has " +
-          std::to_string(ri.nsegs) + (ri.nsegs == r0.nsegs ? " (of other sizes)" : "") +
-          " (every rank must pass the same leaves)");
+          "jax_blink: the ranks of " + where + " disagree on the segments of their vector: rank " +
+          std::to_string(f) + " has " + std::to_string(rf.nsegs) + " buffer(s), rank " +
+          std::to_string(r) + " has " + std::to_string(ri.nsegs) +
+          (ri.nsegs == rf.nsegs ? " (of other sizes)" : "") + " (every rank must pass the same leaves)");
     }
   }
   return Status();

@@ -174,7 +174,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
                 note = (" (min_bytes ignored: lax takes no axis_index_groups under "
                         "shard_map(check_vma=True))")
         segmented = (all(d.uses_blink for d in decisions)
-                     and _segmented.applies(collective, [parts[i] for i in idx], groups, transport))
+                     and _segmented.applies(collective, [parts[i] for i in idx], groups))
         if segmented:
             note += f" ({len(idx)} leaves as separate operands of one call)"
         for text in dict.fromkeys(d.text for d in decisions):
@@ -190,7 +190,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         if segmented:  # the bucket's leaves stay where they are: one call, no concatenation
             sums = _segmented.bind_segments([parts[i].reshape(-1) for i in idx], rank, group, axes=axes,
                                             request=decisions[0].request, schedule=decisions[0].schedule,
-                                            timeout_ms=timeout_ms, mode=mode)
+                                            timeout_ms=timeout_ms, mode=mode, transport=transport)
             for i, r in zip(idx, sums):
                 out[i] = r.reshape(parts[i].shape)
             continue

@@ -10,9 +10,9 @@ dtype) as separate operands of the ``jax_blink_collective_segments`` custom call
 CPU handler runs the same schedule with the vector in several buffers (``ExecArgs::nsegs``,
 cc/cpu/executor_cpu.h) and writes each sum into its own result.
 
-Allreduce only, in one process (the executor's in-process transport), without
-``axis_index_groups`` (:func:`applies`). On GPUs the primitive lowers to the concatenation
-around the one-vector collective. Its jvp, transpose and batching follow the
+Allreduce only, among the devices of one process or over the host transport (the
+processes of one host, in shared memory), without ``axis_index_groups`` (:func:`applies`).
+On GPUs the primitive lowers to the concatenation around the one-vector collective. Its jvp, transpose and batching follow the
 allreduce's in :mod:`jax_blink.ops.primitive`; ``settings.segmented`` (``JAX_BLINK_SEGMENTED=0``)
 turns it off for comparisons.
 """
@@ -43,25 +43,28 @@ blink_allreduce_segments_p.multiple_results = True
 _sites = itertools.count()
 
 
-def applies(collective: str, parts: list, groups, transport: int) -> bool:
+def applies(collective: str, parts: list, groups) -> bool:
     """Whether a bucket of these 2-D ``parts`` goes to the executor as separate operands: an
     allreduce of several non-empty parts, without ``axis_index_groups`` (whose groups may
-    run different schedules), in this process, unless ``JAX_BLINK_SEGMENTED=0``."""
-    return (collective == "allreduce" and len(parts) > 1 and groups is None and transport == 0
+    run different schedules), unless ``JAX_BLINK_SEGMENTED=0``. (Either transport takes
+    them: the ranks of one process, or the processes of one host.)"""
+    return (collective == "allreduce" and len(parts) > 1 and groups is None
             and all(int(np.prod(p.shape)) > 0 for p in parts) and settings.segmented())
 
 
-def bind_segments(flats, rank, group, *, axes, request, timeout_ms, mode, schedule=None):
+def bind_segments(flats, rank, group, *, axes, request, timeout_ms, mode, schedule=None,
+                  transport=0):
     """The allreduce of ``request`` over the concatenation of the 1-D values ``flats`` (one
     dtype), each one's sum in its own result; ``schedule``: the plan of the whole vector
-    (planned here when None). A call site of its own, as
-    :func:`~jax_blink.ops.primitive.bind_collective`."""
+    (planned here when None); ``transport`` as
+    :func:`~jax_blink.ops.primitive.bind_collective`'s. A call site of its own, as that
+    function's."""
     if schedule is None:
         count = sum(int(f.size) for f in flats)
         _, _, schedule = schedule_for(request, count, np.dtype(flats[0].dtype).name)
     return blink_allreduce_segments_p.bind(rank, group, *flats, axes=axes, request=request,
                                            schedule=schedule, timeout_ms=timeout_ms, mode=mode,
-                                           site=next(_sites))
+                                           transport=transport, site=next(_sites))
 
 
 def _abstract_eval(rank, group, *xs, axes, request, mode, **params):
@@ -108,18 +111,19 @@ def _batch(args, dims, *, request, schedule, site, **params):
 _ffi_rule = jax.ffi.ffi_lowering(_ffi.SEGMENTS_TARGET)
 
 
-def _lowering_cpu(ctx, rank, group, *xs, request, schedule, timeout_ms, **params):
+def _lowering_cpu(ctx, rank, group, *xs, request, schedule, timeout_ms, transport, **params):
     _ffi.ensure_registered("cpu")
     check_lowered_mesh(getattr(ctx.module_context, "axis_context", None))
     return _ffi_rule(ctx, rank, group, *xs, **lowering_attributes(ctx, request, schedule, timeout_ms),
-                     transport=np.int64(0))
+                     transport=np.int64(transport))
 
 
-def _concatenated(rank, group, *xs, axes, request, schedule, timeout_ms, mode, site):
+def _concatenated(rank, group, *xs, axes, request, schedule, timeout_ms, mode, transport, site):
     """The same allreduce as one vector: concatenated, summed by the one-vector collective,
-    sliced back (the GPUs' lowering)."""
+    sliced back (the GPUs' lowering; one that asks for the host transport fails there as
+    the one-vector collective's does)."""
     out = bind_collective(jnp.concatenate(xs), rank, group, axes=axes, request=request,
-                          schedule=schedule, timeout_ms=timeout_ms, mode=mode)
+                          schedule=schedule, timeout_ms=timeout_ms, mode=mode, transport=transport)
     bounds = np.cumsum([0, *(x.shape[0] for x in xs)])
     return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 

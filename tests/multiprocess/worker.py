@@ -362,6 +362,7 @@ def host():
     for vma in (True, False):
         run(f"host pytree check_vma={vma}", lambda v: jax_blink.psum(v, both),
             lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), tree, check_vma=vma)
+    host_segments()
     # psum_scatter, all_gather, broadcast
     x = data("float32", (N, N * 3, 2), 20)
     for tiled in (True, False):
@@ -386,6 +387,40 @@ def host():
         lambda v: lax.scan(lambda c, _: (lax.psum(c, one) / N, None), v, None, length=5)[0],
         MESH1, P("i"), P("i"), x, check_vma=False)
     grads()
+
+
+def host_segments():
+    """A bucket's leaves as separate operands of one call over the host transport: leaves
+    whose edges cut chunks anywhere, chunks that only their rank's process reads (in its
+    output segments) among them; float32, bfloat16 (a float32 accumulator in the arena) and
+    int32. Against lax, and bit for bit against the same bucket concatenated
+    (JAX_BLINK_SEGMENTED=0: the same schedule sums in the same order)."""
+    global checks
+    both = ("host", "local")
+    shapes = ((1,), (37,), (50_003,), (3, 1000), (9_999,))
+    os.environ["JAX_BLINK_ALGO"] = "blink"  # the plan, whatever this machine's profile says
+    for dtype in ("float32", "bfloat16", "int32"):
+        tree = [data(dtype, (NPROC, LOCAL) + shape, 40 + k) for k, shape in enumerate(shapes)]
+        name = f"host segments {dtype}"
+        run(name, lambda v: jax_blink.psum(v, both), lambda v: lax.psum(v, both),
+            MESH2, P("host", "local"), P(), tree)
+        explained(name, f"({len(shapes)} leaves as separate operands of one call)")
+        xs = jax.tree.map(lambda a: placed(a, MESH2, P("host", "local")), tree)
+        sums = {}
+        for flag in ("1", "0"):
+            os.environ["JAX_BLINK_SEGMENTED"] = flag
+            try:  # a new function each time: a trace of its own
+                fn = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, both), mesh=MESH2,
+                                           in_specs=P("host", "local"), out_specs=P()))
+                sums[flag] = [b for leaf in fn(xs) for b in local(leaf)]
+            except Exception:  # noqa: BLE001
+                failures.append(f"{name} ({flag}): {traceback.format_exc()[-1500:]}")
+            finally:
+                del os.environ["JAX_BLINK_SEGMENTED"]
+        checks += 1
+        if len(sums) == 2 and any(a.tobytes() != b.tobytes() for a, b in zip(sums["1"], sums["0"])):
+            failures.append(f"{name}: the segmented sums differ from the concatenated bucket's")
+    del os.environ["JAX_BLINK_ALGO"]
 
 
 def two_hosts():
