@@ -46,9 +46,9 @@ struct HostRankInfo {
   uint64_t local_seg_offset = 0;
   uint64_t local_in_segs = 0;
   uint64_t local_out_segs = 0;
-  char error[152] = {};
+  char error[176] = {};
 };
-static_assert(sizeof(HostRankInfo) == 256, "HostRankInfo layout");
+static_assert(sizeof(HostRankInfo) == 280, "HostRankInfo layout");
 
 // A rank's opaque blob (HostRankArgs::blob).
 struct HostBlob {
