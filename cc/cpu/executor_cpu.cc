@@ -1358,6 +1358,8 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
   if (res.status.ok()) {
     Slot& slot = ticket.view;
     res.status = CheckConsistent(slot, Where(a, generation));
+    const ExecTunables& tun = GetExecTunables();
+    const auto limit = deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1);
     if (res.status.ok()) {
       // The rank writes only its own output. With the input copied whole,
       // it and its peers read that copy; else the input itself, and peers of
@@ -1368,11 +1370,15 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
                         h.stage_input ? nullptr : static_cast<char*>(ticket.staging));
       res.status = runner.Run();
       if (!res.status.ok()) slot.Fail(a.rank, res.status);
-      const ExecTunables& tun = GetExecTunables();
-      const Status all =
-          slot.Finish(deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1),
-                      tun.spin, tun.yield_ns);
+      const Status all = slot.Finish(limit, tun.spin, tun.yield_ns);
       if (!all.ok()) res.status = all;
+    } else {
+      // Some checks only the ranks of this process can make (their segments,
+      // which other processes cannot read): fail the call for the ranks of
+      // other processes too, and leave once they know, as after a failed
+      // run. This rank reports its own error.
+      slot.Fail(a.rank, res.status);
+      slot.Finish(limit, tun.spin, tun.yield_ns);
     }
     if (!res.status.ok() && res.status.kind == ErrorKind::kDeadlineExceeded &&
         res.status.message.find("has exited") == std::string::npos) {
