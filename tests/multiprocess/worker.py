@@ -394,7 +394,8 @@ def host_segments():
     whose edges cut chunks anywhere, chunks that only their rank's process reads (in its
     output segments) among them; float32, bfloat16 (a float32 accumulator in the arena) and
     int32. Against lax, and bit for bit against the same bucket concatenated
-    (JAX_BLINK_SEGMENTED=0: the same schedule sums in the same order)."""
+    (JAX_BLINK_SEGMENTED=0: the same schedule sums in the same order); then random pytrees
+    against lax."""
     global checks
     both = ("host", "local")
     shapes = ((1,), (37,), (50_003,), (3, 1000), (9_999,))
@@ -420,6 +421,19 @@ def host_segments():
         checks += 1
         if len(sums) == 2 and any(a.tobytes() != b.tobytes() for a, b in zip(sums["1"], sums["0"])):
             failures.append(f"{name}: the segmented sums differ from the concatenated bucket's")
+    # random pytrees (the same draws in every process): mixed dtypes, odd leaf sizes, random
+    # bucket sizes (segmented buckets, leaves alone, one bucket)
+    rng = np.random.default_rng(7)
+    for case in range(4):
+        tree = []
+        for k in range(int(rng.integers(2, 8))):
+            dtype = ("float32", "bfloat16", "int32", "float64", "int8")[int(rng.integers(5))]
+            size = int(rng.integers(1, 40_000)) if rng.random() < 0.3 else int(rng.integers(1, 300))
+            tree.append(data(dtype, (NPROC, LOCAL, size), 100 * case + k))
+        bucket = (None, 64, 4096, 1 << 16)[int(rng.integers(4))]
+        run(f"host random pytree {case} (bucket_bytes={bucket})",
+            lambda v, b=bucket: jax_blink.psum(v, both, bucket_bytes=b), lambda v: lax.psum(v, both),
+            MESH2, P("host", "local"), P(), tree)
     del os.environ["JAX_BLINK_ALGO"]
 
 
