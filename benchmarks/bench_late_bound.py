@@ -5,14 +5,19 @@ a 1e6-float allreduce be at most 0.7 of the plain plan's. This script times the 
 each side must do after the arrival, with no executor, no threads of its own per rank and no
 waiting: the best any executor could do.
 
-* ``plain``: nothing can be summed before the late rank arrives (every tree needs it), so all
-  of the allreduce remains: each chunk of the 8 inputs is summed in cache and written into
-  the 8 outputs (one pass over memory: read 8 vectors, write 8).
-* ``leaves, fused``: the 7 punctual ranks' sum is ready (``acc``); each chunk of ``acc`` plus
+* ``plain``: the executor as it is, whose ranks start once all have joined: all of the
+  allreduce remains after the arrival. Each chunk of the 8 inputs is summed in cache and
+  written into the 8 outputs (one pass over memory: read 8 vectors, write 8).
+* ``leaves, fused``: trees with the late rank as a leaf, on an executor whose ranks start
+  before it joins: the 7 punctual ranks' sum is ready (``acc``); each chunk of ``acc`` plus
   the late rank's input is formed in cache and written into the 8 outputs (read 2, write 8).
-* ``leaves, two passes``: the late rank's input is added into ``acc`` first, then ``acc`` is
-  copied into the 8 outputs (read 3, write 9): what reducing the late child last and then
-  broadcasting does.
+* ``leaves, two passes``: the same, the late rank's input added into ``acc`` first and
+  ``acc`` then copied into the 8 outputs (read 3, write 9), as reducing the late child last
+  and then broadcasting does.
+* ``plain, early start``: the plain plan on that executor. Shm:8's plain plan is 8 stars,
+  each rank the root of an eighth of the vector: the 7 stars that punctual ranks root have
+  summed their punctual children before the arrival and finish as the leaves do; the late
+  rank's own star (the last eighth here) has all of its work left.
 
 Each side runs on ``--threads`` threads (the vector split between them; numpy releases the
 GIL), chunk by chunk, interleaved round by round; medians. ``leaves / plain`` is the floor
@@ -68,6 +73,14 @@ def leaves_two_passes(acc, late, outputs, lo, hi):
         outputs[:, a:b] = acc[a:b]
 
 
+def plain_early_start(inputs, acc, late, outputs, lo, hi, split):
+    """Elements below ``split``: stars of punctual roots; the rest: the late rank's star."""
+    if lo < split:
+        leaves_fused(acc, late, outputs, lo, min(hi, split))
+    if hi > split:
+        plain(inputs, outputs, max(lo, split), hi)
+
+
 def timed(work, threads, n):
     """Seconds for ``work(lo, hi)`` over [0, n) split among ``threads`` threads."""
     bounds = np.linspace(0, n, threads + 1).astype(int) // CHUNK * CHUNK
@@ -99,10 +112,13 @@ def main(argv=None):
     late = inputs[-1]
     punctual = np.sum(inputs[:-1], axis=0, dtype=np.float32)
     acc = punctual.copy()
+    split = n - n // ranks  # the late rank's star: the last eighth
     sides = {
         "plain": lambda lo, hi: plain(inputs, outputs, lo, hi),
         "leaves, fused": lambda lo, hi: leaves_fused(acc, late, outputs, lo, hi),
         "leaves, two passes": lambda lo, hi: leaves_two_passes(acc, late, outputs, lo, hi),
+        "plain, early start": lambda lo, hi: plain_early_start(inputs, acc, late, outputs, lo, hi,
+                                                               split),
     }
     want = np.sum(inputs, axis=0, dtype=np.float64)
     times = {k: [] for k in sides}
@@ -122,10 +138,12 @@ def main(argv=None):
               + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
               "elements": n, "ranks": ranks, "threads": args.threads, "rounds": args.rounds,
               "ms": med, "leaves_fused_over_plain": med["leaves, fused"] / med["plain"],
-              "leaves_two_passes_over_plain": med["leaves, two passes"] / med["plain"]}
+              "leaves_two_passes_over_plain": med["leaves, two passes"] / med["plain"],
+              "leaves_fused_over_plain_early_start": med["leaves, fused"] / med["plain, early start"]}
     print(f"{n} float32 per rank, {ranks} ranks, {args.threads} threads, median of {args.rounds} rounds")
     for k, v in med.items():
-        print(f"  {k:20s} {v:8.3f} ms   / plain {v / med['plain']:.2f}")
+        print(f"  {k:20s} {v:8.3f} ms   / plain {v / med['plain']:.2f}   "
+              f"/ plain, early start {v / med['plain, early start']:.2f}")
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"late_bound_{machine_tag()}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
