@@ -20,9 +20,11 @@ waiting: the best any executor could do.
   rank's own star (the last eighth here) has all of its work left.
 
 Each side runs on ``--threads`` threads (the vector split between them; numpy releases the
-GIL), chunk by chunk, interleaved round by round; medians. ``leaves / plain`` is the floor
-of bench_stragglers' ``leaves / plain`` on this machine: the executor adds wake-ups and
-bookkeeping to both sides.
+GIL), chunk by chunk, interleaved round by round; medians. On one executor the leaves'
+floor is ``leaves / plain, early start`` (with the barrier, nothing is summed before the
+arrival whatever the trees, so leaves and plain have the same work left); ``leaves /
+plain`` compares them with today's barrier executor. A real executor adds wake-ups and
+bookkeeping to every side.
 
     python benchmarks/bench_late_bound.py [--elements 1e6] [--ranks 8] [--threads 2] [--rounds 41]
 
