@@ -4,7 +4,8 @@ schedule through the single-GPU harness with fresh inputs, and count the
 elements that differ from the exact answer (issue 42).
 
     python benchmarks/gpu_stress.py [--processes 2 4 8] [--seconds 30]
-        [--backend cuda|emulator] [--legacy-upload] [--out results.json]
+        [--backend cuda|emulator] [--executor stream|device] [--legacy-upload]
+        [--out results.json]
 
 Each worker draws, call after call: a schedule (v1 allreduce trees; v2 trees
 for allreduce, its split family, reduce, broadcast, reduce_scatter and
@@ -16,8 +17,16 @@ the exact answer in every dtype, and a missing or doubled contribution shows
 in any element. Wrong elements, calls and failures are reported per process
 count; the exit status is 1 if anything was wrong or a worker failed.
 
+--executor device runs the device executor instead (one kernel per rank per
+call): every call builds a fresh executor (``run_device``) and checks its
+first call, the call that reads the program and flags its setup wrote, in
+memory that other processes' executors freed a moment before; nothing
+synchronises the GPU between the setup and the launch but the executor itself.
+Errors are counted apart from wrong elements.
+
 --backend emulator runs the same harness code over the host stream emulator
-(no GPU; slow, for trying the script). --legacy-upload uploads the inputs as
+(no GPU; slow, for trying the script); with --executor device, the device
+executor's host build with delayed setup writes. --legacy-upload uploads the inputs as
 the harness did before issue 42's fix (on the legacy default stream, which
 the executor's non-blocking streams do not wait for): on a GPU it should
 reproduce the wrong sums, which confirms the cause.
@@ -110,23 +119,35 @@ def worker(args):
         harness = _ffi.load_cuda_testing()
 
         def run(words, inputs, direct):
-            return harness.run_schedule(words, inputs, direct=direct,
-                                        legacy_upload=args.legacy_upload)
+            if args.executor == "device":
+                res = harness.run_device(words, inputs)
+                return res["errors"][0], res["outputs"]
+            return [None], harness.run_schedule(words, inputs, direct=direct,
+                                                legacy_upload=args.legacy_upload)
     else:
         harness = _ffi.load_testing()
 
         def run(words, inputs, direct):
-            return harness.emulate_run_schedule(words, inputs, direct=direct,
-                                                seed=int(rng.integers(1 << 30)),
-                                                legacy_upload=args.legacy_upload)["outputs"]
-    calls = wrong = wrong_calls = elements = 0
+            if args.executor == "device":
+                (errors, outputs), = harness.run_fresh_device_executors(words, inputs, executors=1)[0]
+                return errors, outputs
+            return [None], harness.emulate_run_schedule(
+                words, inputs, direct=direct, seed=int(rng.integers(1 << 30)),
+                legacy_upload=args.legacy_upload)["outputs"]
+    calls = wrong = wrong_calls = elements = errors = 0
     examples = []
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline and (args.calls == 0 or calls < args.calls):
         name, s, words = cases(rng)
         inputs = inputs_for(s, rng)
         direct = bool(rng.random() < 0.5)
-        outs = run(words, inputs, direct)
+        errs, outs = run(words, inputs, direct)
+        calls += 1
+        if any(e is not None for e in errs):
+            errors += 1
+            if len(examples) < 10:
+                examples.append(f"{name}: {next(e for e in errs if e is not None)[:300]}")
+            continue
         bad = 0
         for r in range(s.nranks):
             want = expected(s, inputs, r)
@@ -140,17 +161,18 @@ def worker(args):
                 if len(examples) < 10:
                     examples.append(f"{name} {'direct' if direct else 'staged'} rank {r}: "
                                     f"{diff} of {want.size} elements wrong")
-        calls += 1
         wrong += bad
         wrong_calls += bad > 0
     print("RESULT " + json.dumps({"calls": calls, "wrong_elements": wrong, "wrong_calls": wrong_calls,
-                                  "elements_checked": elements, "examples": examples}), flush=True)
+                                  "errors": errors, "elements_checked": elements,
+                                  "examples": examples}), flush=True)
 
 
 def run_processes(nprocs, args):
     """Starts nprocs workers at once; returns their results and failures (all reaped)."""
     cmd = [sys.executable, __file__, "--worker", "--seconds", str(args.seconds), "--calls",
-           str(args.calls), "--backend", args.backend] + (["--legacy-upload"] if args.legacy_upload else [])
+           str(args.calls), "--backend", args.backend, "--executor", args.executor] + (
+               ["--legacy-upload"] if args.legacy_upload else [])
     procs = [subprocess.Popen(cmd + ["--seed", str(1000 * nprocs + i)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True)
              for i in range(nprocs)]
@@ -179,6 +201,7 @@ def main():
     ap.add_argument("--calls", type=int, default=0, help="stop a worker after this many calls (0: time only)")
     ap.add_argument("--grace", type=float, default=120.0, help="seconds past --seconds before a worker is killed")
     ap.add_argument("--backend", choices=["cuda", "emulator"], default="cuda")
+    ap.add_argument("--executor", choices=["stream", "device"], default="stream")
     ap.add_argument("--legacy-upload", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -190,27 +213,31 @@ def main():
     from _machine import machine
 
     rows, status = [], 0
-    print(f"{'procs':>5} {'calls':>8} {'wrong calls':>11} {'wrong elements':>14} {'failed':>6}")
+    print(f"{'procs':>5} {'calls':>8} {'wrong calls':>11} {'wrong elements':>14} {'errors':>6} "
+          f"{'failed':>6}")
     for n in args.processes:
         results, failures = run_processes(n, args)
-        row = {"processes": n, "calls": sum(r["calls"] for r in results),
+        row = {"processes": n, "executor": args.executor, "calls": sum(r["calls"] for r in results),
                "wrong_calls": sum(r["wrong_calls"] for r in results),
                "wrong_elements": sum(r["wrong_elements"] for r in results),
+               "errors": sum(r["errors"] for r in results),
                "elements_checked": sum(r["elements_checked"] for r in results),
                "failures": failures, "examples": [e for r in results for e in r["examples"]][:10]}
+        if args.executor == "device":
+            row["fresh_executors"] = row["calls"]  # each call is a new executor's first
         rows.append(row)
         print(f"{n:>5} {row['calls']:>8} {row['wrong_calls']:>11} {row['wrong_elements']:>14} "
-              f"{len(failures):>6}", flush=True)
+              f"{row['errors']:>6} {len(failures):>6}", flush=True)
         for line in failures + row["examples"]:
             print("   ", line)
-        if failures or row["wrong_elements"]:
+        if failures or row["wrong_elements"] or row["errors"]:
             status = 1
     gpu = None
     if args.backend == "cuda":
         from bench_cuda import gpu_name
         gpu = gpu_name()
-    doc = {"machine": machine(gpu=gpu), "backend": args.backend, "legacy_upload": args.legacy_upload,
-           "seconds_per_count": args.seconds, "rows": rows}
+    doc = {"machine": machine(gpu=gpu), "backend": args.backend, "executor": args.executor,
+           "legacy_upload": args.legacy_upload, "seconds_per_count": args.seconds, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     return status

@@ -21,6 +21,7 @@
 #include "core/schedule.h"
 #include "core/status.h"
 #include "device/device_program.h"
+#include "device/device_setup.h"
 
 namespace jax_blink {
 
@@ -38,9 +39,10 @@ struct DeviceGpuBuffers {
 // process (every rank's GPU in `devices`, one per rank).
 class DeviceGpuExecutor {
  public:
-  // Builds the program and allocates its device state: the program on each
-  // distinct device, each rank's flags on its device, the control words on
-  // rank 0's device. Refuses (INVALID_ARGUMENT / INTERNAL, with the reason)
+  // Builds the program and sets up its device state (device_setup.h: the
+  // program on each distinct device, each rank's flags on its device, the
+  // control words on rank 0's device), complete when it returns, so a
+  // launch on any stream reads all of it. Refuses (INVALID_ARGUMENT / INTERNAL, with the reason)
   // more ranks than kDeviceGpuMaxRanks, ranks on different GPUs without
   // peer access, and ranks of one GPU whose blocks cannot all be resident at
   // once (the occupancy API: a kernel waiting for a peer's flags that never
@@ -70,15 +72,7 @@ class DeviceGpuExecutor {
   DeviceProgram program_;
   std::vector<int> devices_;
   int threads_ = 256;
-  struct OnDevice {  // the program's arrays on one GPU
-    int device = -1;
-    void* blob = nullptr;
-    DeviceProgramView view{};
-  };
-  std::vector<OnDevice> on_device_;
-  std::vector<int> view_of_rank_;      // index into on_device_
-  std::vector<uint64_t*> flags_;       // per rank, on its device
-  uint64_t* control_ = nullptr;        // on rank 0's device
+  DeviceState state_;                  // the program, flags and control words
   std::vector<void*> host_control_;    // per rank: pinned copy of the control words
 };
 

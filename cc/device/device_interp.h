@@ -18,7 +18,10 @@
 //   void Sync()                               barrier of the block's lanes
 //   int Share(int v)                          the leader's v, on every lane
 //
-// A call: every step waits (bounded by timeout_ns from the block's start)
+// A call: a block first checks the program's header (device_program.h); one
+// that is not the executor's is recorded in the block's control words and
+// poisons the call, and nothing else of that program is read. Then every
+// step waits (bounded by timeout_ns from the block's start)
 // for its flags (device_program.h), moves its chunk, and publishes its own
 // flag with the call's generation. A wait that times out records what it
 // waited for in its block's control words and poisons the call (the error
@@ -52,11 +55,18 @@ struct DeviceRankBuffers {
   uint64_t* flags;  // one per step of the rank
 };
 
+// One rank's call. The rank's place in the program comes from the host (the
+// launch), not from the program's memory, so that a block whose program
+// header does not match reads nothing else of it.
 struct DeviceCallView {
   const DeviceRankBuffers* bufs;  // per rank
   uint64_t* control;              // DeviceControlWords(nranks, max_blocks)
   uint64_t generation;            // > 0, grows by one per call of the program
   int64_t timeout_ns;
+  uint64_t executor;              // the id the program's header must hold
+  int32_t rank;
+  int32_t block_begin;            // the rank's first block in the program
+  int32_t nblocks;                // the rank's blocks (one kernel launch)
 };
 
 // What a block's run ended with.
@@ -64,6 +74,7 @@ enum DeviceBlockResult : int {
   kDeviceOk = 0,
   kDeviceTimeout = 1,   // a wait of this block timed out (recorded)
   kDevicePoisoned = 2,  // another wait timed out: the call failed
+  kDeviceBadProgram = 3,  // the program's header is not the executor's (recorded)
 };
 
 namespace device_detail {
@@ -156,14 +167,13 @@ JAX_BLINK_HD void Exec(Env& env, const DeviceCallView& c, int32_t rank, const De
 
 template <class Tr, ReduceOp kOp, class Env>
 JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const DeviceCallView& c,
-                               int32_t bi) {
+                               int32_t local) {
   using T = typename Tr::T;
-  const DeviceBlock& b = p.blocks[bi];
-  const int32_t r = b.rank;
+  const int32_t r = c.rank;
   const uint64_t gen = c.generation;
   uint64_t* const ctl = c.control;
   uint64_t* const error = ctl;
-  uint64_t* const words = ctl + DeviceBlockWordsAt(p.nranks, p.max_blocks, r, b.local);
+  uint64_t* const words = ctl + DeviceBlockWordsAt(p.nranks, p.max_blocks, r, local);
   const int64_t start = env.Now();
   const int64_t deadline = start + c.timeout_ns;
   // The finish may wait for a peer that started late (by up to a timeout).
@@ -175,10 +185,24 @@ JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const Devic
   if (env.Leader()) {
     env.Store(&words[0], gen);
     env.Fence();
-    if (env.Poisoned(error, gen)) result = kDevicePoisoned;
+    // The program is this executor's, in place (device_setup.h); else the
+    // call fails, naming what was read, and nothing else of it is read.
+    const uint64_t magic = p.header->magic;
+    const uint64_t executor = p.header->executor;
+    if (magic != kDeviceProgramMagic || executor != c.executor) {
+      result = kDeviceBadProgram;
+      env.Store(&words[3], (static_cast<uint64_t>(kDeviceBadProgram) << 32) |
+                               static_cast<uint32_t>(r));
+      env.Store(&words[4], executor);
+      env.Store(&words[5], magic);
+      env.Store(&words[2], gen);
+      env.Store(error, gen);
+    } else if (env.Poisoned(error, gen)) {
+      result = kDevicePoisoned;
+    }
   }
   result = env.Share(result);
-  if (result == kDeviceOk && b.local == 0) {  // OUT = IN where the rank writes nothing
+  if (result == kDeviceOk && local == 0) {  // OUT = IN where the rank writes nothing
     const DeviceRank& dr = p.ranks[r];
     const T* in = static_cast<const T*>(c.bufs[r].in);
     T* out = static_cast<T*>(c.bufs[r].out);
@@ -189,6 +213,7 @@ JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const Devic
       }
     }
   }
+  const DeviceBlock b = result == kDeviceOk ? p.blocks[c.block_begin + local] : DeviceBlock{};
   for (int32_t k = b.instr_begin; result == kDeviceOk && k < b.instr_end; ++k) {
     const DeviceInstr& in = p.instrs[k];
     int res = kDeviceOk;
@@ -214,11 +239,11 @@ JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const Devic
   env.Sync();
   if (!env.Leader()) return result;
   env.Store(&words[1], gen);  // this block is over
-  if (b.local != 0) return result;
-  // Block 0: the rank's blocks are over, then every rank that started is.
-  const DeviceRank& dr = p.ranks[r];
+  if (local != 0) return result;
+  // Block 0: the rank's blocks are over, then every rank that started is
+  // (from the launch and the control words: the program may be bad).
   // (A finish that times out keeps the block's record of an earlier wait.)
-  for (int32_t l = 1; l < dr.nblocks; ++l) {
+  for (int32_t l = 1; l < c.nblocks; ++l) {
     uint64_t* other = ctl + DeviceBlockWordsAt(p.nranks, p.max_blocks, r, l);
     if (WaitFlag(env, &other[1], error, gen, finish_deadline, false) != kDeviceOk) {
       if (result == kDeviceOk) result = kDeviceTimeout;
@@ -233,9 +258,8 @@ JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const Devic
         // A rank none of whose blocks started sees the poison when one does,
         // and touches nothing: no need to wait for it.
         env.Fence();
-        bool started = false;
-        const int32_t nb = p.ranks[q].nblocks;
-        for (int32_t l = 0; l < nb && !started; ++l) {
+        bool started = false;  // (blocks a rank does not have are never started)
+        for (int32_t l = 0; l < p.max_blocks && !started; ++l) {
           started = env.Load(ctl + DeviceBlockWordsAt(p.nranks, p.max_blocks, q, l)) >= gen;
         }
         if (!started) break;
@@ -255,31 +279,31 @@ JAX_BLINK_HD int RunBlockTyped(Env& env, const DeviceProgramView& p, const Devic
 
 template <ReduceOp kOp, class Env>
 JAX_BLINK_HD int RunBlockOp(Env& env, const DeviceProgramView& p, const DeviceCallView& c,
-                            int32_t bi) {
+                            int32_t local) {
   switch (static_cast<DType>(p.dtype)) {
-    case DType::kF32: return RunBlockTyped<SameTraits<float>, kOp>(env, p, c, bi);
-    case DType::kF64: return RunBlockTyped<SameTraits<double>, kOp>(env, p, c, bi);
-    case DType::kF16: return RunBlockTyped<F16Traits, kOp>(env, p, c, bi);
-    case DType::kBF16: return RunBlockTyped<BF16Traits, kOp>(env, p, c, bi);
-    case DType::kI32: return RunBlockTyped<SameTraits<int32_t>, kOp>(env, p, c, bi);
-    case DType::kI64: return RunBlockTyped<SameTraits<int64_t>, kOp>(env, p, c, bi);
-    case DType::kU32: return RunBlockTyped<SameTraits<uint32_t>, kOp>(env, p, c, bi);
+    case DType::kF32: return RunBlockTyped<SameTraits<float>, kOp>(env, p, c, local);
+    case DType::kF64: return RunBlockTyped<SameTraits<double>, kOp>(env, p, c, local);
+    case DType::kF16: return RunBlockTyped<F16Traits, kOp>(env, p, c, local);
+    case DType::kBF16: return RunBlockTyped<BF16Traits, kOp>(env, p, c, local);
+    case DType::kI32: return RunBlockTyped<SameTraits<int32_t>, kOp>(env, p, c, local);
+    case DType::kI64: return RunBlockTyped<SameTraits<int64_t>, kOp>(env, p, c, local);
+    case DType::kU32: return RunBlockTyped<SameTraits<uint32_t>, kOp>(env, p, c, local);
   }
   return kDeviceOk;  // (the program builder only takes the dtypes above)
 }
 
 }  // namespace device_detail
 
-// Runs block `bi` (an index into p.blocks) of one call; every lane of the
-// block calls it. Returns a DeviceBlockResult (the same on every lane for
-// the leader; the finish's result on the leader only).
+// Runs block `local` (0 .. c.nblocks - 1) of rank c.rank for one call; every
+// lane of the block calls it. Returns a DeviceBlockResult (the same on every
+// lane for the leader; the finish's result on the leader only).
 template <class Env>
 JAX_BLINK_HD int RunDeviceBlock(Env& env, const DeviceProgramView& p, const DeviceCallView& c,
-                                int32_t bi) {
+                                int32_t local) {
   switch (static_cast<ReduceOp>(p.op)) {
-    case ReduceOp::kSum: return device_detail::RunBlockOp<ReduceOp::kSum>(env, p, c, bi);
-    case ReduceOp::kMax: return device_detail::RunBlockOp<ReduceOp::kMax>(env, p, c, bi);
-    case ReduceOp::kMin: return device_detail::RunBlockOp<ReduceOp::kMin>(env, p, c, bi);
+    case ReduceOp::kSum: return device_detail::RunBlockOp<ReduceOp::kSum>(env, p, c, local);
+    case ReduceOp::kMax: return device_detail::RunBlockOp<ReduceOp::kMax>(env, p, c, local);
+    case ReduceOp::kMin: return device_detail::RunBlockOp<ReduceOp::kMin>(env, p, c, local);
   }
   return kDeviceOk;
 }

@@ -12,6 +12,7 @@
 #include "cuda/cuda_transport.h"
 #include "device/device_gpu.h"
 #include "device/device_interp.h"
+#include "device/device_setup.h"
 #include "device/device_status.h"
 
 namespace jax_blink {
@@ -104,28 +105,81 @@ struct KernelArgs {
   uint64_t* control;
   uint64_t generation;
   int64_t timeout_ns;
+  uint64_t executor;
+  int32_t rank;
   int32_t block_begin;  // the rank's first block in prog.blocks
   DeviceRankBuffers bufs[kDeviceGpuMaxRanks];
 };
 
 __global__ void DeviceRankKernel(const KernelArgs a) {
   GpuEnv env;
-  const DeviceCallView call{a.bufs, a.control, a.generation, a.timeout_ns};
-  RunDeviceBlock(env, a.prog, call, a.block_begin + static_cast<int32_t>(blockIdx.x));
+  const DeviceCallView call{a.bufs,     a.control, a.generation,     a.timeout_ns,
+                            a.executor, a.rank,    a.block_begin,
+                            static_cast<int32_t>(gridDim.x)};
+  RunDeviceBlock(env, a.prog, call, static_cast<int32_t>(blockIdx.x));
 }
 
 Status CudaStatus(const char* what, cudaError_t e) {
   return Status::Internal("jax_blink: device executor: " + CudaErrorText(what, e));
 }
 
-// Appends `v`'s bytes to `blob` at a 16-byte aligned offset; returns it.
-template <typename T>
-size_t Append(std::vector<unsigned char>* blob, const std::vector<T>& v) {
-  const size_t at = (blob->size() + 15) / 16 * 16;
-  blob->resize(at + v.size() * sizeof(T));
-  if (!v.empty()) std::memcpy(blob->data() + at, v.data(), v.size() * sizeof(T));
-  return at;
-}
+// device_setup.h's backend on CUDA: device memory from cudaMalloc; uploads
+// and zeroing on a non-blocking stream of the executor's own per device
+// (never the legacy default stream, which XLA's streams do not wait for),
+// and Finish() synchronises those streams, so the setup is complete on the
+// host before any launch.
+class CudaSetupMemory {
+ public:
+  ~CudaSetupMemory() {
+    for (auto& [dev, st] : streams_) cudaStreamDestroy(st);
+  }
+  std::string Alloc(int device, size_t bytes, void** p) {
+    cudaError_t c = cudaSetDevice(device);
+    if (c == cudaSuccess) c = cudaMalloc(p, std::max<size_t>(bytes, 16));
+    return c == cudaSuccess ? std::string() : CudaErrorText("cudaMalloc", c);
+  }
+  void Free(int device, void* p) {
+    cudaSetDevice(device);
+    cudaFree(p);
+  }
+  std::string Upload(int device, void* dst, const void* src, size_t bytes) {
+    cudaStream_t st = nullptr;
+    std::string e = StreamOf(device, &st);
+    if (!e.empty()) return e;
+    const cudaError_t c = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st);
+    return c == cudaSuccess ? std::string() : CudaErrorText("uploading the program", c);
+  }
+  std::string Zero(int device, void* dst, size_t bytes) {
+    cudaStream_t st = nullptr;
+    std::string e = StreamOf(device, &st);
+    if (!e.empty()) return e;
+    const cudaError_t c = cudaMemsetAsync(dst, 0, bytes, st);
+    return c == cudaSuccess ? std::string() : CudaErrorText("zeroing the flags", c);
+  }
+  std::string Finish() {
+    std::string err;
+    for (auto& [dev, st] : streams_) {
+      const cudaError_t c = cudaStreamSynchronize(st);
+      if (c != cudaSuccess && err.empty()) err = CudaErrorText("finishing the setup", c);
+    }
+    return err;
+  }
+
+ private:
+  std::string StreamOf(int device, cudaStream_t* st) {
+    auto it = streams_.find(device);
+    if (it == streams_.end()) {
+      cudaError_t c = cudaSetDevice(device);
+      cudaStream_t s = nullptr;
+      if (c == cudaSuccess) c = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (c != cudaSuccess) return CudaErrorText("cudaStreamCreate (setup)", c);
+      it = streams_.emplace(device, s).first;
+    }
+    *st = it->second;
+    return std::string();
+  }
+  std::map<int, cudaStream_t> streams_;
+};
 
 // Restores the current device on scope exit.
 struct DeviceGuard {
@@ -193,54 +247,16 @@ Status DeviceGpuExecutor::Create(const Schedule& s, const std::vector<int>& devi
       cudaGetLastError();  // (clears cudaErrorPeerAccessAlreadyEnabled)
     }
   }
-  // The program, once per distinct GPU.
-  std::vector<unsigned char> blob;
-  const size_t at_ranks = Append(&blob, p.ranks);
-  const size_t at_blocks = Append(&blob, p.blocks);
-  const size_t at_instrs = Append(&blob, p.instrs);
-  const size_t at_waits = Append(&blob, p.waits);
-  const size_t at_copies = Append(&blob, p.copies);
-  e->view_of_rank_.assign(s.nranks, -1);
-  for (int64_t r = 0; r < s.nranks; ++r) {
-    int k = 0;
-    while (k < static_cast<int>(e->on_device_.size()) && e->on_device_[k].device != devices[r]) ++k;
-    if (k == static_cast<int>(e->on_device_.size())) {
-      OnDevice od;
-      od.device = devices[r];
-      cudaSetDevice(od.device);
-      cudaError_t c = cudaMalloc(&od.blob, std::max<size_t>(blob.size(), 16));
-      if (c != cudaSuccess) return CudaStatus("cudaMalloc", c);
-      e->on_device_.push_back(od);
-      c = cudaMemcpy(od.blob, blob.data(), blob.size(), cudaMemcpyHostToDevice);
-      if (c != cudaSuccess) return CudaStatus("cudaMemcpy", c);
-      const auto* base = static_cast<const unsigned char*>(od.blob);
-      DeviceProgramView v = p.View();
-      v.ranks = reinterpret_cast<const DeviceRank*>(base + at_ranks);
-      v.blocks = reinterpret_cast<const DeviceBlock*>(base + at_blocks);
-      v.instrs = reinterpret_cast<const DeviceInstr*>(base + at_instrs);
-      v.waits = reinterpret_cast<const DeviceWait*>(base + at_waits);
-      v.copies = reinterpret_cast<const DeviceCopy*>(base + at_copies);
-      e->on_device_.back().view = v;
-    }
-    e->view_of_rank_[r] = k;
-  }
-  // Flags (zero: no generation yet) and the control words.
-  e->flags_.assign(s.nranks, nullptr);
-  for (int64_t r = 0; r < s.nranks; ++r) {
-    cudaSetDevice(devices[r]);
-    const size_t bytes = std::max<size_t>(p.ranks[r].nsteps, 1) * sizeof(uint64_t);
-    cudaError_t c = cudaMalloc(reinterpret_cast<void**>(&e->flags_[r]), bytes);
-    if (c == cudaSuccess) c = cudaMemset(e->flags_[r], 0, bytes);
-    if (c != cudaSuccess) return CudaStatus("cudaMalloc (flags)", c);
+  // The program, flags and control words, complete before the first launch.
+  {
+    CudaSetupMemory mem;
+    const std::string err = SetUpDeviceState(p, devices, NextDeviceExecutorId(), mem, &e->state_);
+    if (!err.empty()) return Status::Internal("jax_blink: device executor: " + err);
   }
   const size_t control_bytes = DeviceControlWords(p.nranks, p.max_blocks) * sizeof(uint64_t);
-  cudaSetDevice(devices[0]);
-  cudaError_t c = cudaMalloc(reinterpret_cast<void**>(&e->control_), control_bytes);
-  if (c == cudaSuccess) c = cudaMemset(e->control_, 0, control_bytes);
-  if (c != cudaSuccess) return CudaStatus("cudaMalloc (control)", c);
   e->host_control_.assign(s.nranks, nullptr);
   for (int64_t r = 0; r < s.nranks; ++r) {
-    c = cudaMallocHost(&e->host_control_[r], control_bytes);
+    const cudaError_t c = cudaMallocHost(&e->host_control_[r], control_bytes);
     if (c != cudaSuccess) return CudaStatus("cudaMallocHost", c);
   }
   *out = std::move(e);
@@ -249,18 +265,8 @@ Status DeviceGpuExecutor::Create(const Schedule& s, const std::vector<int>& devi
 
 DeviceGpuExecutor::~DeviceGpuExecutor() {
   DeviceGuard guard;
-  for (OnDevice& od : on_device_) {
-    cudaSetDevice(od.device);
-    cudaFree(od.blob);
-  }
-  for (size_t r = 0; r < flags_.size(); ++r) {
-    cudaSetDevice(devices_[r]);
-    cudaFree(flags_[r]);
-  }
-  if (control_ != nullptr) {
-    cudaSetDevice(devices_[0]);
-    cudaFree(control_);
-  }
+  CudaSetupMemory mem;
+  FreeDeviceState(mem, &state_);
   for (void* h : host_control_) {
     if (h != nullptr) cudaFreeHost(h);
   }
@@ -274,16 +280,18 @@ Status DeviceGpuExecutor::Launch(int64_t rank, const std::vector<DeviceGpuBuffer
   }
   KernelArgs a;
   std::memset(&a, 0, sizeof(a));
-  a.prog = on_device_[view_of_rank_[rank]].view;
-  a.control = control_;
+  a.prog = state_.on_device[state_.view_of_rank[rank]].view;
+  a.control = state_.control;
   a.generation = generation;
   a.timeout_ns = std::max<int64_t>(timeout_ms, 1) * 1000000;
+  a.executor = state_.executor;
+  a.rank = static_cast<int32_t>(rank);
   a.block_begin = p.ranks[rank].block_begin;
   for (int64_t r = 0; r < p.nranks; ++r) {
     a.bufs[r].in = bufs[r].in;
     a.bufs[r].out = bufs[r].out;
     a.bufs[r].acc = p.acc_is_out ? bufs[r].out : bufs[r].workspace;
-    a.bufs[r].flags = flags_[r];
+    a.bufs[r].flags = state_.flags[r];
     if (!p.acc_is_out && bufs[r].workspace == nullptr) {
       return Status::Internal("jax_blink: device executor: rank " + std::to_string(r) +
                               " has no workspace for its accumulator");
@@ -302,11 +310,12 @@ Status DeviceGpuExecutor::Outcome(int64_t rank, uint64_t generation, int64_t tim
   const DeviceProgram& p = program_;
   const size_t bytes = DeviceControlWords(p.nranks, p.max_blocks) * sizeof(uint64_t);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  cudaError_t c = cudaMemcpyAsync(host_control_[rank], control_, bytes, cudaMemcpyDefault, st);
+  cudaError_t c =
+      cudaMemcpyAsync(host_control_[rank], state_.control, bytes, cudaMemcpyDefault, st);
   if (c == cudaSuccess) c = cudaStreamSynchronize(st);
   if (c != cudaSuccess) return CudaStatus("reading the device executor's control words", c);
   return DeviceRankStatus(p, static_cast<const uint64_t*>(host_control_[rank]), rank, generation,
-                          timeout_ms, where);
+                          timeout_ms, state_.executor, where);
 }
 
 }  // namespace jax_blink

@@ -3,6 +3,7 @@
 #include "device/device_program.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <string>
 #include <vector>
@@ -10,6 +11,11 @@
 #include "core/dtype.h"
 
 namespace jax_blink {
+
+uint64_t NextDeviceExecutorId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 int64_t DeviceProgram::WorkspaceBytes() const {
   return acc_is_out ? 0 : count * static_cast<int64_t>(AccSize(dtype));

@@ -76,6 +76,19 @@ struct DeviceRank {
   int32_t nsteps;                    // flags of this rank
 };
 
+// The first 16 bytes of a program's memory (device_setup.h): a kernel checks
+// them before it reads anything else of the program, so a program that is
+// not in place yet (an upload that has not landed) or is another executor's
+// (memory reused after it was freed) gives an error, never sums.
+struct DeviceProgramHeader {
+  uint64_t magic;
+  uint64_t executor;  // DeviceExecutorId() of the executor the program belongs to
+};
+inline constexpr uint64_t kDeviceProgramMagic = 0x4a42'4c4b'5052'4f47ull;  // "JBLKPROG"
+
+// A new executor's id: unique in the process, never 0.
+uint64_t NextDeviceExecutorId();
+
 // A plain view of a program (pointers into host or device memory), what the
 // interpreter reads.
 struct DeviceProgramView {
@@ -84,6 +97,7 @@ struct DeviceProgramView {
   uint8_t dtype;       // DType
   uint8_t op;          // ReduceOp
   uint8_t acc_is_out;  // the accumulator is the output buffer
+  const DeviceProgramHeader* header;
   const DeviceRank* ranks;
   const DeviceBlock* blocks;
   const DeviceInstr* instrs;
@@ -106,12 +120,6 @@ struct DeviceProgram {
   std::vector<DeviceWait> waits;
   std::vector<DeviceCopy> copies;
 
-  DeviceProgramView View() const {
-    return {nranks,          max_blocks,     static_cast<uint8_t>(dtype),
-            static_cast<uint8_t>(op),        static_cast<uint8_t>(acc_is_out),
-            ranks.data(),    blocks.data(),  instrs.data(),
-            waits.data(),    copies.data()};
-  }
   // Bytes of workspace a rank needs for its accumulator (0: it is the output).
   int64_t WorkspaceBytes() const;
 };
@@ -132,7 +140,9 @@ std::string BuildDeviceProgram(const Schedule& s, int max_blocks_per_rank, Devic
 //                       the wait it gave up: generation, kind << 32 | waited
 //                       rank (kind: timed out, or stopped by the poison),
 //                       waited step (-1: the rank's finish), own step (-1:
-//                       the finish)
+//                       the finish); or of a program header that was not
+//                       the executor's: generation, kind << 32 | r, the
+//                       executor and the magic it read
 inline constexpr int64_t kDeviceBlockWords = 6;
 JAX_BLINK_HD int64_t DeviceControlWords(int64_t nranks, int64_t max_blocks) {
   return 1 + nranks + nranks * max_blocks * kDeviceBlockWords;

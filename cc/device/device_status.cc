@@ -24,8 +24,32 @@ std::string RankList(const std::set<int64_t>& ranks) {
 }  // namespace
 
 Status DeviceRankStatus(const DeviceProgram& p, const uint64_t* control, int64_t rank,
-                        uint64_t generation, int64_t timeout_ms, const std::string& where) {
+                        uint64_t generation, int64_t timeout_ms, uint64_t executor,
+                        const std::string& where) {
   if (control[0] < generation) return Status();
+  std::ostringstream head;
+  head << "jax_blink: device executor " << executor << ": " << where << " at rank " << rank
+       << " failed: ";
+  // A program that was not the executor's: the kernels read nothing of it.
+  std::ostringstream bad;
+  for (int64_t q = 0; q < p.nranks; ++q) {
+    for (int64_t l = 0; l < p.ranks[q].nblocks; ++l) {
+      const uint64_t* w = control + DeviceBlockWordsAt(p.nranks, p.max_blocks, q, l);
+      if (w[2] != generation || (w[3] >> 32) != kDeviceBadProgram) continue;
+      bad << (bad.tellp() > 0 ? "; " : "") << "rank " << q << " block " << l
+          << " read a program header of executor " << w[4] << " (magic 0x" << std::hex << w[5]
+          << std::dec << ")";
+    }
+  }
+  if (bad.tellp() > 0) {
+    std::ostringstream os;
+    os << head.str() << "its kernels found another program than executor " << executor
+       << "'s (magic 0x" << std::hex << kDeviceProgramMagic << std::dec
+       << "): the program was not in place when they ran (its upload had not landed, or "
+          "the memory still held an earlier executor's); the call wrote no result: "
+       << bad.str();
+    return Status::Internal(os.str());
+  }
   std::set<int64_t> never_started, waited, waiting;
   std::ostringstream records;
   int nrecords = 0;
@@ -59,8 +83,7 @@ Status DeviceRankStatus(const DeviceProgram& p, const uint64_t* control, int64_t
     if (!waiting.count(q) && !never_started.count(q)) stalled.insert(q);
   }
   std::ostringstream os;
-  os << "jax_blink: device executor: " << where << " at rank " << rank << " failed: ";
-  os << "timed out after " << timeout_ms << " ms";
+  os << head.str() << "timed out after " << timeout_ms << " ms";
   if (!never_started.empty()) os << "; rank(s) " << RankList(never_started) << " never started";
   if (!stalled.empty()) os << "; rank(s) " << RankList(stalled) << " stopped making progress";
   if (!waited.empty()) os << "; flags never came from rank(s) " << RankList(waited);

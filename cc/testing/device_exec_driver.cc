@@ -28,6 +28,7 @@ namespace {
 
 using jax_blink::DeviceHostExecutor;
 using jax_blink::DeviceHostFault;
+using jax_blink::HostDeviceMemory;
 using jax_blink::ErrorKind;
 using jax_blink::Schedule;
 using jax_blink::Status;
@@ -74,8 +75,12 @@ bool RunCase(const char* path) {
     out[r].assign(out_bytes, 0x5a);
     out_ptrs[r] = out[r].data();
   }
+  // One memory for every case, reusing freed blocks and delaying the setup's
+  // writes until it waits for them (device_setup.h), as a GPU would.
+  static const auto mem = std::make_shared<HostDeviceMemory>(/*delayed_writes=*/true);
   std::unique_ptr<DeviceHostExecutor> exec;
-  const std::string cerr = DeviceHostExecutor::Create(s, static_cast<int>(max_blocks), &exec);
+  const std::string cerr =
+      DeviceHostExecutor::Create(s, static_cast<int>(max_blocks), mem, &exec);
   if (!cerr.empty()) {
     std::fprintf(stderr, "%s: %s\n", path, cerr.c_str());
     return false;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "core/dtype.h"
@@ -63,20 +64,106 @@ struct HostEnv {
 
 }  // namespace
 
+std::string HostDeviceMemory::Alloc(int /*device*/, size_t bytes, void** p) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Block b;
+  auto it = pool_.find(bytes);
+  if (it != pool_.end() && !it->second.empty()) {
+    b = std::move(it->second.back());  // with an earlier owner's bytes
+    it->second.pop_back();
+  } else {
+    b.bytes = bytes;
+    b.words.reset(new uint64_t[std::max<size_t>((bytes + 7) / 8, 1)]());
+  }
+  *p = b.words.get();
+  live_[*p] = std::move(b);
+  return "";
+}
+
+void HostDeviceMemory::Free(int /*device*/, void* p) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) return;
+  pool_[it->second.bytes].push_back(std::move(it->second));
+  live_.erase(it);
+}
+
+void HostDeviceMemory::Write(void* dst, const void* src, size_t bytes) {
+  if (!delayed_) {
+    if (src != nullptr) {
+      std::memcpy(dst, src, bytes);
+    } else {
+      std::memset(dst, 0, bytes);
+    }
+    return;
+  }
+  Pending w;
+  w.dst = dst;
+  w.zero = src == nullptr;
+  if (src != nullptr) {
+    const auto* b = static_cast<const unsigned char*>(src);
+    w.bytes.assign(b, b + bytes);  // read at the call, as a staged pageable copy
+  } else {
+    w.bytes.resize(bytes);
+  }
+  pending_.push_back(std::move(w));
+}
+
+std::string HostDeviceMemory::Upload(int /*device*/, void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Write(dst, src, bytes);
+  return "";
+}
+
+std::string HostDeviceMemory::Zero(int /*device*/, void* dst, size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Write(dst, nullptr, bytes);
+  return "";
+}
+
+std::string HostDeviceMemory::Finish() {
+  Land();
+  return "";
+}
+
+void HostDeviceMemory::Land() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (Pending& w : pending_) {
+    if (w.zero) {
+      std::memset(w.dst, 0, w.bytes.size());
+    } else {
+      std::memcpy(w.dst, w.bytes.data(), w.bytes.size());
+    }
+  }
+  pending_.clear();
+}
+
 std::string DeviceHostExecutor::Create(const Schedule& s, int max_blocks_per_rank,
+                                       std::shared_ptr<HostDeviceMemory> mem,
                                        std::unique_ptr<DeviceHostExecutor>* out) {
   auto e = std::unique_ptr<DeviceHostExecutor>(new DeviceHostExecutor());
   e->s_ = &s;
   std::string err = BuildDeviceProgram(s, max_blocks_per_rank, &e->program_);
   if (!err.empty()) return err;
   const DeviceProgram& p = e->program_;
-  e->flags_.resize(p.nranks);
-  for (int64_t r = 0; r < p.nranks; ++r) e->flags_[r].assign(std::max(p.ranks[r].nsteps, 1), 0);
-  e->control_.assign(DeviceControlWords(p.nranks, p.max_blocks), 0);
+  e->mem_ = mem ? std::move(mem) : std::make_shared<HostDeviceMemory>(false);
+  err = SetUpDeviceState(p, std::vector<int>(p.nranks, 0), NextDeviceExecutorId(), *e->mem_,
+                         &e->state_);
+  if (!err.empty()) return err;
   e->acc_.resize(p.nranks);
   for (auto& a : e->acc_) a.assign(static_cast<size_t>(p.WorkspaceBytes()), 0);
   *out = std::move(e);
   return "";
+}
+
+DeviceHostExecutor::~DeviceHostExecutor() {
+  if (mem_) FreeDeviceState(*mem_, &state_);
+}
+
+void DeviceHostExecutor::WriteHeaderExecutor(uint64_t executor) {
+  for (DeviceState::OnDevice& od : state_.on_device) {
+    static_cast<DeviceProgramHeader*>(od.blob)->executor = executor;
+  }
 }
 
 std::vector<Status> DeviceHostExecutor::Run(const std::vector<const void*>& in,
@@ -90,18 +177,20 @@ std::vector<Status> DeviceHostExecutor::Run(const std::vector<const void*>& in,
     bufs[r].in = in[r];
     bufs[r].out = out[r];
     bufs[r].acc = p.acc_is_out ? out[r] : static_cast<void*>(acc_[r].data());
-    bufs[r].flags = flags_[r].data();
+    bufs[r].flags = state_.flags[r];
   }
-  DeviceCallView call{bufs.data(), control_.data(), gen,
-                      std::max<int64_t>(timeout_ms, 1) * 1000000};
-  const DeviceProgramView view = p.View();
   std::atomic<int64_t> budget{fault.publishes};
   std::atomic<bool> halted{false};
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < p.nranks; ++r) {
     if (!skip.empty() && skip[r]) continue;
     const DeviceRank& dr = p.ranks[r];
-    for (int32_t b = dr.block_begin; b < dr.block_begin + dr.nblocks; ++b) {
+    const DeviceProgramView view = state_.on_device[state_.view_of_rank[r]].view;
+    const DeviceCallView call{bufs.data(),     state_.control,        gen,
+                              std::max<int64_t>(timeout_ms, 1) * 1000000,
+                              state_.executor, static_cast<int32_t>(r), dr.block_begin,
+                              dr.nblocks};
+    for (int32_t b = 0; b < dr.nblocks; ++b) {
       HostEnv env;
       if (fault.rank == r) {
         env.budget = &budget;
@@ -114,9 +203,12 @@ std::vector<Status> DeviceHostExecutor::Run(const std::vector<const void*>& in,
   std::vector<Status> res(p.nranks);
   for (int64_t r = 0; r < p.nranks; ++r) {
     if (!skip.empty() && skip[r]) continue;
-    res[r] = DeviceRankStatus(p, control_.data(), r, gen, timeout_ms,
+    res[r] = DeviceRankStatus(p, state_.control, r, gen, timeout_ms, state_.executor,
                               "generation " + std::to_string(gen));
   }
+  // Writes of the setup that had not landed (only a setup that did not wait
+  // for them leaves any) land now, as a late DMA would.
+  mem_->Land();
   return res;
 }
 

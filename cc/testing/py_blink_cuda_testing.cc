@@ -592,9 +592,12 @@ void IpcClose() {
 }
 
 // ---- The device executor (device/device_gpu.h) over N ranks of one GPU.
-// Each rank has its own non-blocking stream; its input is uploaded on that
-// stream, and the device is synchronised before the first launch, so no
-// upload is unordered with a kernel that reads it.
+// Each rank has its own non-blocking stream, and its input and poisoned
+// output are written on that stream before its kernel, as XLA orders a
+// handler's operands: a peer reads the input only after the rank's kernel
+// has published its first flag. Nothing synchronises the device before the
+// first launch, so the first call relies on the executor's own setup
+// ordering (device_setup.h), as under XLA.
 struct DeviceRanks {
   std::unique_ptr<DeviceGpuExecutor> exec;
   std::vector<cudaStream_t> streams;
@@ -634,7 +637,6 @@ void SetUpDeviceRanks(const Schedule& s, const py::sequence& inputs, int device,
     Check(cudaMemsetAsync(d->out.back().p, 0xff, s.out_count * tsize, stream), "cudaMemsetAsync");
     d->bufs.push_back({d->in.back().p, d->out.back().p, ws > 0 ? d->ws.back().p : nullptr});
   }
-  Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 // One call on every rank but `skip`: launches all (they must be resident

@@ -786,7 +786,8 @@ py::list RunDeviceRanks(const py::object& schedule, const py::sequence& inputs,
                         const py::sequence& outputs, int64_t timeout_ms,
                         const std::vector<int64_t>& skip_ranks, int64_t repeat,
                         int64_t fault_rank, int64_t fault_publishes, int64_t faulty_calls,
-                        int max_blocks, std::optional<int64_t> faulty_timeout_ms) {
+                        int max_blocks, std::optional<int64_t> faulty_timeout_ms,
+                        bool foreign_program) {
   if (repeat < 1) throw py::value_error("repeat must be >= 1");
   if (max_blocks < 0) throw py::value_error("max_blocks must be >= 0");
   const Schedule s = ScheduleFromPython(schedule);
@@ -820,8 +821,9 @@ py::list RunDeviceRanks(const py::object& schedule, const py::sequence& inputs,
     out_ptrs.push_back(outs.back().ptr);
   }
   std::unique_ptr<DeviceHostExecutor> exec;
-  const std::string err = DeviceHostExecutor::Create(s, max_blocks, &exec);
+  const std::string err = DeviceHostExecutor::Create(s, max_blocks, nullptr, &exec);
   if (!err.empty()) throw py::value_error(err);
+  if (foreign_program) exec->WriteHeaderExecutor(exec->executor() + 1000);
   std::vector<std::vector<Status>> calls;
   {
     py::gil_scoped_release release;
@@ -848,6 +850,77 @@ py::list RunDeviceRanks(const py::object& schedule, const py::sequence& inputs,
       }
     }
     result.append(ranks);
+  }
+  return result;
+}
+
+// `executors` device executors built one after another in one emulated
+// device memory (freed blocks reused with their bytes; delayed_writes: the
+// setup's writes land only when it waits for them, or after a call), each
+// running `calls` calls on fresh outputs. Returns, per executor, per call,
+// (errors: per rank None or 'KIND: message', outputs: per rank).
+py::list RunFreshDeviceExecutors(const py::object& schedule, const py::sequence& inputs,
+                                 int64_t executors, int64_t calls, bool delayed_writes,
+                                 int64_t timeout_ms) {
+  if (executors < 1 || calls < 1) throw py::value_error("executors and calls must be >= 1");
+  const Schedule s = ScheduleFromPython(schedule);
+  const int64_t nranks = s.nranks;
+  if (static_cast<int64_t>(py::len(inputs)) != nranks) {
+    throw py::value_error("need " + std::to_string(nranks) + " inputs");
+  }
+  const size_t itemsize = DTypeSize(s.dtype);
+  std::vector<Buffer> ins;
+  std::vector<const void*> in_ptrs;
+  for (int64_t r = 0; r < nranks; ++r) {
+    ins.push_back(GetBuffer(inputs[r], false, "inputs", r, itemsize));
+    if (ins.back().count != s.in_count) {
+      throw py::value_error("rank " + std::to_string(r) + " needs " +
+                            std::to_string(s.in_count) + " input elements");
+    }
+    in_ptrs.push_back(ins.back().ptr);
+  }
+  const auto mem = std::make_shared<HostDeviceMemory>(delayed_writes);
+  const size_t out_bytes = static_cast<size_t>(s.out_count) * itemsize;
+  // [executor][call]: statuses and the outputs' bytes (poisoned with 0xA5 before the call)
+  std::vector<std::vector<std::pair<std::vector<Status>, std::vector<std::string>>>> runs;
+  {
+    py::gil_scoped_release release;
+    for (int64_t e = 0; e < executors; ++e) {
+      std::unique_ptr<DeviceHostExecutor> exec;
+      const std::string err = DeviceHostExecutor::Create(s, 0, mem, &exec);
+      if (!err.empty()) {
+        py::gil_scoped_acquire acquire;
+        throw py::value_error(err);
+      }
+      runs.emplace_back();
+      for (int64_t k = 0; k < calls; ++k) {
+        std::vector<std::string> outs(nranks, std::string(out_bytes, '\xA5'));
+        std::vector<void*> out_ptrs;
+        for (std::string& o : outs) out_ptrs.push_back(o.data());
+        std::vector<Status> st =
+            exec->Run(in_ptrs, out_ptrs, timeout_ms, std::vector<uint8_t>(nranks, 0), {});
+        runs.back().emplace_back(std::move(st), std::move(outs));
+      }
+    }
+  }
+  const py::object dt = py::reinterpret_borrow<py::array>(inputs[0]).dtype();
+  const py::module_ np = py::module_::import("numpy");
+  py::list result;
+  for (const auto& run : runs) {
+    py::list per_call;
+    for (const auto& [statuses, outs] : run) {
+      py::list errors, outputs;
+      for (const Status& st : statuses) {
+        errors.append(st.ok() ? py::object(py::none()) : py::object(py::str(st.Text())));
+      }
+      for (const std::string& o : outs) {
+        py::array a = np.attr("empty")(s.out_count, dt);
+        std::memcpy(a.mutable_data(), o.data(), o.size());
+        outputs.append(a);
+      }
+      per_call.append(py::make_tuple(errors, outputs));
+    }
+    result.append(per_call);
   }
   return result;
 }
@@ -953,15 +1026,25 @@ PYBIND11_MODULE(_blink_testing, m) {
         py::arg("skip_ranks") = std::vector<int64_t>{}, py::arg("repeat") = 1,
         py::arg("fault_rank") = -1, py::arg("fault_publishes") = 0,
         py::arg("faulty_calls") = 1, py::arg("max_blocks") = 0,
-        py::arg("faulty_timeout_ms") = py::none(),
+        py::arg("faulty_timeout_ms") = py::none(), py::arg("foreign_program") = false,
         "Test harness: the device executor's interpreter (device/device_interp.h) in its host "
         "build, a std::thread per program block. Runs `repeat` calls on one executor (flags "
         "carry generations, nothing is reset); in the first `faulty_calls` of them the "
         "skip_ranks never start and rank fault_rank stops after fault_publishes step flags "
         "(their timeout: faulty_timeout_ms, default timeout_ms). "
         "inputs/outputs: one C-contiguous array per rank (in_count and out_count elements). "
-        "max_blocks: cap on a rank's blocks (0: one per peer it receives from). Returns, per "
-        "call, one entry per rank: None, or 'KIND: message'.");
+        "max_blocks: cap on a rank's blocks (0: one per peer it receives from). "
+        "foreign_program: the program's header names another executor, as memory still "
+        "holding an earlier executor's program would. Returns, per call, one entry per rank: "
+        "None, or 'KIND: message'.");
+  m.def("run_fresh_device_executors", &RunFreshDeviceExecutors, py::arg("schedule"),
+        py::arg("inputs"), py::kw_only(), py::arg("executors"), py::arg("calls") = 1,
+        py::arg("delayed_writes") = true, py::arg("timeout_ms") = 10000,
+        "Test harness: `executors` device executors (host build) built one after another in "
+        "one emulated device memory that hands freed blocks back with their bytes; "
+        "delayed_writes: the setup's uploads and zeroing land only when the setup waits for "
+        "them (or after a call, as a late DMA). Each runs `calls` calls. Returns, per "
+        "executor, per call, (errors: per rank None or 'KIND: message', outputs).");
   m.def("device_program", &DeviceProgramInfo, py::arg("schedule"), py::kw_only(),
         py::arg("max_blocks") = 0,
         "The device executor's program of a schedule: {'blocks': per rank, per block, the "

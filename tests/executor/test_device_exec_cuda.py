@@ -53,6 +53,18 @@ def test_rings_and_eight_ranks_over_repeated_calls(cuda, n):
     check_device(cuda, s, inputs_for(s, n), repeat=5)
 
 
+def test_the_first_call_of_every_fresh_executor_is_right(cuda):
+    """Each run_device builds a new executor, in memory the previous one just freed (its
+    flags' stale generations), and nothing but the executor orders its setup before its
+    first kernel (cc/device/device_setup.h)."""
+    for k in range(60):
+        s = v2_schedules(4, 4 * 1000, "float32", "sum")[("trees:allreduce", "ring:allreduce")[k % 2]]
+        inputs = inputs_for(s, k)
+        res = cuda.run_device(s.encode(), inputs)
+        assert res["errors"] == [[None] * 4], (k, res["errors"])
+        check_outputs(s, inputs, res["outputs"])
+
+
 def test_a_rank_that_never_starts_times_out_naming_it_then_the_next_call_succeeds(cuda):
     s = v2_schedules(4, 4 * 1000, "float32", "sum")["trees:allreduce"]
     inputs = inputs_for(s)
