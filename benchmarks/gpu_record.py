@@ -27,11 +27,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def gpu_tag(machine_txt: str) -> str:
-    """``h200`` for "NVIDIA H200, 143771 MiB, ..." (nvidia-smi's first CSV row), ``gpu`` if none."""
+    """``h200`` for "NVIDIA H200, 143771 MiB, ..." and ``h100`` for "NVIDIA H100 80GB HBM3, ..."
+    (nvidia-smi's first CSV row: the model after the vendor), ``gpu`` where there is none."""
     for line in machine_txt.splitlines():
-        if line.startswith("NVIDIA ") or line.startswith("Tesla "):
-            name = line.split(",")[0].split()[-1].lower()
-            return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
+        words = line.split(",")[0].split()
+        if len(words) >= 2 and words[0] in ("NVIDIA", "Tesla"):
+            return re.sub(r"[^a-z0-9]+", "-", words[1].lower()).strip("-") or "gpu"
     return "gpu"
 
 
