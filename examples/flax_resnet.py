@@ -551,7 +551,8 @@ def calibrate_if_needed(platform: str) -> None:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the one line below says it instead of the 'no profile' note
     try:
-        if jax_blink.machine_profile() is not None:
+        found = jax_blink.machine_profile()
+        if found is not None and not found.provisional:  # (one measured under load is redone)
             return
         made, where = jax_blink.calibrate(quick=True, progress=False)
     finally:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 import os
 import sys
 import time
@@ -42,10 +43,12 @@ from jax_blink import numerics, settings
 from jax_blink.ops import buckets as _buckets, machine
 from jax_blink.ops.measure import bucketed, run_steps
 from jax_blink.ops.psum import psum
+from jax_blink.ops.scatter_gather import all_gather, psum_scatter
 from jax_blink.planning import profile as profiles
 
 __all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "STEP_MODELS", "BUCKET_CANDIDATES",
-           "measure_allreduce", "measure_steps", "calibrate"]
+           "COLLECTIVE_ELEMENTS", "paired_spread", "measure_collective", "measure_allreduce", "measure_steps",
+           "calibrate"]
 
 logger = logging.getLogger("jax_blink")
 
@@ -55,6 +58,9 @@ VARIANTS = ("none", "blink", "lax", "auto")
 #: :data:`jax_blink.planning.cost.CPU_ALLREDUCE_US`), and a quick one.
 FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
+#: Float32 elements of each device's input at which a calibration times the reduce-scatter
+#: and the all-gather (fewer sizes than the allreduce's: a calibration stays within a minute).
+COLLECTIVE_ELEMENTS = (1_000, 100_000, 1_000_000)
 #: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
 #: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket tied the
 #: best size at 1 and 4 MB, and at 33.6 MB buckets were much faster (bench_bucket_costs: the
@@ -91,19 +97,75 @@ def _rounds(elements: int, rounds: int) -> int:
     return rounds if elements <= 1_000_000 else max(5, rounds // 4)
 
 
-def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Sequence[str] = ("none", "blink", "lax"),
-                      progress: Optional[Callable[[int, int, str], None]] = None) -> list:
-    """Per size (float32 elements per device), the median time of one call of each program
-    in ``variants`` over every device of this process, and what each collective adds to
-    ``none`` (``<variant>_added_us``; needs ``"none"``), with ``wrong``: elements of the
-    plan's result outside the summation-order bound (:mod:`jax_blink.numerics`).
+def paired_spread(diffs, confidence: float = 0.95) -> float:
+    """How far the median of paired differences ``diffs`` could lie toward zero by noise
+    alone: the distance from their median to the end of its distribution-free
+    ``confidence`` interval (order statistics of the binomial sign test) on zero's side. A
+    median farther from zero than this is a measured difference; nearer, the rounds cannot
+    tell the two apart.
+
+    Examples
+    --------
+    >>> paired_spread([-5.0, -4.0, -6.0, -5.5, -4.5, -5.2, -4.8])  # all 7 below zero: the max
+    1.0
+    >>> paired_spread([-5.0, 4.0, -6.0, 5.5, -4.5, 5.2, -4.8]) > 4.5
+    True
+    """
+    d = np.sort(np.asarray(diffs, float))
+    n = len(d)
+    k, cdf = 0, 0.0  # k: the most order statistics cut from each end
+    for i in range(n):
+        cdf += math.comb(n, i) / 2.0 ** n
+        if cdf > (1 - confidence) / 2:
+            break
+        k = i + 1
+    lo, hi = d[max(k - 1, 0)], d[n - max(k, 1)]
+    med = float(np.median(d))
+    return float(hi - med) if med < 0 else float(med - lo)
+
+
+#: The collectives :func:`measure_collective` times: jax_blink's drop-in and lax's, each
+#: as ``f(row, axis)`` on a device's ``(1, elements)`` float32 row, its input.
+_OPS = {"allreduce": (lambda v, a: psum(v, a), lambda v, a: lax.psum(v, a)),
+        "reduce_scatter": (lambda v, a: psum_scatter(v[0], a, tiled=True)[None],
+                           lambda v, a: lax.psum_scatter(v[0], a, tiled=True)[None]),
+        "allgather": (lambda v, a: all_gather(v[0], a, tiled=True)[None],
+                      lambda v, a: lax.all_gather(v[0], a, tiled=True)[None])}
+
+
+def _wrong(collective: str, got: np.ndarray, rows, inputs: np.ndarray) -> int:
+    """Elements of the devices' results ``got`` (stacked; the devices of ``rows``) of
+    ``collective`` over the devices' ``inputs`` (stacked) outside the summation-order bound
+    (:func:`jax_blink.numerics.wrong_elements`; an all-gather must equal its inputs)."""
+    n = inputs.shape[0]
+    if collective == "allreduce":
+        return numerics.wrong_elements(got, inputs)
+    if collective == "reduce_scatter":
+        shards = inputs.reshape(n, n, -1)  # [rank, shard, element]
+        return sum(numerics.wrong_elements(g, shards[:, r]) for g, r in zip(got, rows))
+    return numerics.wrong_elements(got, inputs.reshape(1, -1))
+
+
+def measure_collective(collective: str, elements: Sequence[int], rounds: int = 21,
+                       variants: Sequence[str] = ("none", "blink", "lax"),
+                       progress: Optional[Callable[[int, int, str], None]] = None) -> list:
+    """Per size (float32 elements of each device's input), the median time of one call of
+    each program in ``variants`` over every device of this process, and what each collective
+    adds to ``none`` (``<variant>_added_us``; needs ``"none"``), with ``wrong``: elements of
+    the plan's result outside the summation-order bound (:mod:`jax_blink.numerics`) and, with
+    ``blink`` and ``lax``, ``spread_us``: how far their paired difference could lie toward
+    zero by noise (:func:`paired_spread`). Where that interval holds zero, the size is
+    measured once more and the rounds pooled (in a job of one process). ``collective``: ``"allreduce"``,
+    ``"reduce_scatter"`` (sizes rounded up to a multiple of the devices) or ``"allgather"``.
     ``progress(done, total, what)`` is called after each size."""
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; use some of {VARIANTS}")
+    if collective not in _OPS:
+        raise ValueError(f"unknown collective {collective!r}; use one of {', '.join(_OPS)}")
     n = jax.device_count()
     if n < 2:
-        raise ValueError(f"measuring an allreduce needs at least 2 devices, the job has {n}")
+        raise ValueError(f"measuring a collective needs at least 2 devices, the job has {n}")
     mesh = jax.make_mesh((n,), ("x",))
     sharding = NamedSharding(mesh, P("x"))
 
@@ -112,38 +174,61 @@ def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Seque
 
     # (the collective's input is a value the program computes, as a gradient is: XLA would
     # copy a parameter before jax_blink's in-place allreduce)
-    bodies = {"none": lambda v: v * 2, "blink": lambda v: psum(v * 2, "x"),
-              "lax": lambda v: lax.psum(v * 2, "x"), "auto": lambda v: psum(v * 2, "x")}
+    ours, theirs = _OPS[collective]
+    bodies = {"none": lambda v: v * 2, "blink": lambda v: ours(v * 2, "x"),
+              "lax": lambda v: theirs(v * 2, "x"), "auto": lambda v: ours(v * 2, "x")}
     rows = []
     for i, count in enumerate(elements):
+        count = -(-int(count) // n) * n if collective == "reduce_scatter" else int(count)
         programs = {k: shard(bodies[k]) for k in variants}
-        x = np.random.default_rng(0).standard_normal((n, int(count))).astype(np.float32)
+        x = np.random.default_rng(0).standard_normal((n, count)).astype(np.float32)
         # every process holds its own devices' rows (one process: all of them)
         xs = jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
         for k, f in programs.items():  # trace, compile and run once
             with _algo("blink") if k == "blink" else contextlib.nullcontext():
                 got = jax.block_until_ready(f(xs))
             if k == "blink":
-                mine = np.concatenate([np.asarray(s.data) for s in got.addressable_shards])
-                wrong = numerics.wrong_elements(mine, 2 * x)
+                mine = np.stack([np.asarray(s.data).reshape(-1) for s in got.addressable_shards])
+                rows_of = [s.index[0].start or 0 for s in got.addressable_shards]
+                wrong = _wrong(collective, mine, rows_of, 2 * x)
         times = {k: [] for k in programs}
-        for r in range(_rounds(int(count), rounds)):
-            for k in (list(programs) if r % 2 == 0 else list(programs)[::-1]):
-                start = time.perf_counter()
-                jax.block_until_ready(programs[k](xs))
-                times[k].append(time.perf_counter() - start)
+
+        def measure(calls):
+            for r in range(calls):
+                for k in (list(programs) if r % 2 == 0 else list(programs)[::-1]):
+                    start = time.perf_counter()
+                    jax.block_until_ready(programs[k](xs))
+                    times[k].append(time.perf_counter() - start)
+
+        def spread():
+            d = (np.asarray(times["blink"]) - np.asarray(times["lax"])) * 1e6
+            return paired_spread(d), abs(float(np.median(d)))
+
+        measure(_rounds(count, rounds))
+        # the rounds could not tell: once more, pooled (in one process only: every process of
+        # a job must make the same calls, and each times its own)
+        if {"blink", "lax"} <= set(programs) and spread()[0] >= spread()[1] and jax.process_count() == 1:
+            measure(_rounds(count, rounds))
         med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
-        row = {"count": int(count), "size_bytes": int(count) * 4, **{f"{k}_us": v for k, v in med.items()}}
+        row = {"count": count, "size_bytes": count * 4, **{f"{k}_us": v for k, v in med.items()}}
         if "none" in med:  # paired: each round's call minus the collective-free call next to it
             none = np.asarray(times["none"])
             row.update({f"{k}_added_us": max(float(np.median(np.asarray(v) - none)) * 1e6, MIN_ADDED_US)
                         for k, v in times.items() if k != "none"})
+        if {"blink", "lax"} <= set(programs):
+            row["spread_us"] = spread()[0]
         if "blink" in programs:
             row["wrong"] = wrong
         rows.append(row)
         if progress is not None:
             progress(i + 1, len(elements), f"{count:g} float32 per device")
     return rows
+
+
+def measure_allreduce(elements: Sequence[int], rounds: int = 21, variants: Sequence[str] = ("none", "blink", "lax"),
+                      progress: Optional[Callable[[int, int, str], None]] = None) -> list:
+    """:func:`measure_collective` of the allreduce (sizes: float32 elements per device)."""
+    return measure_collective("allreduce", elements, rounds, variants, progress)
 
 
 def _leaf_bytes(depth: int, width: int) -> list:
@@ -240,7 +325,8 @@ def _measure_processes(processes: int, elements, rounds: int) -> list:
 
 def _table(rows) -> dict:
     return {"elements": [r["count"] for r in rows], "blink": [r["blink_added_us"] for r in rows],
-            "lax": [r["lax_added_us"] for r in rows]}
+            "lax": [r["lax_added_us"] for r in rows]} | (
+                {"spread": [r["spread_us"] for r in rows]} if all("spread_us" in r for r in rows) else {})
 
 
 def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, progress: bool = True):
@@ -260,18 +346,28 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
         raise ValueError("calibrate measures the devices of one process: run `python -m jax_blink calibrate` "
                          "alone, not inside a multi-process job")
     start = time.monotonic()
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > cores:
+    cores = os.cpu_count() or 1
+    busy = os.getloadavg()[0] > cores
+    if busy:
         logger.warning("jax_blink calibrate: this machine is busy (load average %.1f on %d cores): the "
-                       "measurements will be noisy and may choose wrong; calibrate on an idle machine", load, cores)
+                       "measurements will be noisy and may choose wrong; the profile is saved as provisional "
+                       "(the next calibration replaces it): calibrate on an idle machine",
+                       os.getloadavg()[0], cores)
     elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
     rounds = rounds or (7 if quick else 21)
     bar = _bar() if progress else None
-    full = not quick and jax.devices()[0].platform == "cpu"
-    steps = len(elements) + (2 if full else 0)
+    cpu = jax.devices()[0].platform == "cpu"
+    full = not quick and cpu
+    others = profiles.COLLECTIVES if cpu else ()
+    steps = len(elements) + len(others) + (2 if full else 0)
     rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
                              None if bar is None else lambda done, _, what: bar(done, steps, what))
     tables = {f"1x{jax.device_count()}": rows}
+    collectives = {}
+    for k, c in enumerate(others):  # (on GPUs the choice of these reads the simulator and NCCL's model)
+        collectives[c] = measure_collective(c, COLLECTIVE_ELEMENTS, rounds)
+        if bar is not None:
+            bar(len(elements) + k + 1, steps, c.replace("_", "-"))
     step_tables = bucket_tables = {}
     if full:
         try:
@@ -284,14 +380,17 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
             {f"1x{jax.device_count()}": t} for t in measure_steps(STEP_MODELS, max(5, rounds // 3)))
         if bar is not None:
             bar(steps, steps, "training steps")
-    wrong = sum(r["wrong"] for t in tables.values() for r in t)
+    wrong = sum(r["wrong"] for t in [*tables.values(), *collectives.values()] for r in t)
     if wrong:
-        raise RuntimeError(f"jax_blink calibrate: the plan's allreduce gave {wrong} wrong elements; "
-                           f"nothing was written (report this: {tables})")
+        raise RuntimeError(f"jax_blink calibrate: the plan gave {wrong} wrong elements; "
+                           f"nothing was written (report this: {tables}, {collectives})")
+    busy = busy or os.getloadavg()[0] > cores
     made = profiles.Profile(key=machine.machine_key(), tables={k: _table(t) for k, t in tables.items()}, quick=quick,
                             seconds=round(time.monotonic() - start, 2),
                             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                            steps=step_tables, buckets=bucket_tables)
+                            steps=step_tables, buckets=bucket_tables,
+                            collectives={f"1x{jax.device_count()}": {c: _table(t) for c, t in collectives.items()}}
+                            if collectives else {}, provisional=busy)
     where = profiles.save(made, path if path is not None else machine.profile_path())
     machine.forget()
     return made, where
@@ -307,10 +406,18 @@ def _size_name(size: int) -> str:
 def describe(p: profiles.Profile) -> str:
     """One line per layout and size: both times and which is faster."""
     lines = []
-    for layout, t in p.tables.items():
-        for count, b, x in zip(t["elements"], t["blink"], t["lax"]):
-            lines.append(f"  {layout:>5} {count:>10g} float32/device: jax_blink {b:9.1f} us, lax {x:9.1f} us"
-                         f"  -> {'jax_blink' if b < x else 'lax'}")
+    def verdict(b, x, spread):
+        if spread is not None and abs(b - x) <= spread:
+            return f"cannot tell (spread {spread:.1f} us)"
+        return "jax_blink" if b < x else "lax"
+
+    every = [("allreduce", layout, t) for layout, t in p.tables.items()] + [
+        (c, layout, t) for layout, ts in p.collectives.items() for c, t in ts.items()]
+    for collective, layout, t in every:
+        spreads = t.get("spread", [None] * len(t["elements"]))
+        for count, b, x, sp in zip(t["elements"], t["blink"], t["lax"], spreads):
+            lines.append(f"  {layout:>5} {collective:>14} {count:>10g} float32/device: jax_blink {b:9.1f} us, "
+                         f"lax {x:9.1f} us  -> {verdict(b, x, sp)}")
     for layout, t in p.steps.items():
         for nbytes, b, x in zip(t["bytes"], t["blink"], t["lax"]):
             lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB of gradients/device: jax_blink {b:9.1f} us, "

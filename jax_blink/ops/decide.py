@@ -39,11 +39,17 @@ SUPPORTED_DTYPES = tuple(DTYPES)
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """The outcome for one dtype group of one psum call."""
+    """The outcome for one dtype group of one psum call. ``source`` and ``predicted``
+    (``(candidate, seconds)`` pairs, the lax equivalent as ``"lax"``) are those of a choice
+    made from predictions; ``undecided``: the measurement could not tell the candidates
+    apart (their difference within its spread), so the default ran."""
 
     text: str                                 # one line, as explain() prints it
     request: Optional[PlanRequest] = None     # None: the lax equivalent
     schedule: Optional[EncodedSchedule] = None
+    source: str = ""
+    predicted: tuple = ()
+    undecided: bool = False
 
     @property
     def uses_blink(self) -> bool:
@@ -138,9 +144,59 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
         request = tuned_on_gpu(request, platform)
         if request.algo == "blink-tuned":
             return _with_executor(_choose_tuned(request, count, dtype, what, fallback), platform)
+        chosen = None
+        if platform == "cpu":
+            if settings.algo() == "lax":
+                return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
+            if settings.algo() == "auto":
+                input_bytes = nbytes // nranks if collective == "allgather" else nbytes
+                chosen = _cpu_choice(collective, input_bytes, processes, nranks // max(processes, 1))
+                if chosen is not None and chosen.lax:
+                    return Decision(f"{what}: {fallback} ({chosen.why})", source=chosen.source,
+                                    predicted=chosen.predicted, undecided=chosen.undecided)
         p, schedule, encoded = schedule_for(request, count, dtype)
-        return _with_executor(Decision(f"{what}: {describe(p, schedule)}", request, encoded), platform)
+        if chosen is None:
+            return _with_executor(Decision(f"{what}: {describe(p, schedule)}", request, encoded), platform)
+        return Decision(f"{what}: {describe(p, schedule)} ({chosen.why})", request, encoded, source=chosen.source,
+                        predicted=chosen.predicted, undecided=chosen.undecided)
     return _with_executor(_choose(request, count, dtype, platform, what, fallback, processes), platform)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CpuChoice:
+    lax: bool
+    why: str
+    source: str
+    predicted: tuple
+    undecided: bool
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.4g} us"
+
+
+def _cpu_choice(collective: str, size_bytes: float, processes: int, devices: int) -> Optional[_CpuChoice]:
+    """On CPU devices, jax_blink's executor or lax for ``collective`` over ``size_bytes`` of
+    input per device, from this machine's measurements
+    (:func:`jax_blink.ops.predict_cpu.cpu_collective`; a broadcast reads the allreduce's,
+    since lax's broadcast is a psum). The faster where the two differ by more than their
+    measured spread; else the plan, saying the measurement could not tell. None where nothing
+    was measured for it."""
+    measured = "allreduce" if collective == "broadcast" else collective
+    p = predict_cpu.cpu_collective(measured, size_bytes, processes, devices)
+    if p is None:
+        return None
+    predicted = (("blink", p.blink_s), ("lax", p.lax_s))
+    times = f"blink {_us(p.blink_s)}, lax {_us(p.lax_s)}"
+    of = "CPU model" + (" across processes" if processes > 1 else "") + (
+        " of the allreduce" if measured != collective else "")
+    if p.spread_s is not None and abs(p.blink_s - p.lax_s) <= p.spread_s:
+        why = (f"the measurement could not tell: {of} from {p.source}: {times}, apart by no more than "
+               f"their measured spread {_us(p.spread_s)}; the plan by default")
+        return _CpuChoice(False, why, p.source, predicted, True)
+    spread = f" (spread {_us(p.spread_s)})" if p.spread_s is not None else ""
+    return _CpuChoice(p.lax_s < p.blink_s, f"predicted fastest; {of} from {p.source}: {times}{spread}",
+                      p.source, predicted, False)
 
 
 def _with_executor(d: Decision, platform) -> Decision:
@@ -185,9 +241,19 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
     if forced == "lax":
         return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
     gpu = platform in ("cuda", "gpu")
+    if forced == "auto" and not gpu:
+        chosen = _cpu_choice("allreduce", count * DTYPES[dtype][1], processes,
+                             request.topology.n // max(processes, 1))
+        if chosen.lax:
+            return Decision(f"{what}: {fallback} ({chosen.why})", source=chosen.source,
+                            predicted=chosen.predicted, undecided=chosen.undecided)
+        request = dataclasses.replace(request, algo="blink")
+        p, schedule, encoded = schedule_for(request, count, dtype)
+        return Decision(f"{what}: {describe(p, schedule)} ({chosen.why})", request, encoded,
+                        source=chosen.source, predicted=chosen.predicted, undecided=chosen.undecided)
     if forced == "auto":
-        candidates = ("blink-tuned", "ring", "tree", "chain") if gpu else ("blink",)
-        predicted, how, bounds = _predicted(request, count, dtype, gpu, candidates, processes)
+        candidates = ("blink-tuned", "ring", "tree", "chain")
+        predicted, how, bounds = _predicted(request, count, dtype, candidates, processes)
         runnable = {k: v for k, v in predicted.items() if v is not None}
         choice = min(runnable, key=runnable.get)  # ties: ours first (dict order), lax last
 
@@ -246,15 +312,10 @@ def _choose_tuned(request, count, dtype, what, fallback):
     return Decision(f"{what}: {text} (tuned for the CUDA executor: {unit(ours)}{against})", request, encoded)
 
 
-def _predicted(request, count, dtype, gpu, candidates, processes=1):
-    """``(predicted seconds per candidate and lax, how, bounds)``, by the model of the platform;
-    None for a schedule the topology or size cannot carry. The reduction (sum, max,
-    min) does not change a prediction, so they share one."""
-    if not gpu:  # read afresh: a calibration may have written this machine's profile since
-        p = predict_cpu.cpu_allreduce(count * DTYPES[dtype][1], processes, request.topology.n // max(processes, 1))
-        out = {"blink": p.blink_s} if "blink" in candidates else {}
-        out["lax"] = p.lax_s
-        return out, f"CPU model{' across processes' if processes > 1 else ''} from {p.source}", {}
+def _predicted(request, count, dtype, candidates, processes=1):
+    """``(predicted seconds per candidate and lax, how, bounds)`` on GPUs; None for a schedule
+    the topology or size cannot carry. The reduction (sum, max, min) does not change a
+    prediction, so they share one."""
     request = dataclasses.replace(request, op="sum")
     measured = predict_gpu.measured_allreduce(request, count * DTYPES[dtype][1], processes)
     if measured is not None:  # read afresh, as the CPU's

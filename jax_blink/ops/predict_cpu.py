@@ -4,8 +4,8 @@
   jax_blink calibrate``), where there is one for the layout of the call;
 * else the costs recorded on a 2-core AMD EPYC VM (:mod:`jax_blink.planning.cost`).
 
-:func:`cpu_allreduce` gives both executors' times and names the source, which
-``explain()`` repeats. psum's ``auto`` choice on CPU devices and the bucket size use it;
+:func:`cpu_allreduce` and :func:`cpu_collective` give both executors' times, the
+measured spread between them and the source, which ``explain()`` repeats. psum's ``auto`` choice on CPU devices and the bucket size use it;
 GPU predictions (a GPU machine's profile, else the simulator with the CUDA executor's
 costs and NCCL's model) are :mod:`jax_blink.ops.predict_gpu`'s.
 """
@@ -20,7 +20,7 @@ from jax_blink.planning import profile as profiles
 from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, cpu_allreduce_seconds,
                                      fixed_seconds)
 
-__all__ = ["CpuPrediction", "cpu_allreduce", "blink_fixed_seconds", "tuned_bucket_bytes"]
+__all__ = ["CpuPrediction", "cpu_allreduce", "cpu_collective", "blink_fixed_seconds", "tuned_bucket_bytes"]
 
 
 def _nearest(layouts, processes: int, devices: Optional[int]):
@@ -46,12 +46,14 @@ def _table(processes: int, devices: Optional[int]):
 
 @dataclasses.dataclass(frozen=True)
 class CpuPrediction:
-    """What one allreduce adds to a program, by jax_blink's CPU executor and by lax
-    (seconds), and where the numbers come from."""
+    """What one collective adds to a program, by jax_blink's CPU executor and by lax
+    (seconds), and where the numbers come from; ``spread_s``: how far apart the two could
+    be by noise alone where the profile measured that (None: not measured)."""
 
     blink_s: float
     lax_s: float
     source: str
+    spread_s: Optional[float] = None
 
 
 def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] = None) -> CpuPrediction:
@@ -62,8 +64,27 @@ def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] 
     (:data:`~jax_blink.planning.cost.CPU_ALLREDUCE_US` in one process,
     :data:`~jax_blink.planning.cost.CPU_HOST_ALLREDUCE_US` across processes)."""
     table, source = _table(processes, devices)
+    found, layout = _nearest(lambda p: p.tables, processes, devices)
+    spread = found.spread_seconds("allreduce", size_bytes, layout) if layout is not None else None
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
-                         cpu_allreduce_seconds("lax", size_bytes, table), source)
+                         cpu_allreduce_seconds("lax", size_bytes, table), source, spread)
+
+
+def cpu_collective(collective: str, size_bytes: float, processes: int = 1,
+                   devices: Optional[int] = None) -> Optional[CpuPrediction]:
+    """The predicted ``collective`` (``"allreduce"``, ``"reduce_scatter"`` or ``"allgather"``)
+    of ``size_bytes`` of input per device: the allreduce as :func:`cpu_allreduce`; the
+    others from the profile's nearest layout that measured them, None where it measured
+    none (no recorded costs stand in for them)."""
+    if collective == "allreduce":
+        return cpu_allreduce(size_bytes, processes, devices)
+    found, layout = _nearest(lambda p: p.layouts(collective), processes, devices)
+    if layout is None:
+        return None
+    table = found.table(collective, layout)
+    return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
+                         cpu_allreduce_seconds("lax", size_bytes, table), found.named(layout),
+                         found.spread_seconds(collective, size_bytes, layout))
 
 
 def tuned_bucket_bytes(nbytes: float, processes: int = 1, devices: Optional[int] = None) -> tuple:

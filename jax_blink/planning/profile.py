@@ -39,8 +39,8 @@ from jax_blink._jsonio import read_document
 from jax_blink.planning.cache import disk_store
 from jax_blink.planning.cost import cpu_allreduce_seconds
 
-__all__ = ["Profile", "ProfileError", "FORMAT", "VERSION", "path_for", "load", "save", "nearest_layout",
-           "best_bucket"]
+__all__ = ["Profile", "ProfileError", "FORMAT", "VERSION", "COLLECTIVES", "path_for", "load", "save",
+           "nearest_layout", "best_bucket"]
 
 logger = logging.getLogger("jax_blink")
 
@@ -63,10 +63,12 @@ def _positive(v) -> bool:
 
 def _check_table(layout: str, table, sizes: str = "elements", which=_WHICH) -> dict:
     """``table`` as the cost model's table (``sizes``: the name of its size column, ``which``
-    its other columns), or ProfileError naming what is wrong."""
-    if not isinstance(table, dict) or set(table) != {sizes, *which}:
+    its other columns, and optionally ``spread``: per size, how far apart the two columns could
+    be by noise alone, microseconds, 0 or more), or ProfileError naming what is wrong."""
+    if not isinstance(table, dict) or not {sizes, *which} <= set(table) <= {sizes, *which, "spread"}:
         raise ProfileError(f"layout {layout!r}: expected an object with "
-                           + ", ".join(f"'{k}'" for k in (sizes, *which)[:-1]) + f" and '{which[-1]}'")
+                           + ", ".join(f"'{k}'" for k in (sizes, *which)[:-1]) + f" and '{which[-1]}'"
+                           + " (and optionally 'spread')")
     columns = {k: table[k] for k in (sizes, *which)}
     n = len(columns[sizes]) if isinstance(columns[sizes], (list, tuple)) else -1
     if n < 2:
@@ -76,7 +78,35 @@ def _check_table(layout: str, table, sizes: str = "elements", which=_WHICH) -> d
             raise ProfileError(f"layout {layout!r}: {k!r} must be {n} positive numbers")
     if list(columns[sizes]) != sorted(set(columns[sizes])):
         raise ProfileError(f"layout {layout!r}: '{sizes}' must increase")
-    return {k: tuple(float(v) if k != sizes else int(v) for v in column) for k, column in columns.items()}
+    out = {k: tuple(float(v) if k != sizes else int(v) for v in column) for k, column in columns.items()}
+    if "spread" in table:
+        spread = table["spread"]
+        if not isinstance(spread, (list, tuple)) or len(spread) != n or not all(
+                v == 0 or _positive(v) for v in spread):
+            raise ProfileError(f"layout {layout!r}: 'spread' must be {n} numbers, 0 or more")
+        out["spread"] = tuple(float(v) for v in spread)
+    return out
+
+
+#: The collectives besides the allreduce a profile may measure (``Profile.collectives``).
+COLLECTIVES = ("reduce_scatter", "allgather")
+
+
+def _check_collectives(layout: str, tables) -> dict:
+    if not isinstance(tables, dict) or not set(tables) <= set(COLLECTIVES):
+        raise ProfileError(f"layout {layout!r}: 'collectives' must map some of {', '.join(COLLECTIVES)} "
+                           "to tables")
+    return {c: _check_table(f"{layout}/{c}", t) for c, t in tables.items()}
+
+
+def _nearest_spread(table: dict, size_bytes: float) -> Optional[float]:
+    """The ``spread`` (seconds) measured at the size of ``table`` nearest ``size_bytes`` per
+    device (float32 elements), None where the table has none."""
+    if "spread" not in table:
+        return None
+    near = min(range(len(table["elements"])),
+               key=lambda i: abs(math.log(table["elements"][i] * 4 / max(size_bytes, 1.0))))
+    return table["spread"][near] * 1e-6
 
 
 def _check_buckets(layout: str, table) -> dict:
@@ -147,7 +177,11 @@ class Profile:
     its ``bytes`` per device, for ``blink`` (in the buckets of :meth:`bucket_bytes`) and
     ``lax``; ``buckets``: per layout, the models' ``bytes``, candidate ``bucket_bytes`` and
     the ``vs_lax`` each candidate was measured at in each model's steps (``steps`` and
-    ``buckets``: a full calibration's; empty otherwise).
+    ``buckets``: a full calibration's; empty otherwise); ``collectives``: per layout, the
+    tables of the reduce-scatter and all-gather (:data:`COLLECTIVES`), by float32 elements of
+    each device's input; ``provisional``: measured while the machine was busy, so the next
+    calibration replaces it even where it would keep a profile. A table's optional
+    ``spread`` column is how far apart ``blink`` and ``lax`` could be by noise alone.
     """
 
     key: dict
@@ -157,6 +191,8 @@ class Profile:
     created: str = ""
     steps: dict = dataclasses.field(default_factory=dict)
     buckets: dict = dataclasses.field(default_factory=dict)
+    collectives: dict = dataclasses.field(default_factory=dict)
+    provisional: bool = False
 
     def __post_init__(self):  # checked and normalised (tuples) however it was made
         if not isinstance(self.tables, dict) or not self.tables:
@@ -168,6 +204,38 @@ class Profile:
         if not isinstance(self.buckets, dict):
             raise ProfileError("machine profile: 'buckets' must be an object of layouts")
         object.__setattr__(self, "buckets", {str(k): _check_buckets(str(k), t) for k, t in self.buckets.items()})
+        if not isinstance(self.collectives, dict):
+            raise ProfileError("machine profile: 'collectives' must be an object of layouts")
+        object.__setattr__(self, "collectives",
+                           {str(k): _check_collectives(str(k), t) for k, t in self.collectives.items()})
+
+    def table(self, collective: str, layout: str) -> Optional[dict]:
+        """The measured table of ``collective`` (``"allreduce"`` or one of
+        :data:`COLLECTIVES`) in ``layout``, or None where the profile has none."""
+        if collective == "allreduce":
+            return self.tables.get(layout)
+        return self.collectives.get(layout, {}).get(collective)
+
+    def layouts(self, collective: str) -> list:
+        """The layouts in which the profile measured ``collective``."""
+        if collective == "allreduce":
+            return list(self.tables)
+        return [k for k, t in self.collectives.items() if collective in t]
+
+    def spread_seconds(self, collective: str, size_bytes: float, layout: str) -> Optional[float]:
+        """How far apart jax_blink's and lax's times of ``collective`` could be by noise alone
+        at ``size_bytes`` per device in ``layout`` (the spread measured at the nearest size),
+        None where the profile recorded no spread.
+
+        Examples
+        --------
+        >>> p = Profile({}, {"1x8": {"elements": [1, 1000], "blink": [50.0, 80.0], "lax": [90.0, 95.0],
+        ...                          "spread": [5.0, 30.0]}})
+        >>> round(p.spread_seconds("allreduce", 3000, "1x8") * 1e6, 3), p.spread_seconds("reduce_scatter", 4, "1x8")
+        (30.0, None)
+        """
+        table = self.table(collective, layout)
+        return None if table is None else _nearest_spread(table, size_bytes)
 
     def bucket_bytes(self, layout: str, nbytes: Optional[float] = None) -> Optional[int]:
         """The bucket size measured best in ``layout``'s training steps for a pytree of
@@ -188,7 +256,7 @@ class Profile:
     def named(self, layout: str) -> str:
         """How ``explain()`` names this profile's ``layout``: ``this machine's profile (1x8,
         2026-11-28)``."""
-        kind = "quick " if self.quick else ""
+        kind = ("provisional " if self.provisional else "") + ("quick " if self.quick else "")
         return f"this machine's {kind}profile ({layout}, {self.created[:10] or 'undated'})"
 
     def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
@@ -208,7 +276,9 @@ class Profile:
         return {"format": FORMAT, "version": VERSION, "key": self.key, "quick": self.quick,
                 "seconds": self.seconds, "created": self.created,
                 "tables": _lists(self.tables)} | ({"steps": _lists(self.steps)} if self.steps else {}) | (
-                    {"buckets": _lists(self.buckets)} if self.buckets else {})
+                    {"buckets": _lists(self.buckets)} if self.buckets else {}) | (
+                    {"collectives": {k: _lists(t) for k, t in self.collectives.items()}}
+                    if self.collectives else {}) | ({"provisional": True} if self.provisional else {})
 
     @classmethod
     def from_json(cls, source) -> "Profile":
@@ -221,7 +291,8 @@ class Profile:
             raise ProfileError("machine profile: 'seconds' must be a number")
         return cls(key=d["key"], tables=d.get("tables"),
                    quick=bool(d.get("quick", False)), seconds=float(seconds), created=str(d.get("created", "")),
-                   steps=d.get("steps", {}), buckets=d.get("buckets", {}))
+                   steps=d.get("steps", {}), buckets=d.get("buckets", {}),
+                   collectives=d.get("collectives", {}), provisional=bool(d.get("provisional", False)))
 
 
 def path_for(key: dict, directory) -> Path:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import jax
@@ -33,11 +34,13 @@ def use_profile(monkeypatch, tmp_path):
     points JAX_BLINK_PROFILE at it; returns the path."""
     machine.forget()
 
-    def install(tables, key=None, quick=False, steps=None, bucket_tables=None):
+    def install(tables, key=None, quick=False, steps=None, bucket_tables=None, collectives=None,
+                provisional=False):
         p = profiles.Profile(key=machine.machine_key() if key is None else key,
                              tables={k: {c: list(v) for c, v in t.items()} for k, t in tables.items()},
                              quick=quick, created="2026-11-28T00:00:00+00:00", steps=steps or {},
-                             buckets=bucket_tables or {})
+                             buckets=bucket_tables or {}, collectives=collectives or {},
+                             provisional=provisional)
         path = profiles.save(p, tmp_path / "profile.json")
         monkeypatch.setenv("JAX_BLINK_PROFILE", str(path))
         machine.forget()
@@ -190,6 +193,110 @@ def test_the_tuned_bucket_size_reaches_psum(use_profile, monkeypatch):
     assert calls == {1 << 20: 1, 1 << 18: 4}
 
 
+# Every op's decision, in one process of 8 CPU devices: (collective, reduce op, root).
+OPS = {"psum": ("allreduce", "sum", None), "pmax": ("allreduce", "max", None),
+       "pmin": ("allreduce", "min", None), "psum_scatter": ("reduce_scatter", "sum", None),
+       "all_gather": ("allgather", "sum", None), "broadcast": ("broadcast", "sum", 0)}
+SIZES = (1, 1000, 100_000, 1_000_000, 10_000_000)
+
+
+def ten_times(lax_faster):
+    """A table where lax is 10x faster (or slower) than the plan at every size."""
+    blink = [100.0 * (1 + s / 1000) for s in SIZES]
+    return {"elements": list(SIZES), "blink": blink,
+            "lax": [b / 10 if lax_faster else b * 10 for b in blink], "spread": [5.0] * len(SIZES)}
+
+
+def decision(op, count, nranks=8, processes=1):
+    collective, reduce_op, root = OPS[op]
+    whole = count * nranks if collective == "allgather" else count  # decide's count: the whole vector
+    return decide.decide(whole, "float32", nranks, collective=collective, op=reduce_op, root=root,
+                         platform="cpu", processes=processes)
+
+
+@pytest.mark.parametrize("lax_faster", [True, False], ids=["lax 10x faster", "lax 10x slower"])
+def test_every_op_follows_a_profile_that_leaves_no_doubt(use_profile, lax_faster):
+    """Every collective, at every size from 4 bytes to 40 MB per device, in one process and
+    across the processes of one host (the allreduces: psum over the host transport), runs
+    what the profile measured faster, and the decision carries the profile and its times."""
+    table = ten_times(lax_faster)
+    use_profile({"1x8": table, "2x1": table},
+                collectives={"1x8": {"reduce_scatter": table, "allgather": table}})
+    for op in OPS:
+        for count in (1000, 4096, 250_000, 2_000_000):
+            d = decision(op, count)
+            assert d.uses_blink == (not lax_faster), (op, count, d.text)
+            predicted = dict(d.predicted)
+            assert (predicted["lax"] < predicted["blink"]) == lax_faster, (op, count, d.predicted)
+            assert d.source == "this machine's profile (1x8, 2026-11-28)" and not d.undecided, d
+    for op in ("psum", "pmax", "pmin"):
+        d = decision(op, 4096, nranks=2, processes=2)
+        assert d.uses_blink == (not lax_faster) and d.source.startswith("this machine's profile (2x1"), d
+
+
+def test_a_profile_decides_without_the_recorded_costs(use_profile, monkeypatch):
+    """Where this machine's profile covers a call, the costs recorded on another machine play
+    no part: poisoned, they change no decision."""
+    table = ten_times(lax_faster=True)
+    use_profile({"1x8": table}, collectives={"1x8": {"reduce_scatter": table, "allgather": table}})
+    before = {(op, c): decision(op, c) for op in OPS for c in (1000, 100_000)}
+    poison = {"elements": (1, 10**7), "blink": (1e-3, 1e-3), "lax": (1e9, 1e9)}
+    monkeypatch.setattr(predict_cpu, "CPU_ALLREDUCE_US", poison)
+    monkeypatch.setattr(predict_cpu, "CPU_HOST_ALLREDUCE_US", poison)
+    after = {(op, c): decision(op, c) for op in OPS for c in (1000, 100_000)}
+    assert after == before and not any(d.uses_blink for d in after.values())
+
+
+def test_within_the_measured_spread_the_plan_runs_and_explain_says_why(use_profile):
+    """lax measured 10% faster, but the rounds spread wider than that: the measurement cannot
+    tell, so the plan (the default) runs, saying so; beyond the spread, lax."""
+    near = {"elements": [1000, 100_000], "blink": [110.0, 1100.0], "lax": [100.0, 1000.0],
+            "spread": [30.0, 50.0]}
+    use_profile({"1x8": near}, collectives={"1x8": {"reduce_scatter": near}})
+    for op in ("psum", "psum_scatter"):
+        d = decision(op, 1000)
+        assert d.uses_blink and d.undecided, d
+        assert "the measurement could not tell" in d.text and "spread 30 us" in d.text, d.text
+        d = decision(op, 100_000)
+        assert not d.uses_blink and not d.undecided, d.text
+    d = decision("all_gather", 1000)  # measured nowhere: the plan, no prediction
+    assert d.uses_blink and d.predicted == () and d.source == ""
+
+
+def test_a_provisional_profile_says_so():
+    p = profiles.Profile({}, {"1x8": LAX_WINS}, provisional=True, created="2026-11-28T00:00:00+00:00")
+    assert p.named("1x8") == "this machine's provisional profile (1x8, 2026-11-28)"
+    again = profiles.Profile.from_json(json.dumps(p.to_json()))
+    assert again.provisional and again == p
+
+
+@pytest.mark.parametrize("collectives, match", [
+    ({"1x8": {"broadcast": LAX_WINS}}, "must map some of reduce_scatter, allgather"),
+    ({"1x8": {"allgather": dict(LAX_WINS, spread=[1.0, -1.0, 2.0])}}, "'spread' must be 3 numbers, 0 or more"),
+    ({"1x8": {"allgather": dict(LAX_WINS, extra=[1, 2, 3])}}, "and optionally 'spread'")])
+def test_bad_collective_tables_are_refused_by_name(collectives, match):
+    with pytest.raises(profiles.ProfileError, match=match):
+        profiles.Profile({}, {"1x8": LAX_WINS}, collectives=collectives)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_the_calibrations_checker_rejects_wrong_results(collective):
+    """calibrate refuses to write a profile whose plan gave wrong elements: its checker
+    counts a dropped rank and zeros, and passes the exact result."""
+    rng = np.random.default_rng(1)
+    n, count = 4, 8
+    x = rng.standard_normal((n, count)).astype(np.float32)
+    total = x.sum(axis=0, dtype=np.float64).astype(np.float32)
+    right = {"allreduce": np.broadcast_to(total, (n, count)), "reduce_scatter": total.reshape(n, -1),
+             "allgather": np.broadcast_to(x.reshape(-1), (n, n * count))}[collective]
+    rows = list(range(n))
+    assert calibration._wrong(collective, np.array(right), rows, x) == 0
+    assert calibration._wrong(collective, np.zeros_like(right), rows, x) == right.size
+    dropped = x.copy()
+    dropped[1] = 0
+    assert calibration._wrong(collective, np.array(right), rows, dropped) > 0
+
+
 def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     """A quick calibration on this process's 8 CPU devices: every row measured, the file
     valid, and psum then reads it."""
@@ -199,9 +306,16 @@ def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     assert where == machine.profile_path() and where.parent == tmp_path
     again = profiles.Profile.from_json(where)
     assert again == made and again.key == machine.machine_key()
-    table = made.tables[f"1x{jax.device_count()}"]
+    layout = f"1x{jax.device_count()}"
+    table = made.tables[layout]
     assert table["elements"] == calibration.QUICK_ELEMENTS and all(t > 0 for t in table["blink"] + table["lax"])
-    assert "this machine's quick profile" in predict_cpu.cpu_allreduce(4000).source
+    assert len(table["spread"]) == len(table["elements"]) and all(v >= 0 for v in table["spread"])
+    for c in profiles.COLLECTIVES:  # measured beside the allreduce, and read by their choices
+        t = made.collectives[layout][c]
+        assert t["elements"][0] >= calibration.COLLECTIVE_ELEMENTS[0] and len(t["spread"]) == len(t["elements"])
+        assert predict_cpu.cpu_collective(c, 4000, 1, jax.device_count()).source.startswith(
+            "this machine's")
+    assert "quick profile" in predict_cpu.cpu_allreduce(4000).source
     machine.forget()
 
 
