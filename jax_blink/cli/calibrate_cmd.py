@@ -1,6 +1,7 @@
-"""``python -m jax_blink calibrate``: measure this machine's allreduce costs (jax_blink's
-executor and lax) and keep them as its profile, which psum's choices (``auto``, the bucket
-size) then use instead of the costs recorded on another machine.
+"""``python -m jax_blink calibrate``: measure this machine's collective costs (the allreduce,
+reduce-scatter and all-gather, by jax_blink's executor and by lax, with the spread between
+them) and keep them as its profile, which the ops' choices (``auto``, the bucket size) then
+use instead of the costs recorded on another machine.
 
 Run it once per machine type, before training, with the devices the jobs will have
 (``--cpu-devices N`` for N virtual CPU devices; default 8 where XLA_FLAGS sets no count).

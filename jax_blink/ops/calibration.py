@@ -1,5 +1,9 @@
-"""Calibration: measure what an allreduce costs on this machine, by jax_blink's executor and
+"""Calibration: measure what the collectives cost on this machine, by jax_blink's executor and
 by lax, and keep it as the machine's profile (``python -m jax_blink calibrate``).
+
+:func:`measure_collective` times an allreduce, a reduce-scatter or an all-gather; per size it
+also records the spread of the paired differences (:func:`paired_spread`), which the choices
+respect (:func:`jax_blink.ops.decide.decide`: within the spread the plan runs).
 
 :func:`measure_allreduce` times, per size, jitted programs one call at a time with a sync
 after each, interleaved (so each time is one call's latency): ``none`` (``x * 2``, the
@@ -10,7 +14,8 @@ collective-free call's next to it (paired, so that the machine's drift cancels):
 psum's choice and the bucket size compare (:mod:`jax_blink.ops.predict_cpu`). ``benchmarks/bench_psum_cpu.py``
 measures with the same function.
 
-:func:`calibrate` measures the devices of this process (one layout, ``1xN``) and writes the
+:func:`calibrate` measures the devices of this process (one layout, ``1xN``: the allreduce,
+and on CPU devices the reduce-scatter and all-gather at :data:`COLLECTIVE_ELEMENTS`) and writes the
 profile (:mod:`jax_blink.planning.profile`, keyed by :func:`jax_blink.ops.machine.machine_key`)
 atomically into the cache directory. A full calibration measures 7 sizes (1 to 1e7 float32
 per device, about a minute on 8 CPU devices of a 2-core VM); ``quick`` 4 sizes with fewer
