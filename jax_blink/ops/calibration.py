@@ -307,15 +307,18 @@ HOST_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 HOST_TIMEOUT_S = 180.0
 
 
-def _measure_processes(processes: int, elements, rounds: int) -> list:
-    """:func:`measure_allreduce` in a local job of ``processes`` processes of one CPU device
-    each (:func:`jax_blink.launch.run_local`: 127.0.0.1, gloo for lax, jax_blink over the
-    host's shared memory); RuntimeError naming what failed."""
+def _measure_processes(processes: int, elements, rounds: int, collectives=()) -> dict:
+    """``{collective: rows}``: :func:`measure_allreduce` at ``elements`` and
+    :func:`measure_collective` of each of ``collectives`` at :data:`COLLECTIVE_ELEMENTS`, in a
+    local job of ``processes`` processes of one CPU device each
+    (:func:`jax_blink.launch.run_local`: 127.0.0.1, gloo for lax, jax_blink over the host's
+    shared memory); RuntimeError naming what failed."""
     import json
 
     from jax_blink.launch import run_local
 
-    spec = json.dumps({"elements": list(elements), "rounds": rounds})
+    spec = json.dumps({"allreduce": list(elements), "rounds": rounds,
+                       **{c: list(COLLECTIVE_ELEMENTS) for c in collectives}})
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     results = run_local([sys.executable, "-m", "jax_blink.ops.calibration", spec], processes,
                         devices_per_process=1, timeout_s=HOST_TIMEOUT_S, env=env)
@@ -368,15 +371,17 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
                              None if bar is None else lambda done, _, what: bar(done, steps, what))
     tables = {f"1x{jax.device_count()}": rows}
-    collectives = {}
+    other_layouts = {f"1x{jax.device_count()}": {}}  # layout -> {collective: rows}
     for k, c in enumerate(others):  # (on GPUs the choice of these reads the simulator and NCCL's model)
-        collectives[c] = measure_collective(c, COLLECTIVE_ELEMENTS, rounds)
+        other_layouts[f"1x{jax.device_count()}"][c] = measure_collective(c, COLLECTIVE_ELEMENTS, rounds)
         if bar is not None:
             bar(len(elements) + k + 1, steps, c.replace("_", "-"))
     step_tables = bucket_tables = {}
     if full:
         try:
-            tables[f"{HOST_PROCESSES}x1"] = _measure_processes(HOST_PROCESSES, HOST_ELEMENTS, max(5, rounds // 2))
+            job = _measure_processes(HOST_PROCESSES, HOST_ELEMENTS, max(5, rounds // 2), others)
+            tables[f"{HOST_PROCESSES}x1"] = job.pop("allreduce")
+            other_layouts[f"{HOST_PROCESSES}x1"] = job
         except RuntimeError as e:
             logger.warning("jax_blink calibrate: %s; the profile keeps one process's layout", e)
         if bar is not None:
@@ -385,17 +390,18 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
             {f"1x{jax.device_count()}": t} for t in measure_steps(STEP_MODELS, max(5, rounds // 3)))
         if bar is not None:
             bar(steps, steps, "training steps")
-    wrong = sum(r["wrong"] for t in [*tables.values(), *collectives.values()] for r in t)
+    measured = [*tables.values(), *(t for layout in other_layouts.values() for t in layout.values())]
+    wrong = sum(r["wrong"] for t in measured for r in t)
     if wrong:
         raise RuntimeError(f"jax_blink calibrate: the plan gave {wrong} wrong elements; "
-                           f"nothing was written (report this: {tables}, {collectives})")
+                           f"nothing was written (report this: {tables}, {other_layouts})")
     busy = busy or os.getloadavg()[0] > cores
     made = profiles.Profile(key=machine.machine_key(), tables={k: _table(t) for k, t in tables.items()}, quick=quick,
                             seconds=round(time.monotonic() - start, 2),
                             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                             steps=step_tables, buckets=bucket_tables,
-                            collectives={f"1x{jax.device_count()}": {c: _table(t) for c, t in collectives.items()}}
-                            if collectives else {}, provisional=busy)
+                            collectives={k: {c: _table(t) for c, t in ts.items()}
+                                         for k, ts in other_layouts.items() if ts}, provisional=busy)
     where = profiles.save(made, path if path is not None else machine.profile_path())
     machine.forget()
     return made, where
@@ -440,7 +446,9 @@ if __name__ == "__main__":  # a process of _measure_processes' job
 
     from jax_blink.launch import initialize
 
-    if initialize() == 0:
-        print("RESULT " + json.dumps(measure_allreduce(**json.loads(sys.argv[1]))), flush=True)
-    else:
-        measure_allreduce(**json.loads(sys.argv[1]))
+    first = initialize() == 0
+    job = json.loads(sys.argv[1])
+    rounds = job.pop("rounds")
+    rows = {c: measure_collective(c, sizes, rounds) for c, sizes in job.items()}
+    if first:
+        print("RESULT " + json.dumps(rows), flush=True)

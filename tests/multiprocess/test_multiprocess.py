@@ -48,6 +48,28 @@ def test_host_transport_matches_lax(processes, devices):
         assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
 
 
+@pytest.mark.parametrize("lax_faster", [True, False], ids=["lax 10x faster", "lax 10x slower"])
+def test_every_op_across_processes_follows_a_profile_that_leaves_no_doubt(tmp_path, monkeypatch, lax_faster):
+    """2 x 1 processes over the host transport, a profile whose every table (the allreduce's,
+    the reduce-scatter's and the all-gather's, in one process and in several) measured lax 10x
+    faster, or 10x slower: every op runs the faster, and gives lax's result."""
+    from jax_blink.ops import machine
+    from jax_blink.planning import profile as profiles
+
+    sizes = [1, 1000, 100_000, 1_000_000]
+    blink = [100.0 * (1 + s / 1000) for s in sizes]
+    table = {"elements": sizes, "blink": blink, "lax": [b / 10 if lax_faster else b * 10 for b in blink],
+             "spread": [5.0] * len(sizes)}
+    made = profiles.Profile(machine.machine_key(), {"1x8": table, "2x1": table},
+                            collectives={k: {c: table for c in profiles.COLLECTIVES} for k in ("1x8", "2x1")})
+    monkeypatch.setenv("JAX_BLINK_PROFILE", str(profiles.save(made, tmp_path / "profile.json")))
+    monkeypatch.setenv("JAX_BLINK_EXPECT", "lax" if lax_faster else "blink")
+    results, _ = launch("obey", 2, 1, timeout_s=300)
+    assert all(r.ok for r in results), report(results)
+    for r in results:
+        assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
+
+
 @pytest.mark.parametrize("processes, devices", [(4, 1), (4, 2)])
 def test_two_hosts_of_two_processes_take_the_hierarchical_path_with_shared_memory_inside(
         processes, devices):

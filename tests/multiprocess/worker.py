@@ -11,6 +11,8 @@ line ``CHECKS <n> FAILED <m>``; exits 1 if any failed.
     python worker.py killed      process 1 is killed in the middle of a call
     python worker.py hosts       two labelled hosts (JAX_BLINK_HOST_KEY) of NPROC/2 processes: the
                                  hierarchical path across them, the host transport inside each
+    python worker.py obey        every op over the host transport runs what the machine profile
+                                 (JAX_BLINK_PROFILE) measured faster (JAX_BLINK_EXPECT)
 """
 
 import os
@@ -520,14 +522,44 @@ def absent(after_one=False, dies=False):
         print(f"ERROR {type(e).__name__}: {str(e)[:2000]}", flush=True)
 
 
+def obey():
+    """Every op over the devices of this host's processes runs what the machine profile
+    (JAX_BLINK_PROFILE, written by the test) measured faster, JAX_BLINK_EXPECT ("blink":
+    jax_blink's custom call in the program; "lax": none), and gives lax's result."""
+    global checks
+    want, one = os.environ["JAX_BLINK_EXPECT"], "i"
+    ops = {"psum": (lambda v: jax_blink.psum(v, one), lambda v: lax.psum(v, one), P()),
+           "pmax": (lambda v: jax_blink.pmax(v, one), lambda v: lax.pmax(v, one), P()),
+           "pmin": (lambda v: jax_blink.pmin(v, one), lambda v: lax.pmin(v, one), P()),
+           "pmean": (lambda v: jax_blink.pmean(v, one), lambda v: lax.pmean(v, one), P()),
+           "psum_scatter": (lambda v: jax_blink.psum_scatter(v, one, scatter_dimension=1, tiled=True),
+                            lambda v: lax.psum_scatter(v, one, scatter_dimension=1, tiled=True), P("i")),
+           "all_gather": (lambda v: jax_blink.all_gather(v, one, axis=1, tiled=True),
+                          lambda v: lax.all_gather(v, one, axis=1, tiled=True), P("i")),
+           "broadcast": (lambda v: jax_blink.broadcast(v, one, root=0),
+                         lambda v: jnp.broadcast_to(lax.all_gather(v, one, tiled=True)[0], v.shape), P("i"))}
+    for count in (N * 500, N * 60_000):
+        x = data("float32", (N, count), count)
+        for name, (ours, ref, out) in ops.items():
+            hlo = jax.jit(jax.shard_map(ours, mesh=MESH1, in_specs=P("i"), out_specs=out)).lower(
+                placed(x, MESH1, P("i"))).as_text()
+            ran = "blink" if "jax_blink_collective" in hlo else "lax"
+            checks += 1
+            if ran != want:
+                failures.append(f"obey {name} {count}: ran {ran}, the profile says {want}:\n"
+                                f"{jax_blink.explain()}")
+            run(f"obey {name} {count}", ours, ref, MESH1, P("i"), out, x,
+                exact=name in ("pmax", "pmin", "all_gather", "broadcast"))
+
+
 if __name__ == "__main__":
-    {"cases": cases, "host": host, "hosts": two_hosts, "killed": killed, "absent": absent,
+    {"cases": cases, "host": host, "hosts": two_hosts, "killed": killed, "absent": absent, "obey": obey,
      "absent-later": lambda: absent(after_one=True),
      "dies": lambda: absent(after_one=True, dies=True)}[sys.argv[1]]()
     for f in failures:
         print("FAIL", f, flush=True)
     print(f"CHECKS {checks} FAILED {len(failures)}", flush=True)
     sys.stdout.flush()
-    if sys.argv[1] in ("cases", "host", "hosts"):
+    if sys.argv[1] in ("cases", "host", "hosts", "obey"):
         jax.distributed.shutdown()
     sys.exit(1 if failures else 0)

@@ -370,9 +370,13 @@ def test_processes_of_one_host_are_measured_in_a_local_job():
     """The full calibration's second layout: two processes of one CPU device each (127.0.0.1),
     jax_blink over their shared memory against lax over gloo, every size measured and summed
     right."""
-    rows = calibration._measure_processes(2, (1, 1000), 3)
-    assert [r["count"] for r in rows] == [1, 1000]
-    assert all(r["wrong"] == 0 and r["blink_added_us"] > 0 and r["lax_added_us"] > 0 for r in rows)
+    job = calibration._measure_processes(2, (1, 1000), 3, profiles.COLLECTIVES)
+    assert [r["count"] for r in job["allreduce"]] == [1, 1000]
+    for c in profiles.COLLECTIVES:
+        assert [r["count"] for r in job[c]] == list(calibration.COLLECTIVE_ELEMENTS)
+    for rows in job.values():
+        assert all(r["wrong"] == 0 and r["blink_added_us"] > 0 and r["lax_added_us"] > 0 and r["spread_us"] >= 0
+                   for r in rows)
 
 
 def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_path, caplog):
