@@ -35,7 +35,9 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -337,6 +339,19 @@ def _table(rows) -> dict:
                 {"spread": [r["spread_us"] for r in rows]} if all("spread_us" in r for r in rows) else {})
 
 
+def _check_writable(target: Path) -> None:
+    """OSError naming ``target`` and what to do, where a profile cannot be written there."""
+    try:
+        if target.is_dir():
+            raise IsADirectoryError(21, "it is a directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".calibrate-"):
+            pass
+    except OSError as e:
+        raise OSError(f"cannot write the profile to {target}: {e.strerror or e}; give a writable file "
+                      "(--out FILE, or calibrate(path=...)) or set JAX_BLINK_CACHE_DIR") from None
+
+
 def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, progress: bool = True):
     """Measures this process's devices and, unless ``quick``, :data:`HOST_PROCESSES`
     processes of one host and the training steps of :data:`STEP_MODELS` (CPU devices only:
@@ -353,6 +368,8 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     if jax.process_count() > 1:
         raise ValueError("calibrate measures the devices of one process: run `python -m jax_blink calibrate` "
                          "alone, not inside a multi-process job")
+    target = Path(path) if path is not None else machine.profile_path()
+    _check_writable(target)  # before a minute of measuring
     start = time.monotonic()
     cores = os.cpu_count() or 1
     busy = os.getloadavg()[0] > cores
@@ -402,7 +419,7 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
                             steps=step_tables, buckets=bucket_tables,
                             collectives={k: {c: _table(t) for c, t in ts.items()}
                                          for k, ts in other_layouts.items() if ts}, provisional=busy)
-    where = profiles.save(made, path if path is not None else machine.profile_path())
+    where = profiles.save(made, target)
     machine.forget()
     return made, where
 

@@ -43,7 +43,15 @@ def stats(reset: bool = False) -> dict:
 def slow_ranks(nranks: int, threshold_ms: float = 1.0, recorded: Optional[dict] = None) -> list:
     """The ranks of ``nranks``-rank collectives whose mean lateness is above
     ``threshold_ms`` (from ``recorded``, default :func:`stats`), slowest first; ``[]``
-    when no such collective was recorded."""
+    when no such collective was recorded. ValueError for fewer than 2 ranks (a collective
+    of one rank waits for nobody) and for a negative or non-finite threshold."""
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 2:
+        raise ValueError(f"jax_blink.slow_ranks: nranks must be a whole number of at least 2 (the ranks of "
+                         f"the collectives to look at), got {nranks!r}")
+    if isinstance(threshold_ms, bool) or not isinstance(threshold_ms, (int, float)) or not (
+            0 <= threshold_ms < float("inf")):
+        raise ValueError(f"jax_blink.slow_ranks: threshold_ms must be a finite number of milliseconds, 0 or "
+                         f"more, got {threshold_ms!r}")
     entry = (stats() if recorded is None else recorded).get(nranks)
     if entry is None:
         return []

@@ -158,3 +158,14 @@ def test_slow_ranks_refused_with_groups_and_bad_values():
         call(slow_ranks="1")
     with pytest.raises(ValueError, match="out of range"):
         call(slow_ranks=[7])
+
+
+@pytest.mark.parametrize("args, match", [((1,), "nranks must be a whole number of at least 2"),
+                                         ((4.0,), "nranks must be"), ((True,), "nranks must be"),
+                                         ((4, -1), "threshold_ms must be a finite number"),
+                                         ((4, float("nan")), "threshold_ms must be"),
+                                         ((4, "1"), "threshold_ms must be")])
+def test_slow_ranks_refuses_bad_arguments_by_name(args, match):
+    with pytest.raises(ValueError, match=match):
+        jax_blink.slow_ranks(*args, recorded={4: {"mean_late_ms": [0.0, 2.0, 0.0, 0.0]}})
+    assert jax_blink.slow_ranks(4, 1.0, recorded={4: {"mean_late_ms": [0.0, 2.0, 0.0, 0.0]}}) == [1]

@@ -338,6 +338,20 @@ def test_the_command_line_refuses_bad_arguments_by_name():
     assert res.returncode == 2 and "--cpu-devices must be >= 2" in res.stderr
 
 
+@pytest.mark.parametrize("where", ["dir", "under_a_file"])
+def test_a_profile_that_cannot_be_written_fails_before_measuring(tmp_path, where):
+    """calibrate exits non-zero naming the path and what to do, before it measures anything."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = tmp_path if where == "dir" else blocker / "p.json"
+    res = subprocess.run([sys.executable, "-m", "jax_blink", "calibrate", "--quick", "--cpu-devices", "2",
+                          "--out", str(out)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert f"error: cannot write the profile to {out}" in res.stderr and "--out FILE" in res.stderr, res.stderr
+    assert "calibrating [" not in res.stderr  # nothing was measured
+
+
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_auto_picks_every_recorded_winner_that_was_clear(use_profile, path):
     """The recorded calibration replayed: wherever one side measured at least 10% faster,
