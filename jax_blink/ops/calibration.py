@@ -66,8 +66,10 @@ VARIANTS = ("none", "blink", "lax", "auto")
 FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: Float32 elements of each device's input at which a calibration times the reduce-scatter
-#: and the all-gather (fewer sizes than the allreduce's: a calibration stays within a minute).
-COLLECTIVE_ELEMENTS = (1_000, 100_000, 1_000_000)
+#: and the all-gather (fewer sizes than the allreduce's, so that a full calibration stays
+#: within a minute; an all-gather's output is the devices' count times its input); a quick
+#: calibration times the first and last of each.
+COLLECTIVE_ELEMENTS = {"reduce_scatter": (1_000, 100_000, 1_000_000), "allgather": (1_000, 10_000, 100_000)}
 #: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
 #: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket tied the
 #: best size at 1 and 4 MB, and at 33.6 MB buckets were much faster (bench_bucket_costs: the
@@ -320,7 +322,7 @@ def _measure_processes(processes: int, elements, rounds: int, collectives=()) ->
     from jax_blink.launch import run_local
 
     spec = json.dumps({"allreduce": list(elements), "rounds": rounds,
-                       **{c: list(COLLECTIVE_ELEMENTS) for c in collectives}})
+                       **{c: list(COLLECTIVE_ELEMENTS[c]) for c in collectives}})
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     results = run_local([sys.executable, "-m", "jax_blink.ops.calibration", spec], processes,
                         devices_per_process=1, timeout_s=HOST_TIMEOUT_S, env=env)
@@ -390,7 +392,8 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     tables = {f"1x{jax.device_count()}": rows}
     other_layouts = {f"1x{jax.device_count()}": {}}  # layout -> {collective: rows}
     for k, c in enumerate(others):  # (on GPUs the choice of these reads the simulator and NCCL's model)
-        other_layouts[f"1x{jax.device_count()}"][c] = measure_collective(c, COLLECTIVE_ELEMENTS, rounds)
+        sizes = COLLECTIVE_ELEMENTS[c][::2] if quick else COLLECTIVE_ELEMENTS[c]
+        other_layouts[f"1x{jax.device_count()}"][c] = measure_collective(c, sizes, rounds)
         if bar is not None:
             bar(len(elements) + k + 1, steps, c.replace("_", "-"))
     step_tables = bucket_tables = {}

@@ -312,7 +312,7 @@ def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     assert len(table["spread"]) == len(table["elements"]) and all(v >= 0 for v in table["spread"])
     for c in profiles.COLLECTIVES:  # measured beside the allreduce, and read by their choices
         t = made.collectives[layout][c]
-        assert t["elements"][0] >= calibration.COLLECTIVE_ELEMENTS[0] and len(t["spread"]) == len(t["elements"])
+        assert t["elements"] == list(calibration.COLLECTIVE_ELEMENTS[c][::2]) and len(t["spread"]) == 2
         assert predict_cpu.cpu_collective(c, 4000, 1, jax.device_count()).source.startswith(
             "this machine's")
     assert "quick profile" in predict_cpu.cpu_allreduce(4000).source
@@ -387,7 +387,7 @@ def test_processes_of_one_host_are_measured_in_a_local_job():
     job = calibration._measure_processes(2, (1, 1000), 3, profiles.COLLECTIVES)
     assert [r["count"] for r in job["allreduce"]] == [1, 1000]
     for c in profiles.COLLECTIVES:
-        assert [r["count"] for r in job[c]] == list(calibration.COLLECTIVE_ELEMENTS)
+        assert [r["count"] for r in job[c]] == list(calibration.COLLECTIVE_ELEMENTS[c])
     for rows in job.values():
         assert all(r["wrong"] == 0 and r["blink_added_us"] > 0 and r["lax_added_us"] > 0 and r["spread_us"] >= 0
                    for r in rows)
