@@ -312,7 +312,7 @@ def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     assert len(table["spread"]) == len(table["elements"]) and all(v >= 0 for v in table["spread"])
     for c in profiles.COLLECTIVES:  # measured beside the allreduce, and read by their choices
         t = made.collectives[layout][c]
-        assert t["elements"] == list(calibration.COLLECTIVE_ELEMENTS[c][::2]) and len(t["spread"]) == 2
+        assert t["elements"] == calibration.COLLECTIVE_ELEMENTS[c][::2] and len(t["spread"]) == 2
         assert predict_cpu.cpu_collective(c, 4000, 1, jax.device_count()).source.startswith(
             "this machine's")
     assert "quick profile" in predict_cpu.cpu_allreduce(4000).source
