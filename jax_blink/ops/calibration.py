@@ -415,7 +415,6 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     if wrong:
         raise RuntimeError(f"jax_blink calibrate: the plan gave {wrong} wrong elements; "
                            f"nothing was written (report this: {tables}, {other_layouts})")
-    busy = busy or os.getloadavg()[0] > cores
     made = profiles.Profile(key=machine.machine_key(), tables={k: _table(t) for k, t in tables.items()}, quick=quick,
                             seconds=round(time.monotonic() - start, 2),
                             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
