@@ -54,7 +54,7 @@ from jax_blink.ops.scatter_gather import all_gather, psum_scatter
 from jax_blink.planning import profile as profiles
 
 __all__ = ["VARIANTS", "FULL_ELEMENTS", "QUICK_ELEMENTS", "STEP_MODELS", "BUCKET_CANDIDATES",
-           "COLLECTIVE_ELEMENTS", "paired_spread", "measure_collective", "measure_allreduce", "measure_steps",
+           "COLLECTIVE_ELEMENTS", "GROUPS", "paired_spread", "measure_collective", "measure_allreduce", "measure_steps",
            "calibrate"]
 
 logger = logging.getLogger("jax_blink")
@@ -70,6 +70,10 @@ QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: within a minute; an all-gather's output is the devices' count times its input); a quick
 #: calibration times the first and last of each.
 COLLECTIVE_ELEMENTS = {"reduce_scatter": (1_000, 100_000, 1_000_000), "allgather": (1_000, 10_000, 100_000)}
+#: Besides all of the process's devices, the group sizes over which a calibration times the
+#: reduce-scatter and all-gather (all groups at once): a mesh axis of 2 or 4 devices (tensor
+#: parallel, FSDP on a 2-D mesh) costs lax far less than one over 8 does.
+GROUPS = (2, 4)
 #: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
 #: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket tied the
 #: best size at 1 and 4 MB, and at 33.6 MB buckets were much faster (bench_bucket_costs: the
@@ -99,9 +103,14 @@ def _algo(value: str):
 
 
 def _rounds(elements: int, rounds: int) -> int:
-    """Calls per program at ``elements`` per device: small calls are cheap and noisy (the
-    fixed cost they measure decides the bucket size), large ones slow and steady."""
+    """Calls per program at ``elements`` per device: small calls are cheap (a fraction of a
+    millisecond) and their differences small beside the program's jitter, so they get many
+    rounds (the fixed cost they measure decides the bucket size, and a spread narrow
+    enough to tell tens of microseconds apart decides the choice); large ones are slow and
+    steady."""
     if elements <= 10_000:
+        return 9 * rounds
+    if elements <= 100_000:
         return 3 * rounds
     return rounds if elements <= 1_000_000 else max(5, rounds // 4)
 
@@ -142,29 +151,36 @@ _OPS = {"allreduce": (lambda v, a: psum(v, a), lambda v, a: lax.psum(v, a)),
                       lambda v, a: lax.all_gather(v[0], a, tiled=True)[None])}
 
 
-def _wrong(collective: str, got: np.ndarray, rows, inputs: np.ndarray) -> int:
-    """Elements of the devices' results ``got`` (stacked; the devices of ``rows``) of
-    ``collective`` over the devices' ``inputs`` (stacked) outside the summation-order bound
-    (:func:`jax_blink.numerics.wrong_elements`; an all-gather must equal its inputs)."""
-    n = inputs.shape[0]
-    if collective == "allreduce":
-        return numerics.wrong_elements(got, inputs)
-    if collective == "reduce_scatter":
-        shards = inputs.reshape(n, n, -1)  # [rank, shard, element]
-        return sum(numerics.wrong_elements(g, shards[:, r]) for g, r in zip(got, rows))
-    return numerics.wrong_elements(got, inputs.reshape(1, -1))
+def _wrong(collective: str, got: np.ndarray, rows, inputs: np.ndarray, group: int) -> int:
+    """Elements of the devices' results ``got`` (stacked; those of global rows ``rows``) of
+    ``collective`` over the devices' ``inputs`` (stacked) in groups of ``group`` consecutive
+    rows, outside the summation-order bound (:func:`jax_blink.numerics.wrong_elements`; an
+    all-gather must equal its inputs)."""
+    wrong = 0
+    for g, r in zip(got, rows):
+        members = inputs[r // group * group:(r // group + 1) * group]
+        if collective == "allreduce":
+            wrong += numerics.wrong_elements(g, members)
+        elif collective == "reduce_scatter":
+            wrong += numerics.wrong_elements(g, members.reshape(group, group, -1)[:, r % group])
+        else:
+            wrong += numerics.wrong_elements(g, members.reshape(1, -1))
+    return wrong
 
 
 def measure_collective(collective: str, elements: Sequence[int], rounds: int = 21,
                        variants: Sequence[str] = ("none", "blink", "lax"),
-                       progress: Optional[Callable[[int, int, str], None]] = None) -> list:
+                       progress: Optional[Callable[[int, int, str], None]] = None,
+                       group: Optional[int] = None) -> list:
     """Per size (float32 elements of each device's input), the median time of one call of
     each program in ``variants`` over every device of this process, and what each collective
     adds to ``none`` (``<variant>_added_us``; needs ``"none"``), with ``wrong``: elements of
     the plan's result outside the summation-order bound (:mod:`jax_blink.numerics`) and, with
     ``blink`` and ``lax``, ``spread_us``: how far their paired difference could lie toward
     zero by noise (:func:`paired_spread`). Where that interval holds zero, the size is
-    measured once more and the rounds pooled (in a job of one process). ``collective``: ``"allreduce"``,
+    measured once more and the rounds pooled (in a job of one process). ``group``: the
+    collective over groups of that many devices, all groups at once (as a mesh axis of that
+    size runs it); None: over every device. ``collective``: ``"allreduce"``,
     ``"reduce_scatter"`` (sizes rounded up to a multiple of the devices) or ``"allgather"``.
     ``progress(done, total, what)`` is called after each size."""
     unknown = set(variants) - set(VARIANTS)
@@ -175,11 +191,15 @@ def measure_collective(collective: str, elements: Sequence[int], rounds: int = 2
     n = jax.device_count()
     if n < 2:
         raise ValueError(f"measuring a collective needs at least 2 devices, the job has {n}")
-    mesh = jax.make_mesh((n,), ("x",))
-    sharding = NamedSharding(mesh, P("x"))
+    group = n if group is None else group
+    if not 2 <= group <= n or n % group:
+        raise ValueError(f"group must divide the {n} devices and be at least 2, got {group}")
+    mesh = jax.make_mesh((n // group, group), ("rest", "x"))
+    spec = P(("rest", "x"))  # global row i: group i // group, rank i % group
+    sharding = NamedSharding(mesh, spec)
 
     def shard(fn):
-        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec))
 
     # (the collective's input is a value the program computes, as a gradient is: XLA would
     # copy a parameter before jax_blink's in-place allreduce)
@@ -188,7 +208,7 @@ def measure_collective(collective: str, elements: Sequence[int], rounds: int = 2
               "lax": lambda v: theirs(v * 2, "x"), "auto": lambda v: ours(v * 2, "x")}
     rows = []
     for i, count in enumerate(elements):
-        count = -(-int(count) // n) * n if collective == "reduce_scatter" else int(count)
+        count = -(-int(count) // group) * group if collective == "reduce_scatter" else int(count)
         programs = {k: shard(bodies[k]) for k in variants}
         x = np.random.default_rng(0).standard_normal((n, count)).astype(np.float32)
         # every process holds its own devices' rows (one process: all of them)
@@ -199,7 +219,7 @@ def measure_collective(collective: str, elements: Sequence[int], rounds: int = 2
             if k == "blink":
                 mine = np.stack([np.asarray(s.data).reshape(-1) for s in got.addressable_shards])
                 rows_of = [s.index[0].start or 0 for s in got.addressable_shards]
-                wrong = _wrong(collective, mine, rows_of, 2 * x)
+                wrong = _wrong(collective, mine, rows_of, 2 * x, group)
         times = {k: [] for k in programs}
 
         def measure(calls):
@@ -341,6 +361,12 @@ def _table(rows) -> dict:
                 {"spread": [r["spread_us"] for r in rows]} if all("spread_us" in r for r in rows) else {})
 
 
+def _groups(n: int) -> list:
+    """The group sizes a calibration of ``n`` devices measures: :data:`GROUPS` that divide
+    ``n``, and ``n``."""
+    return sorted({g for g in GROUPS if g < n and n % g == 0} | {n})
+
+
 def _check_writable(target: Path) -> None:
     """OSError naming ``target`` and what to do, where a profile cannot be written there."""
     try:
@@ -386,16 +412,21 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     cpu = jax.devices()[0].platform == "cpu"
     full = not quick and cpu
     others = profiles.COLLECTIVES if cpu else ()
-    steps = len(elements) + len(others) + (2 if full else 0)
+    steps = len(elements) + len(others) * len(_groups(jax.device_count())) + (2 if full else 0)
     rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
                              None if bar is None else lambda done, _, what: bar(done, steps, what))
     tables = {f"1x{jax.device_count()}": rows}
-    other_layouts = {f"1x{jax.device_count()}": {}}  # layout -> {collective: rows}
-    for k, c in enumerate(others):  # (on GPUs the choice of these reads the simulator and NCCL's model)
-        sizes = COLLECTIVE_ELEMENTS[c][::2] if quick else COLLECTIVE_ELEMENTS[c]
-        other_layouts[f"1x{jax.device_count()}"][c] = measure_collective(c, sizes, rounds)
-        if bar is not None:
-            bar(len(elements) + k + 1, steps, c.replace("_", "-"))
+    n = jax.device_count()
+    groups = _groups(n) if others else []
+    other_layouts = {f"1x{g}": {} for g in groups}  # layout -> {collective: rows}
+    done = len(elements)
+    for g in groups:  # (on GPUs the choice of these reads the simulator and NCCL's model)
+        for c in others:
+            sizes = COLLECTIVE_ELEMENTS[c][::2] if quick else COLLECTIVE_ELEMENTS[c]
+            other_layouts[f"1x{g}"][c] = measure_collective(c, sizes, rounds, group=g)
+            done += 1
+            if bar is not None:
+                bar(done, steps, f"{c.replace('_', '-')} over {g} devices")
     step_tables = bucket_tables = {}
     if full:
         try:

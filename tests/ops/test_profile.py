@@ -290,11 +290,24 @@ def test_the_calibrations_checker_rejects_wrong_results(collective):
     right = {"allreduce": np.broadcast_to(total, (n, count)), "reduce_scatter": total.reshape(n, -1),
              "allgather": np.broadcast_to(x.reshape(-1), (n, n * count))}[collective]
     rows = list(range(n))
-    assert calibration._wrong(collective, np.array(right), rows, x) == 0
-    assert calibration._wrong(collective, np.zeros_like(right), rows, x) == right.size
+    assert calibration._wrong(collective, np.array(right), rows, x, n) == 0
+    assert calibration._wrong(collective, np.zeros_like(right), rows, x, n) == right.size
     dropped = x.copy()
     dropped[1] = 0
-    assert calibration._wrong(collective, np.array(right), rows, dropped) > 0
+    assert calibration._wrong(collective, np.array(right), rows, dropped, n) > 0
+    if collective == "allreduce":  # in groups of 2 (rows 0-1, 2-3), the sum over all 4 is wrong
+        assert calibration._wrong(collective, np.array(right), rows, x, 2) > 0
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_a_collective_over_groups_is_measured_and_checked(collective):
+    """Over groups of 2 and 4 of the 8 devices (all groups at once), as an axis of that size
+    of a 2-D mesh runs it: every result right."""
+    for group in (2, 4):
+        rows = calibration.measure_collective(collective, (16, 1000), 2, group=group)
+        assert all(r["wrong"] == 0 and r["blink_added_us"] > 0 for r in rows), rows
+    with pytest.raises(ValueError, match="group must divide the 8 devices"):
+        calibration.measure_collective(collective, (16,), 2, group=3)
 
 
 def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
@@ -310,6 +323,7 @@ def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     table = made.tables[layout]
     assert table["elements"] == calibration.QUICK_ELEMENTS and all(t > 0 for t in table["blink"] + table["lax"])
     assert len(table["spread"]) == len(table["elements"]) and all(v >= 0 for v in table["spread"])
+    assert sorted(made.collectives) == ["1x2", "1x4", layout]  # (the groups' layouts)
     for c in profiles.COLLECTIVES:  # measured beside the allreduce, and read by their choices
         t = made.collectives[layout][c]
         assert t["elements"] == calibration.COLLECTIVE_ELEMENTS[c][::2] and len(t["spread"]) == 2
