@@ -131,10 +131,13 @@ def paired_spread(diffs, confidence: float = 0.95) -> float:
     """
     d = np.sort(np.asarray(diffs, float))
     n = len(d)
-    k, cdf = 0, 0.0  # k: the most order statistics cut from each end
+    # k: the most order statistics cut from each end, P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2
+    # (in whole numbers: 2**n overflows a float beyond a thousand rounds)
+    tail = round((1 - confidence) * 10**6)
+    k, cumulative = 0, 0
     for i in range(n):
-        cdf += math.comb(n, i) / 2.0 ** n
-        if cdf > (1 - confidence) / 2:
+        cumulative += math.comb(n, i)
+        if 2 * 10**6 * cumulative > tail * 2 ** n:
             break
         k = i + 1
     lo, hi = d[max(k - 1, 0)], d[n - max(k, 1)]
