@@ -9,6 +9,9 @@ choose per call between their plan and lax (:mod:`jax_blink.ops.decide`).
 
     python benchmarks/bench_fsdp.py [--layers 9] [--width 256] [--batch 32] [--rounds 41]
         [--json OUT]
+
+Recorded: benchmarks/results/fsdp_*.json (``fsdp_recorded_defaults_*``: with
+JAX_BLINK_PROFILE=defaults, where no measurement of the gathers and scatters exists).
 """
 
 import argparse

@@ -9,7 +9,7 @@ counts as wrong on the same terms.
     python benchmarks/bench_profile_robustness.py [--runs 6] [--truth-rounds 61]
         [--tolerance 0.1] [--json OUT]
 
-Exit status 1 when any choice was wrong.
+Exit status 1 when any choice was wrong. Recorded: benchmarks/results/quick_profiles_*.json.
 """
 
 import argparse

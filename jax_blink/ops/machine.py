@@ -98,7 +98,7 @@ def profile() -> Optional[profiles.Profile]:
             _noted.add(str(path))
             logger.warning("jax_blink: no machine profile at %s; psum chooses from the costs recorded on "
                            "another machine (planning.cost). `python -m jax_blink calibrate` measures this "
-                           "one (about a minute; --quick: 10 s)", path)
+                           "one (one to two minutes; --quick: about 10 s)", path)
     return found
 
 
