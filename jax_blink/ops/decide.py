@@ -179,13 +179,13 @@ def _cpu_choice(collective: str, size_bytes: float, processes: int, devices: int
     """On CPU devices, jax_blink's executor or lax for ``collective`` over ``size_bytes`` of
     input per device, from this machine's measurements
     (:func:`jax_blink.ops.predict_cpu.cpu_collective`; a broadcast reads the allreduce's,
-    since lax's broadcast is a psum). The faster where the two differ by more than their
-    measured spread; else the plan, saying the measurement could not tell. None where nothing
-    was measured for it."""
+    since lax's broadcast is a psum, where this machine measured it). The faster where the two
+    differ by more than their measured spread; else the plan, saying the measurement could not
+    tell. None where nothing was measured for it."""
     measured = "allreduce" if collective == "broadcast" else collective
     p = predict_cpu.cpu_collective(measured, size_bytes, processes, devices)
-    if p is None:
-        return None
+    if p is None or (measured != collective and not p.measured_here):
+        return None  # (the allreduce's recorded costs do not stand in for a broadcast)
     predicted = (("blink", p.blink_s), ("lax", p.lax_s))
     times = f"blink {_us(p.blink_s)}, lax {_us(p.lax_s)}"
     of = "CPU model" + (" across processes" if processes > 1 else "") + (

@@ -48,12 +48,14 @@ def _table(processes: int, devices: Optional[int]):
 class CpuPrediction:
     """What one collective adds to a program, by jax_blink's CPU executor and by lax
     (seconds), and where the numbers come from; ``spread_s``: how far apart the two could
-    be by noise alone where the profile measured that (None: not measured)."""
+    be by noise alone where the profile measured that (None: not measured); ``measured_here``:
+    the numbers are this machine's profile's."""
 
     blink_s: float
     lax_s: float
     source: str
     spread_s: Optional[float] = None
+    measured_here: bool = False  # this machine's profile, not costs recorded elsewhere
 
 
 def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] = None) -> CpuPrediction:
@@ -67,7 +69,7 @@ def cpu_allreduce(size_bytes: float, processes: int = 1, devices: Optional[int] 
     found, layout = _nearest(lambda p: p.tables, processes, devices)
     spread = found.spread_seconds("allreduce", size_bytes, layout) if layout is not None else None
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
-                         cpu_allreduce_seconds("lax", size_bytes, table), source, spread)
+                         cpu_allreduce_seconds("lax", size_bytes, table), source, spread, layout is not None)
 
 
 def cpu_collective(collective: str, size_bytes: float, processes: int = 1,
@@ -84,7 +86,7 @@ def cpu_collective(collective: str, size_bytes: float, processes: int = 1,
     table = found.table(collective, layout)
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
                          cpu_allreduce_seconds("lax", size_bytes, table), found.named(layout),
-                         found.spread_seconds(collective, size_bytes, layout))
+                         found.spread_seconds(collective, size_bytes, layout), True)
 
 
 def tuned_bucket_bytes(nbytes: float, processes: int = 1, devices: Optional[int] = None) -> tuple:
