@@ -256,8 +256,9 @@ class Profile:
     def named(self, layout: str) -> str:
         """How ``explain()`` names this profile's ``layout``: ``this machine's profile (1x8,
         2026-11-28)``."""
-        kind = ("provisional " if self.provisional else "") + ("quick " if self.quick else "")
-        return f"this machine's {kind}profile ({layout}, {self.created[:10] or 'undated'})"
+        kind = "quick " if self.quick else ""
+        busy = ", provisional: measured while the machine was busy" if self.provisional else ""
+        return f"this machine's {kind}profile ({layout}, {self.created[:10] or 'undated'}{busy})"
 
     def allreduce_seconds(self, which: str, size_bytes: float, layout: str) -> float:
         """The measured time of an allreduce of ``size_bytes`` per device by ``which``

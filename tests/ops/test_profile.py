@@ -265,7 +265,8 @@ def test_within_the_measured_spread_the_plan_runs_and_explain_says_why(use_profi
 
 def test_a_provisional_profile_says_so():
     p = profiles.Profile({}, {"1x8": LAX_WINS}, provisional=True, created="2026-11-28T00:00:00+00:00")
-    assert p.named("1x8") == "this machine's provisional profile (1x8, 2026-11-28)"
+    assert p.named("1x8") == ("this machine's profile (1x8, 2026-11-28, provisional: measured while the "
+                              "machine was busy)")
     again = profiles.Profile.from_json(json.dumps(p.to_json()))
     assert again.provisional and again == p
 
