@@ -567,6 +567,7 @@ def test_configure_after_registration_holds_in_a_fresh_process():
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_BLINK_")}
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_BLINK_ALGO"] = "blink"  # the plan, whatever this machine's profile measured
     code = """
 import jax, jax.numpy as jnp, jax_blink
 from jax.sharding import PartitionSpec as P
