@@ -1,7 +1,7 @@
 """Collectives across GPU processes: which path the model takes, Blink's phases or NCCL over all GPUs.
 
 For each configuration (hosts x preset, its network bandwidth per host), collective
-and size, ``jax_blink.ops.across_hosts.across_hosts`` predicts, as psum, psum_scatter and
+and size, ``jax_blink.choice.across_hosts.across_hosts`` predicts, as psum, psum_scatter and
 all_gather do at trace time, Blink's phases (the in-process reduce-scatter and/or
 all-gather tuned for the CUDA executor, with its measured costs, and NCCL across
 hosts by its tuner's model: three phases for the allreduce, two for the others)
@@ -55,7 +55,7 @@ def main() -> int:
     os.environ["JAX_BLINK_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax_blink_across_hosts_")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import cvxpy, networkx, scipy.optimize  # noqa: F401,E401  (imported before the timing)
-    from jax_blink.ops import across_hosts as _hosts
+    from jax_blink.choice import across_hosts as _hosts
 
     rows = []
     for collective in args.collectives:
@@ -85,7 +85,7 @@ def main() -> int:
         {"machine": info, "commit": RUN_COMMIT, "rows": rows}, indent=1) + "\n")
     lines = [f"# Collectives across GPU processes: predicted paths ({info['cpu']}, {info['cores']} cores)", "",
              f"`python benchmarks/bench_across_hosts.py`, commit {RUN_COMMIT}. float32 collectives over "
-             "hosts of 8 GPUs, each a process, as `jax_blink.ops.across_hosts.across_hosts` predicts them "
+             "hosts of 8 GPUs, each a process, as `jax_blink.choice.across_hosts.across_hosts` predicts them "
              "(predictions, not measurements): jax_blink's phases (in-process reduce-scatter, NCCL's "
              "collective across the hosts, in-process all-gather; the reduce-scatter has no all-gather "
              "and the all-gather no reduce-scatter) against NCCL's collective over all GPUs. A size is "

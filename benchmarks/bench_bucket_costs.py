@@ -2,7 +2,7 @@
 
 Issue 45's small MLPs: on 8 CPU devices their steps run slower with jax_blink.psum than
 with lax.psum, although each of their calls alone is faster. Interleaved in one process,
-per MLP, the data-parallel step of :func:`jax_blink.ops.measure.run_steps` with its
+per MLP, the data-parallel step of :func:`jax_blink.measure.timing.run_steps` with its
 gradients:
 
 * ``none``: not summed; ``lax.psum``; ``copy only``: not summed, but copied into one
@@ -46,7 +46,9 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_blink import _ffi, settings
-from jax_blink.ops import buckets, measure, predict_cpu
+from jax_blink.choice import decide
+from jax_blink.measure import timing as measure
+from jax_blink.choice import predict_cpu
 from jax_blink.planning.cost import bucket_bytes as model_bucket_bytes
 from _machine import machine
 
@@ -63,7 +65,7 @@ def copy_only(grads):
 
 
 def copy_step(mesh, depth, width):
-    """:func:`jax_blink.ops.measure.mlp_step`'s step with its gradients through :func:`copy_only`."""
+    """:func:`jax_blink.measure.timing.mlp_step`'s step with its gradients through :func:`copy_only`."""
     axis = mesh.axis_names[0]
     params, loss = measure._mlp(mesh, depth, width)
 
@@ -85,7 +87,7 @@ def configure(yield_us):
                                     hugepage_bytes=cfg.hugepage_bytes, debug=cfg.debug)
 
 
-#: The arms and the :data:`jax_blink.ops.measure.STEP_VARIANTS` they run.
+#: The arms and the :data:`jax_blink.measure.timing.STEP_VARIANTS` they run.
 VARIANT = {"none": "none", "lax.psum": "lax.psum", "one bucket": "jax_blink one bucket", "buckets": "jax_blink"}
 
 
@@ -156,7 +158,7 @@ def main():
     print(f"{'model':>8} {'gradients':>26} {'step ms':>8} {'CPU ms':>8} {'vs lax':>7} {'wrong':>6}")
     for model in args.models:
         depth, width = (int(v) for v in model.split("x"))
-        print(f"# {model}'s default buckets: {buckets.bucket_size(None, 'cpu', 4 * (width + 1) * width * depth)}")
+        print(f"# {model}'s default buckets: {decide.bucket_size(None, 'cpu', 4 * (width + 1) * width * depth)}")
         for row in measure_model(mesh, depth, width, args.rounds, args.yield_us, sizes):
             print(f"{row['model']:>8} {row['arm']:>26} {row['step_ms']:8.2f} {row['cpu_ms']:8.1f} "
                   f"{row['vs_lax']:7.2f} {row['wrong']:6d}", flush=True)

@@ -3,7 +3,7 @@
 On a GPU topology every allreduce call of a new size predicts NCCL (its tuner's model),
 and where a schedule of ours might beat it plans (or loads the plan), tunes the plan's
 lowering for the CUDA executor by simulation and simulates the baselines
-(``jax_blink.ops.decide.decide``, what psum runs at trace time). This times that
+(``jax_blink.choice.decide.decide``, what psum runs at trace time). This times that
 decision for every preset's whole machine and for partial DGX-1 V100 allocations at
 each size: first in a fresh process with an empty cache directory of its own (so
 that every size pays for planning where it plans: the goal, 1 s), then in a second
@@ -41,7 +41,7 @@ TOPOLOGIES = [("dgx1-v100", None), ("dgx1-p100", None), ("dgx-a100", None), ("hg
 _CHILD = """
 import json, sys, time
 from jax_blink import Topology
-from jax_blink.ops import decide
+from jax_blink.choice import decide
 start = time.perf_counter()
 import cvxpy, networkx, scipy.optimize  # what a process's first decision imports; timed apart
 print(json.dumps({"imports_s": time.perf_counter() - start}), flush=True)

@@ -5,7 +5,7 @@ with lax's, interleaved in one process.
 Each of ``--layers`` layers gathers its weight's rows over ``data`` (FSDP) and its
 activations' columns over ``model`` (tensor parallel); the backward pass transposes both
 into reduce-scatters: 4 collectives per layer. With this machine's profile the drop-ins
-choose per call between their plan and lax (:mod:`jax_blink.ops.decide`).
+choose per call between their plan and lax (:mod:`jax_blink.choice.decide`).
 
     python benchmarks/bench_fsdp.py [--layers 9] [--width 256] [--batch 32] [--rounds 41]
         [--json OUT]

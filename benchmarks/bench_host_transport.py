@@ -163,7 +163,7 @@ def child(sizes, reps, step_layers):
                      "wrong": wrong, **{f"{k}_ms": 1e3 * v for k, v in med.items()},
                      "blink_alone_ms": 1e3 * alone})
     if pid == 0:
-        from jax_blink.ops import predict_cpu
+        from jax_blink.choice import predict_cpu
 
         profile = predict_cpu.cpu_allreduce(4, jax.process_count(), jax.local_device_count()).source
         print("RESULT " + json.dumps({"processes": jax.process_count(),

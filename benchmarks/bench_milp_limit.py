@@ -36,7 +36,7 @@ def main() -> int:
     import cvxpy  # noqa: F401  (imported before the timing: not planning time)
 
     from jax_blink import Topology
-    from jax_blink.ops.schedules import tune_simulate_top
+    from jax_blink.choice.requests import tune_simulate_top
     from jax_blink.planning import fewest, planner
     from jax_blink.planning.cost import CUDA_STREAM
     from jax_blink.sim import tune

@@ -48,7 +48,7 @@ def child(sizes, reps, ops):
 
     import jax_blink
     from jax_blink import numerics
-    from jax_blink.ops.hierarchical import prefers_lax
+    from jax_blink.choice.decide import across
 
     nproc, local = jax.process_count(), jax.local_device_count()
     mesh = jax.make_mesh((nproc, local), ("host", "local"))
@@ -99,9 +99,10 @@ def child(sizes, reps, ops):
                     times[k].append(time.perf_counter() - t0)
             med = {k: float(np.median(v)) for k, v in times.items()}
             # what jax_blink ran: the library's own choice for this op and size
-            choice = COLLECTIVE.get(op) and prefers_lax(COLLECTIVE[op], size * 4)
+            choice = across(op, axes, "lax", COLLECTIVE.get(op, "allreduce"), {"float32": size}, nproc,
+                            local).chosen
             rows.append({"op": op, "size": size, "bytes_per_device": size * 4, "reps": n,
-                         "runs": "lax" if choice else "hierarchical",
+                         "runs": "lax" if choice == "lax" else "hierarchical",
                          "blink_ms": 1e3 * med["blink"], "lax_ms": 1e3 * med["lax"],
                          "ratio": med["blink"] / med["lax"], "wrong": wrong})
     if pid == 0:

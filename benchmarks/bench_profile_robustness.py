@@ -31,7 +31,8 @@ settings.set_xla_cpu_threads()
 
 from _machine import machine, machine_tag  # noqa: E402
 
-from jax_blink.ops import calibration, decide, machine as machines  # noqa: E402
+from jax_blink.measure import calibration
+from jax_blink.choice import decide, machine as machines  # noqa: E402
 
 SIZES = {"allreduce": calibration.QUICK_ELEMENTS,
          **{c: sizes[::2] for c, sizes in calibration.COLLECTIVE_ELEMENTS.items()}}  # a quick one's

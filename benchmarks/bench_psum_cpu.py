@@ -2,7 +2,7 @@
 
 For each per-device size (float32 elements) four jitted programs run, interleaved, one
 call at a time with a sync after each (so each time is one call's latency, not a burst's
-throughput), measured by :func:`jax_blink.ops.calibration.measure_allreduce` (the function
+throughput), measured by :func:`jax_blink.measure.calibration.measure_allreduce` (the function
 ``python -m jax_blink calibrate`` measures a machine's profile with):
 
 * ``none``:  ``x * 2``, the program without a collective;
@@ -36,8 +36,8 @@ import numpy as np
 import jax
 
 import jax_blink
-from jax_blink.ops import predict_cpu
-from jax_blink.ops.calibration import measure_allreduce
+from jax_blink.choice import predict_cpu
+from jax_blink.measure.calibration import measure_allreduce
 from _machine import RUN_COMMIT, machine
 
 def device_machine():

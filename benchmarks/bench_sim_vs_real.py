@@ -1,8 +1,8 @@
 """The simulator against real jax_blink.psum runs on 8 virtual CPU devices.
 
 Measures ``jax_blink.psum`` (forced on with ``min_bytes=0``) with
-:func:`jax_blink.ops.measure.run_devices`, simulates the schedule psum runs
-(its decision's own, ``ops.schedules.schedule_for``: the same trees and chunks,
+:func:`jax_blink.measure.timing.run_devices`, simulates the schedule psum runs
+(its decision's own, ``choice.requests.schedule_for``: the same trees and chunks,
 whatever bandwidth the model assumes) and reports the relative error of the
 predicted time:
 
@@ -36,7 +36,7 @@ import sys  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from jax_blink.cli.sizes import format_size, parse_sizes  # noqa: E402
-from jax_blink.ops.measure import run_devices  # noqa: E402
+from jax_blink.measure.timing import run_devices  # noqa: E402
 from jax_blink.sim import SimModel, simulate  # noqa: E402
 from jax_blink.topo import Topology  # noqa: E402
 
@@ -53,7 +53,7 @@ def shm_topology(n, port_gbps):
 def psum_schedule(size, n):
     """The schedule jax_blink.psum runs for ``size`` bytes per device on n CPU devices (the
     decision's own: the same plan, chunks and trees)."""
-    from jax_blink.ops.schedules import PlanRequest, schedule_for
+    from jax_blink.choice.requests import PlanRequest, schedule_for
 
     return schedule_for(PlanRequest(Topology.preset(f"shm:{n}")), size // 4, "float32")[1]
 

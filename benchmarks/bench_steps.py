@@ -46,7 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
 from jax_blink import settings
-from jax_blink.ops.measure import PER_LEAF, STEP_VARIANTS, mlp_step, run_steps
+from jax_blink.measure.timing import PER_LEAF, STEP_VARIANTS, mlp_step, run_steps
 from _machine import RUN_COMMIT, machine, machine_tag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,7 +214,7 @@ def main():
     except OSError as e:
         ap.error(f"--out {args.out}: {e.strerror or e}")
     tag = machine_tag()
-    from jax_blink.ops import predict_cpu
+    from jax_blink.choice import predict_cpu
 
     profile = predict_cpu.cpu_allreduce(4, devices=jax.device_count()).source
     print(f"# jax_blink (auto): psum's choices and buckets from {profile}")

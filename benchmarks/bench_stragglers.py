@@ -62,7 +62,7 @@ LEAF_TOLERANCE = 0.1
 def schedules(count: int, late: int) -> dict:
     """The three lowerings of the shm:8 allreduce of ``count`` float32, and which psum runs."""
     from jax_blink import Topology
-    from jax_blink.ops.schedules import SLOW_TOLERANCE
+    from jax_blink.choice.requests import SLOW_TOLERANCE
     from jax_blink.planning import plan
 
     topology = Topology.preset(f"shm:{N}")

@@ -3,7 +3,7 @@
 psum tunes a plan's lowering for the CUDA executor at trace time by ranking every
 candidate (tree subsets at chunk scales 1/1024 to 64) with the analytic estimate
 ``jax_blink.sim.tuning.estimate_seconds`` and simulating only the best few
-(``jax_blink.ops.schedules.tune_simulate_top``; ``tune(..., simulate_top=...)``). This
+(``jax_blink.choice.requests.tune_simulate_top``; ``tune(..., simulate_top=...)``). This
 compares its choice with ``tune``'s exhaustive search (every subset, doubling and
 halving the chunks by simulation) on every GPU preset and every allocation of 2 to 8
 GPUs of a DGX-1 V100 (247), at each size: the ratio of the predicted times
@@ -36,7 +36,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from jax_blink import Topology, plan
     from jax_blink.cli.sizes import format_size, parse_size
-    from jax_blink.ops.schedules import tune_simulate_top
+    from jax_blink.choice.requests import tune_simulate_top
     from jax_blink.planning.cost import CUDA_STREAM
     from jax_blink.sim import tune
 
@@ -79,7 +79,7 @@ def main() -> int:
     lines = [f"# Trace-time tuning against the exhaustive search ({info['cpu']}, {info['cores']} cores)", "",
              f"Commit {commit}. Predicted time of `tune(simulate_top=N)`'s choice over the exhaustive "
              "search's (CUDA executor costs), and the seconds each search took; N = psum is psum's "
-             "own count at that size (`ops.schedules.tune_simulate_top`). `python benchmarks/bench_tune_estimate.py"
+             "own count at that size (`choice.requests.tune_simulate_top`). `python benchmarks/bench_tune_estimate.py"
              f" --sizes {' '.join(args.sizes)}{extra}` "
              "writes this.", "",
              "| size | N | topologies | worst ratio (where) | ratio > 1.01 | ratio > 1.02 | median exhaustive s "

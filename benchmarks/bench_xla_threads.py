@@ -10,7 +10,7 @@ For each setting (XLA's default, :func:`jax_blink.settings.xla_cpu_threads` for 
 devices, and 64, the value jax_blink recommended before), in a fresh process each,
 the settings alternating ``--repeats`` times:
 
-* **steps**: the data-parallel MLP steps of :func:`jax_blink.ops.measure.run_steps` (no
+* **steps**: the data-parallel MLP steps of :func:`jax_blink.measure.timing.run_steps` (no
   communication, ``lax.psum``, ``jax_blink.psum``), interleaved, median over rounds;
 * **queue**: ``--queue`` jitted steps summing four leaves over the devices (four jax_blink
   collectives, one lax all-reduce) dispatched without blocking, then one block, by ``lax.psum`` and by ``jax_blink.psum`` (in processes of
@@ -54,7 +54,7 @@ def _env(devices: int, threads) -> dict:
 
 
 def _child_steps(rounds: int) -> None:
-    from jax_blink.ops.measure import run_steps
+    from jax_blink.measure.timing import run_steps
 
     rows, _ = run_steps(list(MODELS), rounds=rounds, variants=VARIANTS)
     print("RESULT " + json.dumps([{k: r[k] for k in ("model", "variant", "step_ms", "cpu_ms", "wrong")}

@@ -5,7 +5,7 @@ jax_blink's caches bounded.
 
 Reports resident memory (RSS) at the start, after the calls and after the
 shapes, and the sizes of jax_blink's own caches: the schedule cache
-(``ops.schedules.schedule_for``, an LRU of 256), the process plan cache
+(``choice.requests.schedule_for``, an LRU of 256), the process plan cache
 (``planning.cache``), the recorded decisions (64 at most) and the in-process
 rendezvous (entries, active and pooled slots, tombstones). Each new shape is a
 new trace, lowering and XLA compilation, so part of the memory growth over
@@ -40,8 +40,8 @@ def main(argv=None):
 
     import jax_blink
     from jax_blink import _ffi
-    from jax_blink.ops import decisions as _decisions
-    from jax_blink.ops import schedules as _schedules
+    from jax_blink.choice import log as _decisions
+    from jax_blink.choice import requests as _schedules
     from jax_blink.planning import cache
 
     proc = psutil.Process(os.getpid())

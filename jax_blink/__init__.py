@@ -40,10 +40,10 @@ _EXPORTS = {
     "broadcast": "ops",
     "pvary": "ops",
     "explain": "ops",
-    "calibrate": "ops",
-    "machine_profile": "ops",
-    "stats": "ops",
-    "slow_ranks": "ops",
+    "calibrate": "measure.calibration",
+    "machine_profile": "choice.machine:profile",
+    "stats": "measure.lateness",
+    "slow_ranks": "measure.lateness",
     "has_cuda_support": "_ffi",
 }
 
@@ -54,7 +54,8 @@ def __getattr__(name):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'jax_blink' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"jax_blink.{module}"), name)
+    module, _, attribute = module.partition(":")
+    value = getattr(importlib.import_module(f"jax_blink.{module}"), attribute or name)
     globals()[name] = value
     return value
 

@@ -199,7 +199,7 @@ def one_device_collective(x, device):
     from jax.sharding import PartitionSpec as P
 
     from jax_blink import Topology
-    from jax_blink.ops.schedules import PlanRequest
+    from jax_blink.choice.requests import PlanRequest
     from jax_blink.ops.primitive import bind_collective
 
     mesh = jax.sharding.Mesh(np.asarray([device]), ("x",))

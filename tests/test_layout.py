@@ -1,4 +1,6 @@
-"""The package layout: no import cycles, and the planning packages never import jax or the CLI."""
+"""The package layout: no import cycles, the planning packages never import jax or the CLI,
+the JAX-side packages import one another in one direction only, no package holds more than
+15 modules, and no two modules share a name with different meanings."""
 
 import ast
 import os
@@ -10,7 +12,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "jax_blink")
 PLANNING = ("topo", "planning", "schedule", "sim")
 #: Modules planning must not reach: jax itself, the ops (and measurement) and the extension loader, the CLI.
-FORBIDDEN = ("jax", "jaxlib", "jax_blink.ops", "jax_blink._ffi", "jax_blink.cli", "jax_blink.__main__")
+FORBIDDEN = ("jax", "jaxlib", "jax_blink.ops", "jax_blink.choice", "jax_blink.processes",
+             "jax_blink.measure", "jax_blink._ffi", "jax_blink.cli", "jax_blink.__main__")
+#: The JAX side, lowest first (docs/architecture.md): a package imports only those before it.
+JAX_SIDE = ("processes", "choice", "ops", "measure")
+#: Module names found in more than one package, each with one meaning: the several-hosts
+#: side of that package's layer.
+SHARED_NAMES = {"hosts", "errors", "__init__"}
 
 
 def modules():
@@ -107,3 +115,48 @@ def test_the_public_names_resolve():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["Plan", "True"]
+
+
+def _package(name):
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and name != "jax_blink") else None
+
+
+def test_the_jax_side_imports_in_one_direction():
+    known = modules()
+    wrong = []
+    for name, path in known.items():
+        here = _package(name)
+        if here not in JAX_SIDE:
+            continue
+        for m in imports(name, path, known):
+            there = _package(m) if m in known else None
+            if there in JAX_SIDE and JAX_SIDE.index(there) > JAX_SIDE.index(here):
+                wrong.append(f"{name} imports {m}")
+    assert not wrong, wrong
+
+
+def test_the_jax_side_packages_exist_as_documented():
+    known = modules()
+    for package in JAX_SIDE:
+        assert f"jax_blink.{package}" in known, package
+    arch = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    for package in JAX_SIDE:
+        assert f"{package}/" in arch, f"docs/architecture.md does not show {package}/"
+
+
+def test_no_package_holds_more_than_15_modules_and_names_are_not_reused():
+    known = modules()
+    count, where = {}, {}
+    for name, path in known.items():
+        package = os.path.dirname(path)
+        count[package] = count.get(package, 0) + (not path.endswith("__init__.py"))
+        where.setdefault(os.path.basename(path)[:-3], set()).add(os.path.relpath(package, PACKAGE))
+    crowded = {os.path.relpath(p, PACKAGE): n for p, n in count.items() if n > 15}
+    assert not crowded, crowded
+    reused = {m: sorted(ps) for m, ps in where.items() if len(ps) > 1 and m not in SHARED_NAMES}
+    assert not reused, reused
+    # a module may not share its name with a package either (ops/schedules.py beside schedule/)
+    packages = {os.path.basename(p) for p in count}
+    clashes = sorted(m for m in where if m in packages or m.rstrip("s") in packages or m + "s" in packages)
+    assert not clashes, clashes

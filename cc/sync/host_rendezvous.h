@@ -5,7 +5,7 @@
 // (memfd_create) that is never named in /dev/shm, so nothing is left behind
 // when the job ends, by a crash included. A process maps the arena of each
 // process of its host by opening /proc/<pid>/fd/<fd>, with the (pid, fd)
-// pairs the job exchanged at trace time (jax_blink/ops/host.py); only
+// pairs the job exchanged at trace time (jax_blink/processes/transport.py); only
 // processes of one job know them, so two jobs never meet.
 //
 // The first process of the host (slot 0) keeps the host's slot table at the

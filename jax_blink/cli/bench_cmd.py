@@ -303,7 +303,7 @@ def _devices_main(args):
         raise ValueError(f"--iters must be >= 1, got {args.iters}")
     if args.steps:
         return _steps_main(args)
-    from jax_blink.ops.measure import run_devices  # imports jax
+    from jax_blink.measure.timing import run_devices  # imports jax
 
     rows_by_size, devices = run_devices(args.sizes or parse_sizes("4K:16M:4"), args.dtype, args.iters,
                                         args.min_bytes)
@@ -340,7 +340,7 @@ def _models(text):
 def _steps_main(args):
     if args.batch < 1 or args.rounds < 1:
         raise ValueError(f"--batch and --rounds must be >= 1, got {args.batch} and {args.rounds}")
-    from jax_blink.ops.measure import run_steps  # imports jax
+    from jax_blink.measure.timing import run_steps  # imports jax
 
     rows, devices = run_steps(args.models, args.batch, args.rounds)
     print(f"# data-parallel MLP training steps on {devices}, float32, batch {args.batch} per device, "

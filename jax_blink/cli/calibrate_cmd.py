@@ -53,7 +53,7 @@ def main(args) -> int:
                 raise ValueError("--cpu-devices must be set before jax is imported")
             os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={count}".strip()
         settings.set_xla_cpu_threads()
-        from jax_blink.ops.calibration import calibrate, describe  # imports jax
+        from jax_blink.measure.calibration import calibrate, describe  # imports jax
 
         made, where = calibrate(quick=args.quick, path=args.out, rounds=args.rounds)
     except (ValueError, RuntimeError, OSError) as e:

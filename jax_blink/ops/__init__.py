@@ -1,7 +1,5 @@
 """The JAX side: the ``blink_collective`` primitive and the drop-ins for ``lax`` collectives.
 
-* :mod:`~jax_blink.ops.decide`: what a call does (plan, or the lax equivalent
-  and why); shared by the ops and :func:`explain`.
 * :mod:`~jax_blink.ops.primitive`: the primitive, its rules and its lowering.
 * :mod:`~jax_blink.ops.axes`: axis sizes, typing over the axes, rank and group.
 * :mod:`~jax_blink.ops.collective`: one call over a pytree (dtypes, grouping,
@@ -10,20 +8,12 @@
 * :mod:`~jax_blink.ops.scatter_gather`: ``psum_scatter``, ``all_gather``.
 * :mod:`~jax_blink.ops.broadcast`: ``broadcast``.
 * :mod:`~jax_blink.ops.pvary`: ``pvary`` (its transpose is ``psum``).
-* :mod:`~jax_blink.ops.measure`: the ops against lax on the devices present.
-* :mod:`~jax_blink.ops.machine`, :mod:`~jax_blink.ops.calibration`,
-  :mod:`~jax_blink.ops.predict_cpu`: this machine's profile (``calibrate``,
-  ``machine_profile``), how it is measured, and the CPU predictions read from it.
-* :mod:`~jax_blink.ops.lateness`: which ranks arrive late (``stats``, ``slow_ranks``).
 """
 
 from jax_blink.ops.broadcast import broadcast
-from jax_blink.ops.calibration import calibrate
-from jax_blink.ops.lateness import slow_ranks, stats
-from jax_blink.ops.machine import profile as machine_profile
 from jax_blink.ops.psum import explain, pmax, pmean, pmin, psum
 from jax_blink.ops.pvary import pvary
 from jax_blink.ops.scatter_gather import all_gather, psum_scatter
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather", "broadcast", "pvary",
-           "explain", "calibrate", "machine_profile", "stats", "slow_ranks"]
+           "explain"]

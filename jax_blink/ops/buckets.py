@@ -9,43 +9,14 @@ handler is asynchronous: a waiting collective holds no XLA thread). The
 leaves are taken last first: for ``jax.grad`` of a layered model the
 gradients of the last layers are produced first.
 
-The size is ``bucket_bytes=`` / ``JAX_BLINK_BUCKET_BYTES``, else on CPU
-devices the size this machine's profile measured best in the training steps
-of the model nearest the pytree in bytes
-(:func:`jax_blink.ops.predict_cpu.tuned_bucket_bytes`), else the cost model
-of the executor that will run the buckets
-(:func:`jax_blink.planning.cost.bucket_bytes` over
-:func:`jax_blink.ops.predict_cpu.cpu_allreduce`: this machine's profile's
-isolated calls, else the recorded costs).
+The size is the chooser's (:func:`jax_blink.choice.decide.bucket_size`).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from jax_blink import settings
-from jax_blink.ops import predict_cpu
-from jax_blink.planning.cost import bucket_bytes as _model_bytes
-
-__all__ = ["bucket_size", "split"]
-
-
-def bucket_size(value, platform: str, nbytes: float) -> tuple:
-    """``(bytes or None, why)``: the bucket size of a psum of a pytree of
-    ``nbytes`` per device over ``platform``'s devices; None means one bucket."""
-    chosen = settings.bucket_bytes(value)
-    if chosen is not None:
-        return chosen, "bucket_bytes=" if value is not None else "JAX_BLINK_BUCKET_BYTES"
-    if platform == "cpu":
-        tuned, where = predict_cpu.tuned_bucket_bytes(nbytes)
-        if tuned is not None:
-            return tuned, f"the training steps of {where}"
-        source = predict_cpu.cpu_allreduce(4).source
-        return (_model_bytes(lambda s: predict_cpu.cpu_allreduce(s).blink_s,
-                             fixed_s=predict_cpu.blink_fixed_seconds()), f"the CPU model ({source})")
-    # On GPUs the CUDA executor enqueues on XLA's compute stream, in program order: a bucket
-    # would not overlap the backward pass, only add its per-call cost.
-    return None, "one bucket: the CUDA executor runs in the compute stream's order"
+__all__ = ["split"]
 
 
 def split(nbytes: list, size: Optional[int]) -> list:

@@ -12,7 +12,7 @@ devices for reduce_scatter's input and allgather's output, else 1) and calls
    typing mode), packs each group's blocks into one vector (shard by shard;
    an allreduce's in one process passes them as separate operands instead,
    :mod:`jax_blink.ops.segmented`),
-4. asks :func:`~jax_blink.ops.decide.decide` what each group does and records
+4. asks :func:`~jax_blink.choice.decide.decide` what each group does and records
    it for :func:`jax_blink.explain`, and
 5. binds the primitive (per ``axis_index_groups`` group topology, a
    ``lax.switch`` when the groups' schedules differ) or runs the lax
@@ -31,13 +31,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_blink import settings
-from jax_blink.ops import decide as _decide
-from jax_blink.ops import decisions as _decisions
-from jax_blink.ops import schedules as _schedules
+from jax_blink.choice import decide as _decide
+from jax_blink.choice import log as _decisions
+from jax_blink.choice import requests as _schedules
 from jax_blink.ops import segmented as _segmented
 from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
 from jax_blink.ops.primitive import bind_collective
-from jax_blink.ops.processes import HostLocal, layout
+from jax_blink.processes.layout import HostLocal, layout
 from jax_blink.topo import Topology
 
 __all__ = ["run", "carried_as"]
@@ -95,7 +95,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
     the axes ("sum"; "max" or "min" where jax types such values), None where it
     takes none (:func:`~jax_blink.ops.axes.typed`).
     A call whose groups span processes of one host runs over shared memory
-    (:class:`~jax_blink.ops.processes.HostLocal`); one whose groups span
+    (:class:`~jax_blink.processes.layout.HostLocal`); one whose groups span
     hosts runs its lax equivalent (psum's hierarchical path,
     :mod:`~jax_blink.ops.hierarchical`, calls this per process).
     """

@@ -19,13 +19,11 @@ device's in-process shard holds the blocks of the ranks that share its
 in-process position.
 
 Every process traces the same steps (the layout comes from
-:func:`jax_blink.ops.processes.layout`, which reads no per-process state),
+:func:`jax_blink.processes.layout.layout`, which reads no per-process state),
 so every process lowers the same plans, schedules and op ids.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import numpy as np
 
@@ -34,14 +32,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_blink import settings
-from jax_blink.ops import decide as _decide
-from jax_blink.ops import across_hosts as _hosts
-from jax_blink.ops import decisions as _decisions
+from jax_blink.choice import decide as _decide
+from jax_blink.choice import log as _decisions
 from jax_blink.ops.collective import run
-from jax_blink.ops.processes import HostLocal, Spanning, layout
-from jax_blink.planning.cost import CPU_CROSS_PROCESS_BYTES
+from jax_blink.processes.layout import HostLocal, Spanning, layout
 
-__all__ = ["span_for", "prefers_lax", "path", "allreduce", "reduce_scatter", "all_gather"]
+__all__ = ["span_for", "path", "allreduce", "reduce_scatter", "all_gather"]
 
 # the lax collectives, as imported (not drop-ins a user swapped into jax.lax)
 _LAX = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
@@ -69,50 +65,24 @@ def span_for(axes: tuple, axis_index_groups, leaves, op: str = "sum"):
     return span
 
 
-def prefers_lax(collective: str, nbytes: int) -> Optional[str]:
-    """Why lax's reduce-scatter or all-gather across processes is the faster
-    for ``nbytes`` of input per device, or None: on CPU devices, outside
-    :data:`~jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` (unless
-    ``JAX_BLINK_ALGO=blink``); elsewhere never (on GPUs :func:`path` asks the model
-    of :func:`jax_blink.ops.across_hosts.across_hosts` instead)."""
-    if settings.algo() == "blink" or jax.default_backend() != "cpu":
-        return None
-    low, high = CPU_CROSS_PROCESS_BYTES[collective]
-    if low <= nbytes <= high:
-        return None
-    return (f"{nbytes} B per device across CPU processes: lax measured faster outside "
-            f"{low:g}..{high:g} B (planning.cost.CPU_CROSS_PROCESS_BYTES)")
-
-
 def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op: str = "sum",
-         collective: Optional[str] = None, nbytes: int = 0, topology=None, chunks=None):
+         collective: str = "allreduce", topology=None, chunks=None):
     """Which path a call over ``axes`` takes: None (in-process: :func:`run`), a
-    :class:`Spanning` layout (this module), or why ``lax_text`` (the lax
-    collective) runs it instead, recorded for ``explain()``. On GPUs,
-    :func:`jax_blink.ops.across_hosts.across_hosts` compares the phases of ``collective``
-    (``"reduce_scatter"``, ``"allgather"``; None: an allreduce) over ``leaves`` with NCCL
-    over all the devices (``topology`` and ``chunks``: the op's keywords); on CPUs a
-    reduce-scatter or all-gather asks :func:`prefers_lax` about ``nbytes`` of input per
-    device."""
+    :class:`Spanning` layout (this module's phases), or the recorded decision that
+    ``lax_text`` (the lax collective) runs it instead. Over a spanning layout the chooser decides
+    (:func:`jax_blink.choice.decide.across`, for ``collective`` of ``leaves``; ``topology``
+    and ``chunks``: the op's keywords)."""
     span = span_for(axes, axis_index_groups, leaves, op)
-    if isinstance(span, Spanning) and jax.default_backend() == "gpu" and settings.algo() == "auto":
+    if isinstance(span, Spanning):
         groups = {}
         for leaf in leaves:  # one collective per dtype group, as run() makes them
             dtype = np.dtype(jnp.result_type(leaf)).name
             groups[dtype] = groups.get(dtype, 0) + int(np.size(leaf))
-        collective = collective or "allreduce"
-        lax_faster, why = _hosts.across_hosts(tuple((c, d) for d, c in groups.items()),
-                                               span.nprocesses, span.per_process,
-                                               collective=collective, topology=topology,
-                                               chunks=chunks)
-        if lax_faster:
-            span = why
-        else:
-            _decisions.record(f"{name} over {axes}: {_hosts.phases_name(collective)} across processes "
-                           f"({why})")
-    elif isinstance(span, Spanning) and collective is not None:
-        span = prefers_lax(collective, nbytes) or span
-    if isinstance(span, str):
+        d = _decide.across(name, axes, lax_text, collective, groups, span.nprocesses, span.per_process,
+                           topology=topology, chunks=chunks)
+        if not d.phases:
+            return d.text
+    elif isinstance(span, str):
         _decisions.record(f"{name} over {axes}: {lax_text} ({span})")
     return span
 

@@ -2,9 +2,9 @@
 batching and its lowering to the ``jax_blink_collective`` XLA FFI custom call.
 
 One primitive serves every collective: its ``request``
-(:class:`~jax_blink.ops.schedules.PlanRequest`) says which (allreduce, broadcast,
+(:class:`~jax_blink.choice.requests.PlanRequest`) says which (allreduce, broadcast,
 reduce, reduce_scatter, allgather), with which reduction and root, and on
-which topology; the encoded schedule (:class:`~jax_blink.ops.schedules.EncodedSchedule`)
+which topology; the encoded schedule (:class:`~jax_blink.choice.requests.EncodedSchedule`)
 is what lowering embeds. The operand is always a 1-D vector: the whole
 vector for allreduce, broadcast, reduce and reduce_scatter (its ``n`` shards
 laid out one after another), one shard for allgather. Rank and group are int32
@@ -36,8 +36,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi
-from jax_blink.ops.schedules import schedule_for
-from jax_blink.ops.processes import check_lowered_mesh
+from jax_blink.choice.requests import schedule_for
+from jax_blink.processes.layout import check_lowered_mesh
 from jax_blink.schedule.constants import COLLECTIVE_CODE, REDUCE_OP_CODE
 
 __all__ = ["blink_collective_p", "bind_collective", "MODES", "reduced_type", "result_aval", "next_op_id",
@@ -58,7 +58,7 @@ def bind_collective(flat, rank, group, *, axes, request, timeout_ms, mode, sched
     own call site (``site``): jax would otherwise lower two identical binds
     once and call the result twice, giving two collectives one op id.
     ``transport``: 0, the ranks meet in this process; 1, in the shared memory
-    of this host's processes (:mod:`jax_blink.ops.host`; CPU only).
+    of this host's processes (:mod:`jax_blink.processes.transport`; CPU only).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

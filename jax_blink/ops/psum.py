@@ -11,8 +11,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_blink import settings
-from jax_blink.ops import buckets as _buckets, decide as _decide, hierarchical
-from jax_blink.ops import decisions as _decisions
+from jax_blink.ops import buckets as _buckets, hierarchical
+from jax_blink.choice import decide as _decide
+from jax_blink.choice import log as _decisions
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import carried_as, run
 
@@ -47,7 +48,7 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
     buckets = [list(range(len(leaves)))]
     if op == "sum" and len(leaves) > 1:
         nbytes = [int(np.size(leaf)) * np.dtype(jnp.result_type(leaf)).itemsize for leaf in leaves]
-        size, why = _buckets.bucket_size(bucket_bytes, jax.default_backend(), sum(nbytes))
+        size, why = _decide.bucket_size(bucket_bytes, jax.default_backend(), sum(nbytes))
         buckets = _buckets.split(nbytes, size)
         _decisions.record(f"{name} over {axes}: {len(leaves)} leaves ({sum(nbytes)} B per device) in "
                        f"{len(buckets)} bucket(s), last leaf first ("

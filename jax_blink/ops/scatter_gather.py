@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_blink.ops import decisions as _decisions, hierarchical
+from jax_blink.choice import log as _decisions
+from jax_blink.ops import hierarchical
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import run
 
@@ -26,11 +27,6 @@ def _group_size(axes, axis_index_groups, name):
     n = axis_size(axes, name)
     groups = canonical_groups(axis_index_groups, n, name)
     return len(groups[0]) if groups else n
-
-
-def _nbytes(blocks):
-    """Input bytes per device of a call's blocks."""
-    return sum(int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize for b in blocks)
 
 
 def _dimension(d, ndim, name, what):
@@ -75,7 +71,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
 
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
     span = hierarchical.path("psum_scatter", axes, axis_index_groups, leaves, "lax.psum_scatter",
-                             collective="reduce_scatter", nbytes=_nbytes(blocks))
+                             collective="reduce_scatter")
     if isinstance(span, str):
         out = fallback(blocks, "untyped")
     elif span is not None:
@@ -134,7 +130,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     keywords = dict(topology=topology, min_bytes=min_bytes, timeout_s=timeout_s, chunks=chunks)
     # an invariant gather across processes is left to run(), which gives it to lax
     span = (hierarchical.path("all_gather", axes, axis_index_groups, leaves, "lax.all_gather",
-                              collective="allgather", nbytes=_nbytes(blocks)) if to == "varying" else None)
+                              collective="allgather") if to == "varying" else None)
     if isinstance(span, str):
         out = fallback(blocks, "untyped")
     elif span is not None:

@@ -32,8 +32,8 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_blink import _ffi, settings
 from jax_blink.ops.primitive import bind_collective, lowering_attributes, result_aval
-from jax_blink.ops.processes import check_lowered_mesh
-from jax_blink.ops.schedules import schedule_for
+from jax_blink.processes.layout import check_lowered_mesh
+from jax_blink.choice.requests import schedule_for
 
 __all__ = ["blink_allreduce_segments_p", "bind_segments", "applies"]
 

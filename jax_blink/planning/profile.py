@@ -168,7 +168,7 @@ def _lists(layouts: dict) -> dict:
 class Profile:
     """What one calibration measured on one machine.
 
-    ``key``: the machine's identity (:func:`jax_blink.ops.machine.machine_key`);
+    ``key``: the machine's identity (:func:`jax_blink.choice.machine.machine_key`);
     ``tables``: per layout (``"<processes>x<devices per process>"``), microseconds one
     allreduce adds to a program, by float32 elements per device, for ``blink`` and
     ``lax``; ``quick``: made by ``calibrate --quick`` (fewer sizes and calls);

@@ -53,7 +53,7 @@ def test_every_op_across_processes_follows_a_profile_that_leaves_no_doubt(tmp_pa
     """2 x 1 processes over the host transport, a profile whose every table (the allreduce's,
     the reduce-scatter's and the all-gather's, in one process and in several) measured lax 10x
     faster, or 10x slower: every op runs the faster, and gives lax's result."""
-    from jax_blink.ops import machine
+    from jax_blink.choice import machine
     from jax_blink.planning import profile as profiles
 
     sizes = [1, 1000, 100_000, 1_000_000]

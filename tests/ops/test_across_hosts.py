@@ -1,5 +1,5 @@
 """psum across processes on GPUs: Blink's three phases against NCCL over all the devices,
-by one model (``ops.across_hosts.across_hosts``), and never the path it says is slower."""
+by one model (``choice.across_hosts.across_hosts``), and never the path it says is slower."""
 
 import types
 
@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from jax_blink import Topology, settings
-from jax_blink.ops import decide, hierarchical
-from jax_blink.ops import across_hosts as _hosts
-from jax_blink.ops import decisions as _decisions
-from jax_blink.ops import predict_gpu as _predict_gpu
-from jax_blink.ops import schedules as _schedules
-from jax_blink.ops.processes import Spanning
+from jax_blink.choice import decide
+from jax_blink.ops import hierarchical
+from jax_blink.choice import across_hosts as _hosts
+from jax_blink.choice import log as _decisions
+from jax_blink.choice import predict_gpu as _predict_gpu
+from jax_blink.choice import requests as _schedules
+from jax_blink.processes.layout import Spanning
 from jax_blink.planning.cost import CUDA_STREAM
 from jax_blink.schedule import DTYPES
 from jax_blink.sim import nccl, simulate
@@ -293,10 +294,30 @@ def test_psum_scatter_and_all_gathers_path_on_gpus_follows_the_model(monkeypatch
     for collective, name, count in (("reduce_scatter", "psum_scatter", 32 << 24), ("allgather", "all_gather", 1 << 24)):
         big = [types.SimpleNamespace(shape=(count,), dtype=np.float32, size=count)]
         out = hierarchical.path(name, ("h", "l"), None, big, f"lax.{name}", collective=collective,
-                                nbytes=count * 4, topology="dgx-a100")
-        assert isinstance(out, str) and out.startswith("predicted faster than the two phases")
-        assert _decisions.recent()[-1].startswith(f"{name} over ('h', 'l'): lax.{name} (predicted faster")
+                                topology="dgx-a100")
+        assert isinstance(out, str) and "(predicted faster than the two phases" in out
+        assert _decisions.recent()[-1] == out
+        assert out.startswith(f"{name} over ('h', 'l'): lax.{name} (predicted faster")
         small = [types.SimpleNamespace(shape=(64,), dtype=np.float32, size=64)]
         assert hierarchical.path(name, ("h", "l"), None, small, f"lax.{name}", collective=collective,
-                                 nbytes=256, topology="dgx-a100") is span
+                                 topology="dgx-a100") is span
         assert "two phases across processes (predicted fastest" in _decisions.recent()[-1]
+
+
+@pytest.mark.parametrize("collective, nbytes, chosen", [
+    ("reduce_scatter", 4096, "lax"), ("reduce_scatter", 8 << 20, "phases"),
+    ("allgather", 4096, "phases"), ("allgather", 8 << 20, "lax"), ("allreduce", 4096, "phases")])
+def test_the_chooser_decides_the_phases_across_cpu_hosts(collective, nbytes, chosen, monkeypatch):
+    """On CPU devices spanning hosts, decide.across (the one chooser) picks from the recorded
+    range where the phases won (no profile measures that path), records the decision and
+    names its source; JAX_BLINK_ALGO=blink keeps the phases."""
+    monkeypatch.delenv("JAX_BLINK_ALGO", raising=False)
+    d = decide.across("op", ("h", "l"), "lax.op", collective, {"float32": nbytes // 4}, 2, 4,
+                      platform="cpu")
+    assert d.chosen == chosen and d.phases == (chosen == "phases") and not d.request
+    if collective != "allreduce":
+        assert "CPU_CROSS_PROCESS_BYTES" in d.source
+        assert _decisions.recent()[-1] == d.text
+    monkeypatch.setenv("JAX_BLINK_ALGO", "blink")
+    assert decide.across("op", ("h", "l"), "lax.op", collective, {"float32": nbytes // 4}, 2, 4,
+                         platform="cpu").chosen == "phases"

@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
 from jax_blink import Topology, plan
-from jax_blink.ops import decide as _decide
-from jax_blink.ops import schedules as _schedules
+from jax_blink.choice import decide as _decide
+from jax_blink.choice import requests as _schedules
 
 N = 8
 

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_blink
 from jax_blink import numerics
 from jax_blink.ops import buckets
+from jax_blink.choice import decide
 from jax_blink.planning import cost
 
 N = 8
@@ -53,7 +54,7 @@ def bucket_line():
 
 
 def test_the_default_buckets_come_from_the_cpu_model():
-    size, why = buckets.bucket_size(None, "cpu", 1 << 20)
+    size, why = decide.bucket_size(None, "cpu", 1 << 20)
     assert why.startswith("the CPU model (defaults recorded on a 2-core AMD EPYC")  # tests/conftest.py
     # the fixed cost (the median of the calls up to 1,000 elements: 139.8 us) is at most half of a
     # bucket's time, and not of half as much
@@ -62,8 +63,8 @@ def test_the_default_buckets_come_from_the_cpu_model():
 
 
 def test_on_gpus_the_pytree_is_one_bucket():
-    assert buckets.bucket_size(None, "gpu", 1 << 20) == (None, "one bucket: the CUDA executor runs in the compute stream's order")
-    assert buckets.bucket_size(4096, "gpu", 1 << 20) == (4096, "bucket_bytes=")
+    assert decide.bucket_size(None, "gpu", 1 << 20) == (None, "one bucket: the CUDA executor runs in the compute stream's order")
+    assert decide.bucket_size(4096, "gpu", 1 << 20) == (4096, "bucket_bytes=")
 
 
 def test_default_buckets_sum_as_lax_one_call_per_bucket():
@@ -72,7 +73,7 @@ def test_default_buckets_sum_as_lax_one_call_per_bucket():
     tree = layered(sizes)
     out, calls = summed(lambda t: jax_blink.psum(t, "d"), tree)
     assert_sums(out, tree)
-    size, _ = buckets.bucket_size(None, "cpu", 4 * sum(sizes))
+    size, _ = decide.bucket_size(None, "cpu", 4 * sum(sizes))
     expected = buckets.split([4 * s for s in sizes], size)
     assert calls == len(expected)
     assert re.search(rf"5 leaves \(\d+ B per device\) in {len(expected)} bucket\(s\), last leaf first "

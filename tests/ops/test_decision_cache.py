@@ -7,9 +7,9 @@ import json
 import pytest
 
 from jax_blink import Topology
-from jax_blink.ops import decide as _decide
-from jax_blink.ops import predict_gpu as _predict_gpu
-from jax_blink.ops import schedules as _schedules
+from jax_blink.choice import decide as _decide
+from jax_blink.choice import predict_gpu as _predict_gpu
+from jax_blink.choice import requests as _schedules
 from jax_blink.planning import cache as plan_cache
 
 #: a partial DGX-1 V100 where the tuned plan beats NCCL's model at 64 MB, and one where
@@ -83,7 +83,7 @@ def test_an_entry_for_other_sources_or_a_corrupt_one_is_recomputed(cache_dir, mo
     assert json.loads(entry.read_text())["value"] == data["value"]
 
 
-@pytest.mark.parametrize("name", ["schedules.py", "predict_gpu.py", "nccl.py", "cost.py", "simulator.py",
+@pytest.mark.parametrize("name", ["requests.py", "predict_gpu.py", "nccl.py", "cost.py", "simulator.py",
                                   "settings.py"])
 def test_the_key_changes_with_the_decision_rules_and_the_model(name, monkeypatch):
     from pathlib import Path
@@ -100,7 +100,7 @@ def test_the_key_changes_with_the_decision_rules_and_the_model(name, monkeypatch
     try:
         after = digests()
         assert after != before
-        assert (after[1] != before[1]) == (name in ("schedules.py", "predict_gpu.py"))
+        assert (after[1] != before[1]) == (name in ("requests.py", "predict_gpu.py"))
     finally:
         monkeypatch.undo()
         digests()

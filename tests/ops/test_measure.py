@@ -7,7 +7,7 @@ import pytest
 import jax.numpy as jnp
 from jax import lax
 
-from jax_blink.ops import measure
+from jax_blink.measure import timing as measure
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "complex64"])

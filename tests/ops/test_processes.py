@@ -1,11 +1,11 @@
-"""The process layout of a call (jax_blink.ops.processes.layout_of): which
+"""The process layout of a call (jax_blink.processes.layout.layout_of): which
 calls stay inside a process, which the hierarchical path serves, and why the
 others go to lax. Pure: the owner of each mesh position is given."""
 
 import numpy as np
 import pytest
 
-from jax_blink.ops.processes import Spanning, layout_of
+from jax_blink.processes.layout import Spanning, layout_of
 
 # 2 processes x 4 devices, as jax.make_mesh((2, 4), ("host", "local")) lays them out
 OWN = np.repeat(np.arange(2), 4).reshape(2, 4)

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
-from jax_blink.ops import buckets, calibration, decide, machine, predict_cpu, predict_gpu
+from jax_blink.measure import calibration
+from jax_blink.choice import decide, machine, predict_cpu, predict_gpu
 from jax_blink.planning import profile as profiles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +146,7 @@ def test_the_bucket_size_follows_the_profile(use_profile):
         use_profile({"1x8": {"elements": sizes, "blink": [fixed_us + 4e-3 * s for s in sizes],
                              "lax": [1e6] * 4}})
         p = machine.profile()
-        size, why = buckets.bucket_size(None, "cpu", 1 << 20)
+        size, why = decide.bucket_size(None, "cpu", 1 << 20)
         t = lambda b: p.allreduce_seconds("blink", b, "1x8")  # noqa: E731
         assert t(size) >= 2 * t(4) and (size == 4096 or t(size // 2) < 2 * t(4)), size
         assert "profile" in why
@@ -167,11 +168,11 @@ def test_the_bucket_size_is_the_one_measured_best_in_training_steps(use_profile,
     use_profile({"1x8": BLINK_WINS}, bucket_tables={"1x8": {"bytes": [1_000_000, 16_000_000], "bucket_bytes": sizes,
                                                             "vs_lax": [small, large]}})
     for nbytes, expected in zip((2_000_000, 50_000_000), best):
-        size, why = buckets.bucket_size(None, "cpu", nbytes)
+        size, why = decide.bucket_size(None, "cpu", nbytes)
         assert size == expected and why.startswith("the training steps of this machine's profile (1x8")
-    assert buckets.bucket_size(4096, "cpu", 1e8) == (4096, "bucket_bytes=")  # the caller's size still rules
+    assert decide.bucket_size(4096, "cpu", 1e8) == (4096, "bucket_bytes=")  # the caller's size still rules
     use_profile({"1x8": BLINK_WINS})  # no step buckets measured: the isolated calls' model
-    assert buckets.bucket_size(None, "cpu", 1e6)[1].startswith("the CPU model (this machine's profile")
+    assert decide.bucket_size(None, "cpu", 1e6)[1].startswith("the CPU model (this machine's profile")
 
 
 def test_the_tuned_bucket_size_reaches_psum(use_profile, monkeypatch):

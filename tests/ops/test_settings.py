@@ -52,7 +52,7 @@ def test_cuda_executor_from_the_environment(monkeypatch, value):
 
 
 def test_explain_names_the_cuda_executor_on_gpus(monkeypatch):
-    from jax_blink.ops.decide import decide
+    from jax_blink.choice.decide import decide
 
     monkeypatch.setenv("JAX_BLINK_ALGO", "blink")
     for value in ("stream", "device"):
@@ -231,7 +231,7 @@ def test_path_settings_are_read_bounded_and_errors_name_the_variable(monkeypatch
     import numpy as np
 
     import jax_blink
-    from jax_blink.ops import schedules as _schedules
+    from jax_blink.choice import requests as _schedules
 
     _schedules.schedule_for.cache_clear()
     path, message = _paths(tmp_path)[kind]

@@ -11,8 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_blink
 from jax_blink import Topology
-from jax_blink.ops import decide as _decide
-from jax_blink.ops import schedules as _schedules
+from jax_blink.choice import decide as _decide
+from jax_blink.choice import requests as _schedules
 from jax_blink.settings import ALGOS
 from jax_blink.topo.presets import preset_names
 

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from jax_blink import Topology, plan
-from jax_blink.ops.schedules import tune_simulate_top
+from jax_blink.choice.requests import tune_simulate_top
 from jax_blink.planning.cost import CUDA_STREAM
 from jax_blink.sim import simulate, tune
 from jax_blink.sim.tuning import estimate_seconds, transfer_floor_s

@@ -1,13 +1,13 @@
 """The CPU predictions psum's choices read: one interface over two sources of numbers.
 
-* this machine's profile (:mod:`jax_blink.ops.machine`, measured by ``python -m
+* this machine's profile (:mod:`jax_blink.choice.machine`, measured by ``python -m
   jax_blink calibrate``), where there is one for the layout of the call;
 * else the costs recorded on a 2-core AMD EPYC VM (:mod:`jax_blink.planning.cost`).
 
 :func:`cpu_allreduce` and :func:`cpu_collective` give both executors' times, the
 measured spread between them and the source, which ``explain()`` repeats. psum's ``auto`` choice on CPU devices and the bucket size use it;
 GPU predictions (a GPU machine's profile, else the simulator with the CUDA executor's
-costs and NCCL's model) are :mod:`jax_blink.ops.predict_gpu`'s.
+costs and NCCL's model) are :mod:`jax_blink.choice.predict_gpu`'s.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from jax_blink.ops import machine
+from jax_blink.choice import machine
 from jax_blink.planning import profile as profiles
-from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_HOST_ALLREDUCE_US, cpu_allreduce_seconds,
-                                     fixed_seconds)
+from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_CROSS_PROCESS_BYTES, CPU_HOST_ALLREDUCE_US,
+                                     cpu_allreduce_seconds, fixed_seconds)
 
-__all__ = ["CpuPrediction", "cpu_allreduce", "cpu_collective", "blink_fixed_seconds", "tuned_bucket_bytes"]
+__all__ = ["CpuPrediction", "cpu_allreduce", "cpu_collective", "cpu_spanning", "blink_fixed_seconds",
+           "tuned_bucket_bytes"]
 
 
 def _nearest(layouts, processes: int, devices: Optional[int]):
@@ -87,6 +88,19 @@ def cpu_collective(collective: str, size_bytes: float, processes: int = 1,
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
                          cpu_allreduce_seconds("lax", size_bytes, table), found.named(layout),
                          found.spread_seconds(collective, size_bytes, layout), True)
+
+
+def cpu_spanning(collective: str, size_bytes: float) -> tuple:
+    """``(lax_faster, source)`` for a reduce-scatter or all-gather of ``size_bytes`` of input
+    per device over CPU devices that span hosts: Blink's phases (in-host Blink, lax across)
+    against lax over all the devices. No profile measures that path (one machine has one
+    host), so this is the range of sizes where the phases won on a 2-core AMD EPYC
+    (:data:`~jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES`); the allreduce's phases won
+    at every size there and are not asked about."""
+    low, high = CPU_CROSS_PROCESS_BYTES[collective]
+    return (not low <= size_bytes <= high,
+            f"the phases won between {low:g} and {high:g} B per device on a 2-core AMD EPYC "
+            "(planning.cost.CPU_CROSS_PROCESS_BYTES; no profile measures CPU hosts)")
 
 
 def tuned_bucket_bytes(nbytes: float, processes: int = 1, devices: Optional[int] = None) -> tuple:

@@ -4,7 +4,7 @@ plan on the CUDA executor and lax (NCCL) as measured there (:func:`measured_allr
 otherwise a schedule's transfer simulated (:func:`jax_blink.sim.simulate`) with the CUDA
 executor's costs (:data:`jax_blink.planning.cost.CUDA_STREAM`), and NCCL running the lax
 equivalent by its tuner's model (:mod:`jax_blink.sim.nccl`), kept on disk beside the plan
-cache, keyed by everything they depend on (:func:`jax_blink.ops.schedules.gpu_key`), so
+cache, keyed by everything they depend on (:func:`jax_blink.choice.requests.gpu_key`), so
 that a later process decides without planning, tuning or simulating.
 """
 
@@ -16,8 +16,8 @@ import logging
 
 from jax_blink import settings
 from jax_blink._gcpause import gc_paused
-from jax_blink.ops import machine
-from jax_blink.ops.schedules import (baseline, gpu_key, schedule_for, topology_for, tuned,
+from jax_blink.choice import machine
+from jax_blink.choice.requests import (baseline, gpu_key, schedule_for, topology_for, tuned,
                                      tuned_schedule)
 from jax_blink.planning import plan
 from jax_blink.planning.cache import load_keyed, store_keyed

@@ -4,7 +4,7 @@ lowering tuned by simulation for the CUDA executor, a baseline our executor runs
 or schedule file), encoded for the custom call (:class:`EncodedSchedule`), cached in memory
 and, for tuned GPU schedules, on disk beside the plan cache.
 
-:mod:`jax_blink.ops.decide` chooses among them; lowering plans nothing.
+:mod:`jax_blink.choice.decide` chooses among them; lowering plans nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import jax
 
 from jax_blink import _ffi
 from jax_blink._jsonio import parse_json, read_text_file
-from jax_blink.ops.decisions import record
+from jax_blink.choice.log import record
 from jax_blink.planning import CUDA_LAUNCH_SECONDS, Plan, plan
 from jax_blink.planning.cache import files_digest, load_keyed, source_digest, store_keyed
 from jax_blink.planning.cost import CUDA_STREAM
@@ -354,10 +354,10 @@ def tuned_on_gpu(request, platform):
 @functools.lru_cache(maxsize=1)
 def rules_digest() -> str:
     """:func:`planning.cache.files_digest` of the modules that compute what is kept on disk
-    about GPU requests (this one and :mod:`jax_blink.ops.predict_gpu`): with
+    about GPU requests (this one and :mod:`jax_blink.choice.predict_gpu`): with
     :func:`planning.cache.source_digest`, what a kept schedule or prediction depends on
     besides its request."""
     here = Path(__file__).resolve().parent
-    return files_digest([here / "schedules.py", here / "predict_gpu.py"])
+    return files_digest([here / "requests.py", here / "predict_gpu.py"])
 
 

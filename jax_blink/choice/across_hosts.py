@@ -2,7 +2,7 @@
 all-gather on Blink's trees, NCCL's collective of each GPU's shard across the processes:
 :mod:`jax_blink.ops.hierarchical`) or NCCL over all the call's GPUs is predicted faster,
 on GPUs, by NCCL's tuner model and the CUDA executor's predictions
-(:mod:`jax_blink.ops.predict_gpu`).
+(:mod:`jax_blink.choice.predict_gpu`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 
 from jax_blink import settings
-from jax_blink.ops import predict_gpu
-from jax_blink.ops.schedules import PlanRequest, launch_s, topology_for, tuned_on_gpu
+from jax_blink.choice import predict_gpu
+from jax_blink.choice.requests import PlanRequest, launch_s, topology_for, tuned_on_gpu
 from jax_blink.schedule import DTYPES
 from jax_blink.sim import nccl as nccl_model
 from jax_blink.topo.presets import gpu_of

@@ -16,7 +16,7 @@ process). The layout is computed from public, process-independent facts
 * ``None``: one process owns every group's devices (a single-process job, or a
   process-local axis): the in-process path;
 * a :class:`HostLocal` layout: each group's devices live in several processes
-  of one host whose shared memory transport is ready (:mod:`jax_blink.ops.host`):
+  of one host whose shared memory transport is ready (:mod:`jax_blink.processes.transport`):
   the same path, its ranks meeting in shared memory;
 * a :class:`Spanning` layout the hierarchical path serves (Blink's
   multi-server protocol: reduce-scatter inside each process, an allreduce of
@@ -150,7 +150,7 @@ def _host_spanning(names, sizes, axes, groups) -> Optional[Spanning]:
     """The hierarchical layout with hosts as its units, when the call's devices span hosts
     and every host's processes share memory: its in-host phases then run over the host
     transport (:class:`HostLocal`). None where that does not apply."""
-    from jax_blink.ops.host import hosts
+    from jax_blink.processes.transport import hosts
 
     devices = _mesh_devices(sizes)
     found = hosts()
@@ -165,7 +165,7 @@ def _host_spanning(names, sizes, axes, groups) -> Optional[Spanning]:
 def _host_local(names, sizes, axes, groups) -> Optional[HostLocal]:
     """A :class:`HostLocal` layout when every group's processes share one host
     whose transport is ready, else None."""
-    from jax_blink.ops.host import hosts
+    from jax_blink.processes.transport import hosts
 
     devices = _mesh_devices(sizes)
     if devices is None:

@@ -3,7 +3,7 @@ by lax, and keep it as the machine's profile (``python -m jax_blink calibrate``)
 
 :func:`measure_collective` times an allreduce, a reduce-scatter or an all-gather; per size it
 also records the spread of the paired differences (:func:`paired_spread`), which the choices
-respect (:func:`jax_blink.ops.decide.decide`: within the spread the plan runs).
+respect (:func:`jax_blink.choice.decide.decide`: within the spread the plan runs).
 
 :func:`measure_allreduce` times, per size, jitted programs one call at a time with a sync
 after each, interleaved (so each time is one call's latency): ``none`` (``x * 2``, the
@@ -11,12 +11,12 @@ program without a collective), ``blink`` (``jax_blink.psum`` forced onto the pla
 (``lax.psum``) and, for benchmarks, ``auto`` (``jax_blink.psum`` as users call it). What a
 collective adds to a program is the median, over the rounds, of its call's time minus the
 collective-free call's next to it (paired, so that the machine's drift cancels): the quantity
-psum's choice and the bucket size compare (:mod:`jax_blink.ops.predict_cpu`). ``benchmarks/bench_psum_cpu.py``
+psum's choice and the bucket size compare (:mod:`jax_blink.choice.predict_cpu`). ``benchmarks/bench_psum_cpu.py``
 measures with the same function.
 
 :func:`calibrate` measures the devices of this process (one layout, ``1xN``: the allreduce,
 and on CPU devices the reduce-scatter and all-gather at :data:`COLLECTIVE_ELEMENTS`) and writes the
-profile (:mod:`jax_blink.planning.profile`, keyed by :func:`jax_blink.ops.machine.machine_key`)
+profile (:mod:`jax_blink.planning.profile`, keyed by :func:`jax_blink.choice.machine.machine_key`)
 atomically into the cache directory. A full calibration measures 7 sizes (1 to 1e7 float32
 per device, 50-100 s on 8 CPU devices of a 2-core VM, training steps included); ``quick``
 4 sizes with fewer calls (about 8 s). A full calibration also times the training steps of
@@ -47,8 +47,9 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_blink import numerics, settings
-from jax_blink.ops import buckets as _buckets, machine
-from jax_blink.ops.measure import bucketed, run_steps
+from jax_blink.ops import buckets as _buckets
+from jax_blink.choice import machine
+from jax_blink.measure.timing import bucketed, run_steps
 from jax_blink.ops.psum import psum
 from jax_blink.ops.scatter_gather import all_gather, psum_scatter
 from jax_blink.planning import profile as profiles
@@ -277,7 +278,7 @@ def _step_rounds(nbytes: int, rounds: int) -> int:
 def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
                   candidates: Sequence[int] = BUCKET_CANDIDATES) -> tuple:
     """What summing the gradient pytree of each MLP of ``models`` (``(depth, width)``) adds to
-    its jitted data-parallel training step (:func:`jax_blink.ops.measure.run_steps`, the
+    its jitted data-parallel training step (:func:`jax_blink.measure.timing.run_steps`, the
     variants interleaved), by ``lax.psum`` and by ``jax_blink.psum`` on the plan in buckets of
     each size of ``candidates`` (bytes per device; sizes that bucket a model's leaves alike
     are timed once), in microseconds.
@@ -347,7 +348,7 @@ def _measure_processes(processes: int, elements, rounds: int, collectives=()) ->
     spec = json.dumps({"allreduce": list(elements), "rounds": rounds,
                        **{c: list(COLLECTIVE_ELEMENTS[c]) for c in collectives}})
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    results = run_local([sys.executable, "-m", "jax_blink.ops.calibration", spec], processes,
+    results = run_local([sys.executable, "-m", "jax_blink.measure.calibration", spec], processes,
                         devices_per_process=1, timeout_s=HOST_TIMEOUT_S, env=env)
     line = next((ln for ln in results[0].stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None or not all(r.ok for r in results):
@@ -389,7 +390,7 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     the host transport is a CPU executor's, and on GPUs a pytree is one bucket), and writes
     their profile; returns ``(profile, path)``. On GPUs the plan runs tuned for the CUDA
     executor and lax is NCCL: psum's GPU choice then reads them
-    (:func:`jax_blink.ops.predict_gpu.measured_allreduce`).
+    (:func:`jax_blink.choice.predict_gpu.measured_allreduce`).
 
     ``path``: where to write it (default: this machine's place in the cache directory,
     where psum looks); ``rounds``: calls per program and size (default 21, quick 7).

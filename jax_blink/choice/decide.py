@@ -4,14 +4,14 @@ its lax equivalent and why.
 One decision function, :func:`decide`, serves every op (at trace time) and
 :func:`jax_blink.explain`, so the two cannot disagree. It reads its numbers from one
 interface per platform, each source in its own module: on CPU devices
-:mod:`jax_blink.ops.predict_cpu` (this machine's profile, else the recorded costs of
-:mod:`jax_blink.planning.cost`), on GPUs :mod:`jax_blink.ops.predict_gpu` (this machine's
+:mod:`jax_blink.choice.predict_cpu` (this machine's profile, else the recorded costs of
+:mod:`jax_blink.planning.cost`), on GPUs :mod:`jax_blink.choice.predict_gpu` (this machine's
 profile where it measured the call's devices, else the simulator with the CUDA executor's
 costs and NCCL's tuner model). What runs is
-:mod:`jax_blink.ops.schedules`' (the plan inputs travel with the primitive as a hashable
-:class:`~jax_blink.ops.schedules.PlanRequest`, the encoded schedule as an
-:class:`~jax_blink.ops.schedules.EncodedSchedule`, so lowering reads no module-global state
-and plans nothing); the choice across hosts is :mod:`jax_blink.ops.across_hosts`'.
+:mod:`jax_blink.choice.requests`' (the plan inputs travel with the primitive as a hashable
+:class:`~jax_blink.choice.requests.PlanRequest`, the encoded schedule as an
+:class:`~jax_blink.choice.requests.EncodedSchedule`, so lowering reads no module-global state
+and plans nothing); the choice across hosts is :mod:`jax_blink.choice.across_hosts`'.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ import numpy as np
 import jax
 
 from jax_blink import _ffi, settings
-from jax_blink.ops import predict_cpu, predict_gpu
-from jax_blink.ops.schedules import (PlanRequest, EncodedSchedule, describe, launch_s, schedule_for,
+from jax_blink.choice import across_hosts as _across_hosts, log, predict_cpu, predict_gpu
+from jax_blink.choice.requests import (PlanRequest, EncodedSchedule, describe, launch_s, schedule_for,
                                      topology_for, tuned_on_gpu, tuned_schedule)
 from jax_blink.planning import MAX_RANKS
-from jax_blink.planning.cost import CUDA_STREAM
+from jax_blink.planning.cost import CUDA_STREAM, bucket_bytes as _model_bytes
 from jax_blink.schedule import DTYPES, ScheduleError
 from jax_blink.topo import TopologyError
 
-__all__ = ["Decision", "decide", "environment_reason", "lax_equivalent", "SUPPORTED_DTYPES"]
+__all__ = ["Decision", "decide", "across", "bucket_size", "environment_reason", "lax_equivalent", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = tuple(DTYPES)
 
@@ -50,10 +50,19 @@ class Decision:
     source: str = ""
     predicted: tuple = ()
     undecided: bool = False
+    phases: bool = False                      # Blink's phases across processes (:func:`across`)
 
     @property
     def uses_blink(self) -> bool:
-        return self.request is not None
+        return self.request is not None or self.phases
+
+    @property
+    def chosen(self) -> str:
+        """The candidate that runs: ``"lax"``, ``"phases"`` (across processes), or the
+        planned algorithm (``"blink"``, ``"blink-tuned"``, ``"ring"``, ...)."""
+        if self.phases:
+            return "phases"
+        return self.request.algo if self.request is not None else "lax"
 
 
 def environment_reason(axes) -> Optional[str]:
@@ -162,6 +171,39 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
     return _with_executor(_choose(request, count, dtype, platform, what, fallback, processes), platform)
 
 
+def across(name: str, axes: tuple, lax_text: str, collective: str, groups: dict, processes: int,
+           per_process: int, *, platform: Optional[str] = None, topology=None, chunks=None) -> Decision:
+    """The decision for a call whose devices span hosts: Blink's phases across processes
+    (:mod:`jax_blink.ops.hierarchical`; ``chosen == "phases"``) or ``lax_text``, lax's
+    collective over all the devices. ``groups``: ``{dtype: elements of each device's input}``
+    (one collective each); ``processes`` units of ``per_process`` devices. With
+    ``JAX_BLINK_ALGO=auto``, on GPUs :func:`jax_blink.choice.across_hosts.across_hosts`
+    predicts both sides; on CPU devices a reduce-scatter or all-gather asks
+    :func:`jax_blink.choice.predict_cpu.cpu_spanning`; otherwise the phases run. A
+    decision made from a prediction is recorded for ``explain()``."""
+    platform = platform or jax.default_backend()
+    head = f"{name} over {axes}"
+    if settings.algo() != "auto":
+        return Decision(f"{head}: {_across_hosts.phases_name(collective)} across processes "
+                        f"(JAX_BLINK_ALGO={settings.algo()})", phases=True)
+    if platform in ("cuda", "gpu"):
+        lax_faster, why = _across_hosts.across_hosts(tuple((c, d) for d, c in groups.items()), processes,
+                                                     per_process, collective=collective,
+                                                     topology=topology, chunks=chunks)
+        source = "NCCL's tuner model and the CUDA executor's simulated phases"
+    elif collective in _SHARDED:
+        nbytes = sum(c * np.dtype(d).itemsize for d, c in groups.items())
+        lax_faster, source = predict_cpu.cpu_spanning(collective, nbytes)
+        why = f"{'lax' if lax_faster else 'the phases'} predicted faster at {nbytes} B per device: {source}"
+    else:
+        return Decision(f"{head}: three phases across processes", phases=True)
+    d = (Decision(f"{head}: {lax_text} ({why})", source=source) if lax_faster else
+         Decision(f"{head}: {_across_hosts.phases_name(collective)} across processes ({why})",
+                  source=source, phases=True))
+    log.record(d.text)
+    return d
+
+
 @dataclasses.dataclass(frozen=True)
 class _CpuChoice:
     lax: bool
@@ -178,7 +220,7 @@ def _us(seconds: float) -> str:
 def _cpu_choice(collective: str, size_bytes: float, processes: int, devices: int) -> Optional[_CpuChoice]:
     """On CPU devices, jax_blink's executor or lax for ``collective`` over ``size_bytes`` of
     input per device, from this machine's measurements
-    (:func:`jax_blink.ops.predict_cpu.cpu_collective`; a broadcast reads the allreduce's,
+    (:func:`jax_blink.choice.predict_cpu.cpu_collective`; a broadcast reads the allreduce's,
     since lax's broadcast is a psum, where this machine measured it). The faster where the two
     differ by more than their measured spread; else the plan, saying the measurement could not
     tell. None where nothing was measured for it."""
@@ -199,6 +241,29 @@ def _cpu_choice(collective: str, size_bytes: float, processes: int, devices: int
                       p.source, predicted, False)
 
 
+def bucket_size(value, platform: str, nbytes: float) -> tuple:
+    """``(bytes or None, why)``: the bucket size of a psum of a pytree of ``nbytes`` per
+    device over ``platform``'s devices (:mod:`jax_blink.ops.buckets`); None means one
+    bucket. ``bucket_bytes=`` / ``JAX_BLINK_BUCKET_BYTES``, else on CPU devices the size this
+    machine's profile measured best in the training steps of the model nearest the pytree
+    in bytes (:func:`jax_blink.choice.predict_cpu.tuned_bucket_bytes`), else the cost model
+    of the executor that will run the buckets (:func:`jax_blink.planning.cost.bucket_bytes`
+    over :func:`jax_blink.choice.predict_cpu.cpu_allreduce`)."""
+    chosen = settings.bucket_bytes(value)
+    if chosen is not None:
+        return chosen, "bucket_bytes=" if value is not None else "JAX_BLINK_BUCKET_BYTES"
+    if platform == "cpu":
+        tuned, where = predict_cpu.tuned_bucket_bytes(nbytes)
+        if tuned is not None:
+            return tuned, f"the training steps of {where}"
+        source = predict_cpu.cpu_allreduce(4).source
+        return (_model_bytes(lambda s: predict_cpu.cpu_allreduce(s).blink_s,
+                             fixed_s=predict_cpu.blink_fixed_seconds()), f"the CPU model ({source})")
+    # On GPUs the CUDA executor enqueues on XLA's compute stream, in program order: a bucket
+    # would not overlap the backward pass, only add its per-call cost.
+    return None, "one bucket: the CUDA executor runs in the compute stream's order"
+
+
 def _with_executor(d: Decision, platform) -> Decision:
     """On GPUs, a decision that runs jax_blink's custom call names the CUDA executor that
     runs it (``JAX_BLINK_CUDA_EXECUTOR``: the stream executor, or the device executor)."""
@@ -217,7 +282,7 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
     else (``auto``) the fastest predicted one. On GPUs, where this machine's
     profile measured the call's devices on their detected topology, the
     measured times of the tuned plan and of lax (NCCL) decide
-    (:func:`jax_blink.ops.predict_gpu.measured_allreduce`); otherwise the simulator predicts
+    (:func:`jax_blink.choice.predict_gpu.measured_allreduce`); otherwise the simulator predicts
     the transfers of the tuned plan and of the baselines our executor runs
     (ring, tree, chain), to which the CUDA executor's costs are added
     (``planning.cost.CUDA_STREAM``: per call, and per step of the busiest
@@ -226,7 +291,7 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
     topology names no GPU, NCCL's ring and tree simulated. A baseline that
     the topology's links or the size cannot carry (two ranks with no link or
     switch path between them) is listed as n/a and not chosen. On CPU
-    devices the CPU model (:func:`jax_blink.ops.predict_cpu.cpu_allreduce`: this
+    devices the CPU model (:func:`jax_blink.choice.predict_cpu.cpu_allreduce`: this
     machine's profile, else the recorded costs) predicts the plan and lax: in
     one process, or across processes of one host (the host transport against
     lax over gloo)."""
@@ -289,7 +354,7 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
 def _choose_tuned(request, count, dtype, what, fallback):
     """A reduce-scatter, all-gather or broadcast on GPUs: the plan's lowering tuned for the
     CUDA executor, unless NCCL running the lax equivalent is predicted faster
-    (:func:`jax_blink.ops.predict_gpu.other`; with ``JAX_BLINK_ALGO=auto``, otherwise the plan). Below the
+    (:func:`jax_blink.choice.predict_gpu.other`; with ``JAX_BLINK_ALGO=auto``, otherwise the plan). Below the
     executor's per-call cost NCCL wins without planning."""
     if settings.algo() != "auto":
         text, encoded, _ = tuned_schedule(request, count, dtype)
