@@ -32,8 +32,8 @@ from jax import lax
 
 from jax_blink import settings
 from jax_blink.choice import decide as _decide
-from jax_blink.choice import log as _decisions
-from jax_blink.choice import requests as _schedules
+from jax_blink.choice import log
+from jax_blink.choice import requests
 from jax_blink.ops import segmented as _segmented
 from jax_blink.ops.axes import axis_size, canonical_groups, rank_and_group, typed
 from jax_blink.ops.primitive import bind_collective
@@ -127,7 +127,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         if isinstance(span, HostLocal):
             transport, processes = 1, span.nprocesses  # the ranks meet in shared memory
             if topology is None and span.ranks_process is not None:
-                topology = _schedules.topology_for(None, nranks_axis, span.ranks_process)
+                topology = requests.topology_for(None, nranks_axis, span.ranks_process)
             host_note = (" (one schedule over the shared memory of this host's processes: "
                          f"{span.describe()})")
         elif span is not None:
@@ -135,7 +135,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
                       f"the devices span processes ({span.describe()}); the hierarchical path "
                       "serves psum, pmean, pmax, pmin, psum_scatter and all_gather")
     if reason is not None:
-        _decisions.record(f"{name} over {axes}: {_decide.lax_equivalent(collective, op)} ({reason})")
+        log.record(f"{name} over {axes}: {_decide.lax_equivalent(collective, op)} ({reason})")
         results = _lax(fallback, parts, "untyped", groups, name, collective, op, reason)
         return _restore(results, restores)
 
@@ -178,7 +178,7 @@ def run(blocks: list, axes: tuple, *, name: str, collective: str, op: str = "sum
         if segmented:
             note += f" ({len(idx)} leaves as separate operands of one call)"
         for text in dict.fromkeys(d.text for d in decisions):
-            _decisions.record(f"{name} over {axes}{_groups_text(groups)}: {text}{note}{host_note}")
+            log.record(f"{name} over {axes}{_groups_text(groups)}: {text}{note}{host_note}")
         if not all(d.uses_blink for d in decisions):
             why = next(d.text for d in decisions if not d.uses_blink)
             for i, r in zip(idx, _lax(fallback, [parts[i] for i in idx], mode, groups, name,
@@ -236,10 +236,10 @@ def _group_topologies(topology, nranks_axis, groups):
     if isinstance(topology, str):
         topology = Topology.preset(topology)
     if topology is None:
-        topology = _schedules.topology_for(None, nranks_axis)
+        topology = requests.topology_for(None, nranks_axis)
     if len({len(g) for g in groups}) == 1 and topology.n == len(groups[0]):
         return [topology] * len(groups)
-    _schedules.topology_for(topology, nranks_axis)  # checks the rank count
+    requests.topology_for(topology, nranks_axis)  # checks the rank count
     return [topology.subset(list(g), name=f"{topology.name}{list(g)}") for g in groups]
 
 

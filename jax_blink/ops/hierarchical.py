@@ -33,7 +33,7 @@ from jax import lax
 
 from jax_blink import settings
 from jax_blink.choice import decide as _decide
-from jax_blink.choice import log as _decisions
+from jax_blink.choice import log
 from jax_blink.ops.collective import run
 from jax_blink.processes.layout import HostLocal, Spanning, layout
 
@@ -83,7 +83,7 @@ def path(name: str, axes: tuple, axis_index_groups, leaves, lax_text: str, *, op
         if not d.phases:
             return d.text
     elif isinstance(span, str):
-        _decisions.record(f"{name} over {axes}: {lax_text} ({span})")
+        log.record(f"{name} over {axes}: {lax_text} ({span})")
     return span
 
 
@@ -98,7 +98,7 @@ def allreduce(blocks: list, axes: tuple, span: Spanning, *, name: str, op: str,
     groups = span.groups
     cross = (f"lax.p{op}{_where(span)}" if span.groups is None else
              f"lax.psum_scatter + lax.all_gather{_where(span)}")
-    _decisions.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
+    log.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"{cross})")
     # each shard splits again across processes in the one-axis layout
     multiple = k * (hosts if groups is not None else 1)
@@ -163,7 +163,7 @@ def reduce_scatter(blocks: list, axes: tuple, span: Spanning, *, name: str, **ke
     local = span.local_axes if span.local_axes is not None else axes
     cross = span.cross_axes if span.cross_axes is not None else axes
     cross_groups = span.cross_groups
-    _decisions.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
+    log.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"lax.psum_scatter{_where(span)})")
     shape, perm = _rank_order(axes, span)
     # row j of the in-process input: the blocks of the ranks at position j
@@ -185,7 +185,7 @@ def all_gather(blocks: list, axes: tuple, span: Spanning, *, name: str, **keywor
     device, row r from rank r (see the module docstring)."""
     local = span.local_axes if span.local_axes is not None else axes
     cross = span.cross_axes if span.cross_axes is not None else axes
-    _decisions.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
+    log.record(f"{name} over {axes}: hierarchical ({span.describe()}; across {span.units} "
                    f"lax.all_gather{_where(span)})")
     across = [_LAX_ALL_GATHER(b[0], cross, axis_index_groups=span.cross_groups, tiled=True)
               .reshape(1, -1) for b in blocks]

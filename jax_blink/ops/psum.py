@@ -13,7 +13,7 @@ from jax import lax
 from jax_blink import settings
 from jax_blink.ops import buckets as _buckets, hierarchical
 from jax_blink.choice import decide as _decide
-from jax_blink.choice import log as _decisions
+from jax_blink.choice import log
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import carried_as, run
 
@@ -40,7 +40,7 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
         arrays = [jnp.asarray(leaf) for leaf in leaves]
         if op != "sum":
             return treedef.unflatten(arrays)
-        _decisions.record(f"psum over {axes}: constants, multiplied by {size} as lax.psum does")
+        log.record(f"psum over {axes}: constants, multiplied by {size} as lax.psum does")
         return treedef.unflatten([(a.astype(np.int32) if a.dtype == np.bool_ else a) * size
                                   for a in arrays])
 
@@ -50,7 +50,7 @@ def _allreduce(x, axis_name, op, *, axis_index_groups, topology, min_bytes, time
         nbytes = [int(np.size(leaf)) * np.dtype(jnp.result_type(leaf)).itemsize for leaf in leaves]
         size, why = _decide.bucket_size(bucket_bytes, jax.default_backend(), sum(nbytes))
         buckets = _buckets.split(nbytes, size)
-        _decisions.record(f"{name} over {axes}: {len(leaves)} leaves ({sum(nbytes)} B per device) in "
+        log.record(f"{name} over {axes}: {len(leaves)} leaves ({sum(nbytes)} B per device) in "
                        f"{len(buckets)} bucket(s), last leaf first ("
                        + (f"bucket_bytes {size} from {why})" if size is not None else f"{why})"))
     elif bucket_bytes is not None:
@@ -78,7 +78,7 @@ def _reduce(leaves, axes, op, axis_index_groups, keywords, slow_ranks=None):
         return _LAX_REDUCE[op](leaves, axes, axis_index_groups=axis_index_groups)
     if span is not None:
         if slow_ranks is not None:
-            _decisions.record(f"{name} over {axes}: slow_ranks ignored: the devices span processes, whose "
+            log.record(f"{name} over {axes}: slow_ranks ignored: the devices span processes, whose "
                               "in-process phases are a reduce-scatter and an all-gather (no tree leaves)")
         out = hierarchical.allreduce(blocks, axes, span, name=name, op=op, **keywords)
     else:
@@ -233,7 +233,7 @@ def explain(x=None, axis_size=None, *, op="psum", root=0, topology=None, min_byt
     call) as it happens.
     """
     if x is None:
-        return "\n".join(_decisions.recent()) or "no jax_blink collective has been traced yet"
+        return "\n".join(log.recent()) or "no jax_blink collective has been traced yet"
     if axis_size is None:
         raise TypeError("explain(x, axis_size): give the number of devices reduced over")
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):

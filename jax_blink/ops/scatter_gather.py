@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_blink.choice import log as _decisions
+from jax_blink.choice import log
 from jax_blink.ops import hierarchical
 from jax_blink.ops.axes import axes_tuple, axis_size, canonical_groups
 from jax_blink.ops.collective import run
@@ -105,7 +105,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
         # lax's: a typed replicated result, or its errors for an unknown `to`
         # and for grouped invariant gathers
         axis_size(axes, "all_gather")
-        _decisions.record(f"all_gather over {axes}: lax.all_gather (to={to!r}: jax_blink gathers "
+        log.record(f"all_gather over {axes}: lax.all_gather (to={to!r}: jax_blink gathers "
                        "to='varying' and to='invarying' without groups)")
         return _LAX_ALL_GATHER(x, axis_name, axis_index_groups=axis_index_groups, axis=axis,
                               tiled=tiled, to=to)

@@ -26,6 +26,8 @@ t = _ffi.load_testing()
 print(json.dumps(list(t.host_arena())), flush=True)
 job = json.loads(sys.stdin.readline())
 t.host_attach(job["slot"], [tuple(p) for p in job["processes"]])
+print("attached", flush=True)
+sys.stdin.readline()  # every process has opened every arena: none may exit before
 out = {}
 def run(rank):
     try:
@@ -70,6 +72,12 @@ def exchange(layout, blobs, timeout_ms=5000, wait_s=30, nranks=None, steps=0, ac
                                       "nranks": nranks, "timeout_ms": timeout_ms, "steps": steps,
                                       "acc": {str(r): b for r, b in (acc or {}).items()},
                                       "blobs": {str(r): blobs[r].hex() for r in ranks}}) + "\n")
+            p.stdin.flush()
+        for p in procs:  # nobody may exit (closing its arena) before all have opened them
+            if p.stdout.readline().strip() != "attached":
+                raise AssertionError(p.communicate(timeout=wait_s)[1])
+        for p in procs:
+            p.stdin.write("go\n")
             p.stdin.flush()
         results = {}
         for p in procs:
