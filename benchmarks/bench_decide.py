@@ -44,6 +44,8 @@ from jax_blink import Topology
 from jax_blink.choice import decide
 start = time.perf_counter()
 import cvxpy, networkx, scipy.optimize  # what a process's first decision imports; timed apart
+import jax
+jax.devices()  # psum decides while tracing, its backend up: so does this (the machine's key reads it)
 print(json.dumps({"imports_s": time.perf_counter() - start}), flush=True)
 preset, gpus = sys.argv[1], json.loads(sys.argv[2])
 topology = Topology.preset(preset) if gpus is None else Topology.preset(preset).subset(gpus)
@@ -90,7 +92,8 @@ def main() -> int:
              "process with an empty plan cache of its own (planning included where the decision plans), "
              "and again with the cache the first process left; "
              "the choice (jax_blink's schedule or lax.psum, NCCL) as psum makes it. The libraries a "
-             "process's first decision imports (cvxpy, networkx, scipy) are imported before the timing: "
+             "process's first decision imports (cvxpy, networkx, scipy) are imported, and jax's backend started "
+             "(psum decides while tracing), before the timing: "
              f"{sorted(imports)[len(imports) // 2]:.2f} s (median), once per process.", "",
              "| topology | size | empty cache (s) | warm cache (s) | runs |", "|---|---|---|---|---|"]
     by = {}

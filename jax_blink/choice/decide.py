@@ -1,8 +1,10 @@
 """What a collective call does: the planned collective (plan and schedule), or
 its lax equivalent and why.
 
-One decision function, :func:`decide`, serves every op (at trace time) and
-:func:`jax_blink.explain`, so the two cannot disagree. It reads its numbers from one
+One chooser serves every op (at trace time) and :func:`jax_blink.explain`, so the two
+cannot disagree: :func:`decide` for a call's dtype group (in one process or over the
+processes of one host), :func:`across` for a call whose devices span hosts, and
+:func:`bucket_size` for how a pytree's leaves are bucketed. It reads its numbers from one
 interface per platform, each source in its own module: on CPU devices
 :mod:`jax_blink.choice.predict_cpu` (this machine's profile, else the recorded costs of
 :mod:`jax_blink.planning.cost`), on GPUs :mod:`jax_blink.choice.predict_gpu` (this machine's
@@ -153,21 +155,13 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
         request = tuned_on_gpu(request, platform)
         if request.algo == "blink-tuned":
             return _with_executor(_choose_tuned(request, count, dtype, what, fallback), platform)
-        chosen = None
-        if platform == "cpu":
-            if settings.algo() == "lax":
-                return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
-            if settings.algo() == "auto":
-                input_bytes = nbytes // nranks if collective == "allgather" else nbytes
-                chosen = _cpu_choice(collective, input_bytes, processes, nranks // max(processes, 1))
-                if chosen is not None and chosen.lax:
-                    return Decision(f"{what}: {fallback} ({chosen.why})", source=chosen.source,
-                                    predicted=chosen.predicted, undecided=chosen.undecided)
+        if platform == "cpu" and settings.algo() == "lax":
+            return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
+        if platform == "cpu" and settings.algo() == "auto":
+            input_bytes = nbytes // nranks if collective == "allgather" else nbytes
+            return _cpu_decision(request, count, dtype, what, fallback, processes, input_bytes)
         p, schedule, encoded = schedule_for(request, count, dtype)
-        if chosen is None:
-            return _with_executor(Decision(f"{what}: {describe(p, schedule)}", request, encoded), platform)
-        return Decision(f"{what}: {describe(p, schedule)} ({chosen.why})", request, encoded, source=chosen.source,
-                        predicted=chosen.predicted, undecided=chosen.undecided)
+        return _with_executor(Decision(f"{what}: {describe(p, schedule)}", request, encoded), platform)
     return _with_executor(_choose(request, count, dtype, platform, what, fallback, processes), platform)
 
 
@@ -204,41 +198,39 @@ def across(name: str, axes: tuple, lax_text: str, collective: str, groups: dict,
     return d
 
 
-@dataclasses.dataclass(frozen=True)
-class _CpuChoice:
-    lax: bool
-    why: str
-    source: str
-    predicted: tuple
-    undecided: bool
-
-
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.4g} us"
 
 
-def _cpu_choice(collective: str, size_bytes: float, processes: int, devices: int) -> Optional[_CpuChoice]:
-    """On CPU devices, jax_blink's executor or lax for ``collective`` over ``size_bytes`` of
-    input per device, from this machine's measurements
-    (:func:`jax_blink.choice.predict_cpu.cpu_collective`; a broadcast reads the allreduce's,
-    since lax's broadcast is a psum, where this machine measured it). The faster where the two
-    differ by more than their measured spread; else the plan, saying the measurement could not
-    tell. None where nothing was measured for it."""
+def _cpu_decision(request, count, dtype, what, fallback, processes, size_bytes) -> Decision:
+    """On CPU devices with ``JAX_BLINK_ALGO=auto``: jax_blink's executor or lax for the
+    request's collective over ``size_bytes`` of input per device, from this machine's
+    measurements (:func:`jax_blink.choice.predict_cpu.cpu_collective`; a broadcast reads the
+    allreduce's, since lax's broadcast is a psum, where this machine measured it). The faster
+    where the two differ by more than their measured spread; else the plan, saying the
+    measurement could not tell; the plan, with no prediction, where nothing was measured."""
+    collective = request.collective
     measured = "allreduce" if collective == "broadcast" else collective
-    p = predict_cpu.cpu_collective(measured, size_bytes, processes, devices)
+    p = predict_cpu.cpu_collective(measured, size_bytes, processes, request.topology.n // max(processes, 1))
     if p is None or (measured != collective and not p.measured_here):
-        return None  # (the allreduce's recorded costs do not stand in for a broadcast)
-    predicted = (("blink", p.blink_s), ("lax", p.lax_s))
+        # (the allreduce's recorded costs do not stand in for a broadcast)
+        plan, schedule, encoded = schedule_for(request, count, dtype)
+        return Decision(f"{what}: {describe(plan, schedule)}", request, encoded)
+    fields = dict(source=p.source, predicted=(("blink", p.blink_s), ("lax", p.lax_s)))
     times = f"blink {_us(p.blink_s)}, lax {_us(p.lax_s)}"
     of = "CPU model" + (" across processes" if processes > 1 else "") + (
         " of the allreduce" if measured != collective else "")
     if p.spread_s is not None and abs(p.blink_s - p.lax_s) <= p.spread_s:
-        why = (f"the measurement could not tell: {of} from {p.source}: {times}, apart by no more than "
-               f"their measured spread {_us(p.spread_s)}; the plan by default")
-        return _CpuChoice(False, why, p.source, predicted, True)
-    spread = f" (spread {_us(p.spread_s)})" if p.spread_s is not None else ""
-    return _CpuChoice(p.lax_s < p.blink_s, f"predicted fastest; {of} from {p.source}: {times}{spread}",
-                      p.source, predicted, False)
+        lax, why = False, (f"the measurement could not tell: {of} from {p.source}: {times}, apart by no more "
+                           f"than their measured spread {_us(p.spread_s)}; the plan by default")
+        fields["undecided"] = True
+    else:
+        spread = f" (spread {_us(p.spread_s)})" if p.spread_s is not None else ""
+        lax, why = p.lax_s < p.blink_s, f"predicted fastest; {of} from {p.source}: {times}{spread}"
+    if lax:
+        return Decision(f"{what}: {fallback} ({why})", **fields)
+    plan, schedule, encoded = schedule_for(request, count, dtype)
+    return Decision(f"{what}: {describe(plan, schedule)} ({why})", request, encoded, **fields)
 
 
 def bucket_size(value, platform: str, nbytes: float) -> tuple:
@@ -307,15 +299,8 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
         return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
     gpu = platform in ("cuda", "gpu")
     if forced == "auto" and not gpu:
-        chosen = _cpu_choice("allreduce", count * DTYPES[dtype][1], processes,
-                             request.topology.n // max(processes, 1))
-        if chosen.lax:
-            return Decision(f"{what}: {fallback} ({chosen.why})", source=chosen.source,
-                            predicted=chosen.predicted, undecided=chosen.undecided)
-        request = dataclasses.replace(request, algo="blink")
-        p, schedule, encoded = schedule_for(request, count, dtype)
-        return Decision(f"{what}: {describe(p, schedule)} ({chosen.why})", request, encoded,
-                        source=chosen.source, predicted=chosen.predicted, undecided=chosen.undecided)
+        return _cpu_decision(dataclasses.replace(request, algo="blink"), count, dtype, what, fallback,
+                             processes, count * DTYPES[dtype][1])
     if forced == "auto":
         candidates = ("blink-tuned", "ring", "tree", "chain")
         predicted, how, bounds = _predicted(request, count, dtype, candidates, processes)
@@ -362,19 +347,16 @@ def _choose_tuned(request, count, dtype, what, fallback):
                         request, encoded)
     theirs, how, ours = predict_gpu.other(request, count, dtype)
 
-    def unit(seconds):
-        return f"{seconds * 1e6:.4g} us"
-
     if ours is None and theirs is not None:
-        return Decision(f"{what}: {fallback} (predicted faster: {how} {unit(theirs)}; no schedule on the "
-                        f"CUDA executor takes less than its call, {unit(CUDA_STREAM.call_s)})")
+        return Decision(f"{what}: {fallback} (predicted faster: {how} {_us(theirs)}; no schedule on the "
+                        f"CUDA executor takes less than its call, {_us(CUDA_STREAM.call_s)})")
     if theirs is not None and theirs <= ours:
-        return Decision(f"{what}: {fallback} (predicted faster: {how} {unit(theirs)}, the tuned plan "
-                        f"{unit(ours)} with the CUDA executor's costs)")
+        return Decision(f"{what}: {fallback} (predicted faster: {how} {_us(theirs)}, the tuned plan "
+                        f"{_us(ours)} with the CUDA executor's costs)")
     text, encoded, _ = tuned_schedule(request, count, dtype)
-    against = (f"; lax = {how} {unit(theirs)}" if theirs is not None
+    against = (f"; lax = {how} {_us(theirs)}" if theirs is not None
                else f"; no NCCL model for {request.topology.name}")
-    return Decision(f"{what}: {text} (tuned for the CUDA executor: {unit(ours)}{against})", request, encoded)
+    return Decision(f"{what}: {text} (tuned for the CUDA executor: {_us(ours)}{against})", request, encoded)
 
 
 def _predicted(request, count, dtype, candidates, processes=1):
