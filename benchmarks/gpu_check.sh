@@ -82,7 +82,7 @@ cuda_tests=(tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py tests/ex
 # pytest run: log name, then pytest arguments; fails the check when pytest does.
 run_tests() {
   local log="$out/$1.log"; shift
-  timeout "$(limit "${TEST_TIMEOUT:-240}")" python3 -m pytest -q -p no:cacheprovider -rfEs "$@" > "$log" 2>&1
+  timeout "$(limit "${TEST_TIMEOUT:-240}")" python3 -m pytest -q -p no:cacheprovider -rfEs -n 0 "$@" > "$log" 2>&1
   local rc=$?
   grep -E "^(FAILED|ERROR)|passed|failed" "$log" | tail -20
   if [ "$rc" != 0 ]; then

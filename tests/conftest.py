@@ -30,3 +30,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu,cuda" if _nvidia_gpu_for_jax() else 
 # from a machine profile `python -m jax_blink calibrate` may have left on this machine
 # (tests/ops/test_profile.py points JAX_BLINK_PROFILE at profiles of its own).
 os.environ["JAX_BLINK_PROFILE"] = "defaults"
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (the default, pyproject.toml): a worker per core, at most 4. Each worker
+    runs 8 CPU devices and the multi-process tests start 2-4 processes of their own, so
+    more workers than cores only queue (and stretch the tests' time limits)."""
+    return max(1, min(os.cpu_count() or 1, 4))
