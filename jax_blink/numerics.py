@@ -110,9 +110,12 @@ def wrong_elements(result, parts, dtype=None, accumulate=None) -> int:
                    for f in (np.real, np.imag))
     # In column blocks: the float64 temporaries of a large sum then stay in the cache (a
     # calibration checks 8 devices' sums of 1e7 elements).
+    shape = np.broadcast_shapes(result.shape, parts.shape[1:])
     columns = int(np.prod(parts.shape[1:], dtype=np.int64))
+    if columns == 0 or 0 in shape:
+        return 0
     flat = parts.reshape(parts.shape[0], columns)
-    got = np.broadcast_to(result, np.broadcast_shapes(result.shape, parts.shape[1:])).reshape(-1, columns)
+    got = np.broadcast_to(result, shape).reshape(-1, columns)
     wrong = 0
     for j in range(0, columns, _BLOCK):
         wrong += _wrong_floats(got[:, j:j + _BLOCK], flat[:, j:j + _BLOCK], dtype, accumulate)

@@ -137,3 +137,18 @@ def test_the_ops_tests_helpers_reject_wrong_sums(dtype):
             psum_tests.assert_close_to_lax(result, reference, x, dtype)
         with pytest.raises(AssertionError):
             scatter_tests.assert_sum_close(result, reference, magnitude, dtype)
+
+
+def test_the_checker_counts_across_its_column_blocks_and_takes_empty_values():
+    """wrong_elements checks large values in column blocks: a wrong element in the last
+    block, or on one of several stacked ranks, still counts; empty values have none."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 3, numerics._BLOCK + 5)).astype(np.float32)
+    total = x.sum(axis=0, dtype=np.float64).astype(np.float32)
+    stacked = np.stack([total, total])
+    assert numerics.wrong_elements(total, x) == 0 and numerics.wrong_elements(stacked, x) == 0
+    stacked[1, 2, -1] += 1.0  # the last column of the last block, on the second rank
+    assert numerics.wrong_elements(stacked, x) == 1
+    assert numerics.wrong_elements(np.zeros_like(total), x) == total.size
+    assert numerics.wrong_elements(np.zeros((0,), np.float32), np.zeros((3, 0), np.float32)) == 0
+    assert numerics.wrong_elements(np.zeros((2, 0), np.float32), np.zeros((3, 0), np.float32)) == 0

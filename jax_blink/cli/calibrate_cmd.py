@@ -5,7 +5,7 @@ use instead of the costs recorded on another machine.
 
 Run it once per machine type, before training, with the devices the jobs will have
 (``--cpu-devices N`` for N virtual CPU devices; default 8 where XLA_FLAGS sets no count).
-A full calibration measures 7 sizes and training steps (50-100 s on 8 CPU devices of a
+A full calibration measures 7 sizes and training steps (50-90 s on 8 CPU devices of a
 2-core VM), ``--quick`` 4 sizes (about 10 s). The profile goes to the cache directory
 (``JAX_BLINK_CACHE_DIR``), keyed by this machine, jax's version and the extension's build,
 or to ``--out``; ``JAX_BLINK_PROFILE=FILE`` makes psum use such a file elsewhere.

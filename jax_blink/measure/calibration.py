@@ -18,7 +18,7 @@ measures with the same function.
 and on CPU devices the reduce-scatter and all-gather at :data:`COLLECTIVE_ELEMENTS`) and writes the
 profile (:mod:`jax_blink.planning.profile`, keyed by :func:`jax_blink.choice.machine.machine_key`)
 atomically into the cache directory. A full calibration measures 7 sizes (1 to 1e7 float32
-per device, 50-100 s on 8 CPU devices of a 2-core VM, training steps included); ``quick``
+per device, 50-90 s on 8 CPU devices of a 2-core VM, training steps included); ``quick``
 4 sizes with fewer calls (about 8 s). A full calibration also times the training steps of
 :data:`STEP_MODELS` (:func:`measure_steps`): what summing their gradient pytrees adds to a
 step, by lax and by jax_blink in buckets of each size of :data:`BUCKET_CANDIDATES`, the
