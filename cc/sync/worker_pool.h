@@ -4,7 +4,7 @@
 // A rank of a collective waits for its peers, and its peers may be queued
 // behind other collectives on other devices, in whatever order XLA runs
 // independent custom calls. A bounded pool of blocking tasks can therefore
-// deadlock (XLA's own intra-op pool did: issue 28). This pool never queues a
+// deadlock, as XLA's own intra-op pool does under such tasks. This pool never queues a
 // task behind a running one: a task goes to an idle thread, or to a new
 // thread when none is idle, so every rank that was handed in runs, and the
 // ranks of one collective always meet. Idle threads are kept for reuse

@@ -11,14 +11,13 @@
 // event on that stream is what peers wait for before they read the input.
 // So the harness writes each rank's input and poisons its output ON THAT
 // RANK'S CALLER STREAM, and reads the outputs only after every stream has
-// finished. It once wrote them with cudaMemcpy / cudaMemset, on the legacy
-// default stream: the executor's streams are non-blocking, so nothing
-// ordered a peer's read after the upload (a pageable cudaMemcpy returns
-// before its DMA lands), and under parallel test processes sharing the GPU
-// a peer read part of an input before it arrived (issue 42: the peer's
-// contribution missing from 9% of the elements). Options::legacy_upload
-// recreates that order, so that tests show the race checker flags it and the
-// GPU stress script can show what it did there.
+// finished. Writing them with cudaMemcpy / cudaMemset on the legacy default
+// stream would order nothing: the executor's streams are non-blocking and a
+// pageable cudaMemcpy returns before its DMA lands, so a peer could read part
+// of an input before it arrives (under parallel test processes sharing a GPU,
+// a peer's contribution went missing from 9% of the elements that way).
+// Options::legacy_upload keeps that order, so that tests show the race
+// checker flags it and the GPU stress script can show its effect.
 //
 // `Device` is the runtime (see CudaHarnessDevice in py_blink_cuda_testing.cc,
 // EmulatorHarnessDevice in py_blink_testing.cc):

@@ -152,11 +152,11 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
                           launch_s(platform), collective, op, root,
                           slow_ranks=_slow_ranks(slow_ranks, collective))
     if collective != "allreduce":
+        if settings.algo() == "lax":  # every collective, on every platform
+            return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
         request = tuned_on_gpu(request, platform)
         if request.algo == "blink-tuned":
             return _with_executor(_choose_tuned(request, count, dtype, what, fallback), platform)
-        if platform == "cpu" and settings.algo() == "lax":
-            return Decision(f"{what}: {fallback} (JAX_BLINK_ALGO=lax)")
         if platform == "cpu" and settings.algo() == "auto":
             input_bytes = nbytes // nranks if collective == "allgather" else nbytes
             return _cpu_decision(request, count, dtype, what, fallback, processes, input_bytes)

@@ -76,10 +76,8 @@ COLLECTIVE_ELEMENTS = {"reduce_scatter": (1_000, 100_000, 1_000_000), "allgather
 #: parallel, FSDP on a 2-D mesh) costs lax far less than one over 8 does.
 GROUPS = (2, 4)
 #: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
-#: full calibration times, batch 64 per device. On the 2-core Intel VM one bucket tied the
-#: best size at 1 and 4 MB, and at 33.6 MB buckets were much faster (bench_bucket_costs: the
-#: 8x1024 step 0.81x lax in 4 MB buckets, 0.98x in one; docs/performance.md), so the
-#: largest model is that large.
+#: full calibration times, batch 64 per device; the largest that large because only there did
+#: buckets beat one bucket (``benchmarks/bench_bucket_costs.py``, docs/performance.md).
 STEP_MODELS = ((4, 256), (4, 512), (8, 1024))
 #: The bucket sizes (bytes per device) a full calibration times those steps in: a quarter,
 #: one and four MiB, and one bucket for the whole pytree.

@@ -36,17 +36,11 @@ __all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_HOST_ALLREDUCE_US", "CPU_CROSS
 #: one chunk per tree up to ~4 MB per device and few above; the simulator,
 #: which uses the same table, therefore models shared memory as slow.
 LATENCY_US = {"nvlink": 0.7, "pcie": 1.0, "net": 5.0, "shm": 2000.0}
-#: The CUDA stream executor's host costs, fitted to every recorded 1 MB float32
-#: allreduce of 8 ranks on one GPU (the transfer is a few microseconds there, so
-#: the call is host-bound): one H100 (``benchmarks/results/cuda_h100.json``,
-#: commit 804a2f3, 3 runs at 1, 2 and 4 chunks per tree) and one H200
-#: (``cuda_h200.json``, commit a2510fd, 5 runs at 1, 2 and 4 chunks and 3 at 8).
-#: A call takes CUDA_CALL_SECONDS plus CUDA_LAUNCH_SECONDS per step of the
-#: busiest rank (28 steps per chunk per tree there), least squares in relative
-#: error over all 27 runs: 4.1 us per step (about two API calls, a kernel or
-#: copy and an event record or wait) and 0.22 ms per call. Every H200 run lies
-#: within 25% of it (the H100 runs spread 1.5-6x between runs, so no model
-#: does); tests/test_cost_model.py refits and replays them.
+#: The CUDA stream executor's host cost per step of the busiest rank (about two API calls:
+#: a kernel or copy, an event record or wait): a 1 MB allreduce of 8 ranks on one GPU is
+#: host-bound, so the least-squares fit (relative error) of every recorded run gives it
+#: (``benchmarks/bench_cuda.py``: ``benchmarks/results/cuda_h100.json``, ``cuda_h200.json``;
+#: tests/test_cost_model.py refits and replays them).
 CUDA_LAUNCH_SECONDS = 4.1e-6
 #: The CUDA stream executor's fixed cost of one call beyond its steps (above).
 CUDA_CALL_SECONDS = 0.22e-3
@@ -93,15 +87,11 @@ MAX_CHUNKS_PER_TREE = 32
 #: simulator's search (keeps schedules and simulations small; at 1 GB over 8
 #: ranks it still means sub-MB chunks, the order of NCCL's own slices).
 MAX_CHUNKS = 64
-#: The CPU model: what one allreduce adds to a program's time (microseconds
-#: per call) on jax_blink's CPU executor and with lax.psum over 8 CPU devices,
-#: by float32 elements per device: each program timed one call at a time with
-#: a sync after each, interleaved, minus the same program without the
-#: collective (``benchmarks/bench_psum_cpu.py`` on a 2-core AMD EPYC, commit
-#: 43e23e6, ``benchmarks/results/psum_cpu_amd-epyc-2core.json``; a test
-#: replays it). The simulator does not model host threads sharing cores, so on
-#: CPU devices the choice between the two, and the bucket size, come from
-#: these measurements.
+#: The CPU model where no profile covers the call: what one allreduce adds to a program
+#: (microseconds per call) on jax_blink's CPU executor and with lax.psum over 8 CPU devices,
+#: by float32 elements per device. Measured, since the simulator does not model host threads
+#: sharing cores (``benchmarks/bench_psum_cpu.py``, 2-core AMD EPYC:
+#: ``benchmarks/results/psum_cpu_amd-epyc-2core.json``; a test replays it).
 CPU_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000),
     "blink": (84.4, 155.8, 139.8, 150.7, 222.1, 1755.4, 23796.1),
@@ -109,14 +99,10 @@ CPU_ALLREDUCE_US = {
 }
 
 
-#: The CPU model across processes of one host: the median time of one
-#: allreduce (microseconds, a sync after each call, the two interleaved) over
-#: 2 processes x 1 CPU device, by float32 elements per device: ``blink`` over
-#: the host transport (shared memory), ``lax`` = lax.psum over gloo
-#: (the 2 x 1 rows of ``benchmarks/bench_host_transport.py`` on a 2-core AMD
-#: EPYC, ``benchmarks/results/host_transport_amd-epyc-2core.json``; a test
-#: replays it). Runs differ: gloo's allreduce took 2-3 ms at 400 B in some and
-#: at 400 KB in another; the model keeps what this run measured.
+#: The CPU model across processes of one host where no profile covers the call: one
+#: allreduce over 2 processes x 1 CPU device (microseconds), ``blink`` over the host
+#: transport, ``lax`` = lax.psum over gloo (``benchmarks/bench_host_transport.py``, 2-core
+#: AMD EPYC: ``benchmarks/results/host_transport_amd-epyc-2core.json``; a test replays it).
 CPU_HOST_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 4_000_000),
     "blink": (111.8, 108.8, 123.0, 145.4, 256.2, 1219.7, 4167.4),
@@ -124,14 +110,10 @@ CPU_HOST_ALLREDUCE_US = {
 }
 
 
-#: Across local CPU processes (gloo over loopback), the per-device input
-#: bytes where the hierarchical reduce-scatter and all-gather beat lax's, as
-#: ``[low, high]``, read off ``benchmarks/bench_multiprocess.py --ops
-#: psum_scatter all_gather`` (2 x 4 and 4 x 2 devices on a 2-core AMD EPYC,
-#: ``benchmarks/results/multiprocess_cpu.json``): the hierarchical
-#: reduce-scatter pays a second collective per call and wins from 4 MB; the
-#: hierarchical all-gather's reordering copy of the whole result loses from
-#: 4 MB. (The allreduce's hierarchical path won at every size measured.)
+#: Over CPU devices spanning hosts, the per-device input bytes ``(low, high)`` where the
+#: hierarchical reduce-scatter (a second collective per call: it wins only from 4 MB) and
+#: all-gather (a reordering copy of the whole result: it loses from 4 MB) beat lax's
+#: (``benchmarks/bench_multiprocess.py``: ``benchmarks/results/multiprocess_cpu.json``).
 CPU_CROSS_PROCESS_BYTES = {"reduce_scatter": (4e6, math.inf), "allgather": (0.0, 1e6)}
 
 

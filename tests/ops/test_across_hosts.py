@@ -215,6 +215,12 @@ def test_reduce_scatter_and_allgather_on_gpus_are_tuned_for_the_cuda_executor(mo
         forced = decide.decide(count, "float32", 8, collective=collective, topology=host, platform="gpu",
                                chunks=3)
         assert forced.request.algo == "blink" and forced.request.chunks == 3  # chunks= is kept
+    # JAX_BLINK_ALGO=lax is lax for every collective on GPUs too
+    monkeypatch.setenv("JAX_BLINK_ALGO", "lax")
+    for collective in ("reduce_scatter", "allgather", "broadcast"):
+        d = decide.decide(count, "float32", 8, collective=collective, topology=host, platform="gpu",
+                          root=0 if collective == "broadcast" else None)
+        assert d.chosen == "lax" and d.request is None and "JAX_BLINK_ALGO=lax" in d.text
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
