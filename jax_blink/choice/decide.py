@@ -4,16 +4,13 @@ its lax equivalent and why.
 One chooser serves every op (at trace time) and :func:`jax_blink.explain`, so the two
 cannot disagree: :func:`decide` for a call's dtype group (in one process or over the
 processes of one host), :func:`across` for a call whose devices span hosts, and
-:func:`bucket_size` for how a pytree's leaves are bucketed. It reads its numbers from one
-interface per platform, each source in its own module: on CPU devices
-:mod:`jax_blink.choice.predict_cpu` (this machine's profile, else the recorded costs of
-:mod:`jax_blink.planning.cost`), on GPUs :mod:`jax_blink.choice.predict_gpu` (this machine's
-profile where it measured the call's devices, else the simulator with the CUDA executor's
-costs and NCCL's tuner model). What runs is
-:mod:`jax_blink.choice.requests`' (the plan inputs travel with the primitive as a hashable
-:class:`~jax_blink.choice.requests.PlanRequest`, the encoded schedule as an
+:func:`bucket_size` for how a pytree's leaves are bucketed. Its numbers come from one
+entry point, :func:`jax_blink.choice.predict.predict` (this machine's profile where one
+covers the call, else the recorded costs or the simulator, each answer naming its source).
+What runs is :mod:`jax_blink.choice.requests`' (the plan inputs travel with the primitive as
+a hashable :class:`~jax_blink.choice.requests.PlanRequest`, the encoded schedule as an
 :class:`~jax_blink.choice.requests.EncodedSchedule`, so lowering reads no module-global state
-and plans nothing); the choice across hosts is :mod:`jax_blink.choice.across_hosts`'.
+and plans nothing).
 """
 
 from __future__ import annotations
@@ -26,7 +23,8 @@ import numpy as np
 import jax
 
 from jax_blink import _ffi, settings
-from jax_blink.choice import across_hosts as _across_hosts, log, predict_cpu, predict_gpu
+from jax_blink.choice import across_hosts as _across_hosts, log, predict_cpu
+from jax_blink.choice.predict import predict
 from jax_blink.choice.requests import (PlanRequest, EncodedSchedule, describe, launch_s, schedule_for,
                                      topology_for, tuned_on_gpu, tuned_schedule)
 from jax_blink.planning import MAX_RANKS
@@ -158,8 +156,7 @@ def decide(count: int, dtype: str, nranks: int, *, collective: str = "allreduce"
         if request.algo == "blink-tuned":
             return _with_executor(_choose_tuned(request, count, dtype, what, fallback), platform)
         if platform == "cpu" and settings.algo() == "auto":
-            input_bytes = nbytes // nranks if collective == "allgather" else nbytes
-            return _cpu_decision(request, count, dtype, what, fallback, processes, input_bytes)
+            return _cpu_decision(request, count, dtype, what, fallback, processes)
         p, schedule, encoded = schedule_for(request, count, dtype)
         return _with_executor(Decision(f"{what}: {describe(p, schedule)}", request, encoded), platform)
     return _with_executor(_choose(request, count, dtype, platform, what, fallback, processes), platform)
@@ -202,31 +199,27 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.4g} us"
 
 
-def _cpu_decision(request, count, dtype, what, fallback, processes, size_bytes) -> Decision:
-    """On CPU devices with ``JAX_BLINK_ALGO=auto``: jax_blink's executor or lax for the
-    request's collective over ``size_bytes`` of input per device, from this machine's
-    measurements (:func:`jax_blink.choice.predict_cpu.cpu_collective`; a broadcast reads the
-    allreduce's, since lax's broadcast is a psum, where this machine measured it). The faster
-    where the two differ by more than their measured spread; else the plan, saying the
-    measurement could not tell; the plan, with no prediction, where nothing was measured."""
-    collective = request.collective
-    measured = "allreduce" if collective == "broadcast" else collective
-    p = predict_cpu.cpu_collective(measured, size_bytes, processes, request.topology.n // max(processes, 1))
-    if p is None or (measured != collective and not p.measured_here):
-        # (the allreduce's recorded costs do not stand in for a broadcast)
+def _cpu_decision(request, count, dtype, what, fallback, processes) -> Decision:
+    """On CPU devices with ``JAX_BLINK_ALGO=auto``: jax_blink's executor or lax, from
+    :func:`~jax_blink.choice.predict.predict` (a broadcast reads the allreduce's numbers). The
+    faster where the two differ by more than their measured spread; else the plan, saying the
+    measurement could not tell; the plan, with no prediction, where nothing covers the call."""
+    p = predict(request, count, dtype, "cpu", processes)
+    if p is None:
         plan, schedule, encoded = schedule_for(request, count, dtype)
         return Decision(f"{what}: {describe(plan, schedule)}", request, encoded)
-    fields = dict(source=p.source, predicted=(("blink", p.blink_s), ("lax", p.lax_s)))
-    times = f"blink {_us(p.blink_s)}, lax {_us(p.lax_s)}"
+    blink_s, lax_s = p.times["blink"], p.times["lax"]
+    fields = dict(source=p.source, predicted=tuple(p.times.items()))
+    times = f"blink {_us(blink_s)}, lax {_us(lax_s)}"
     of = "CPU model" + (" across processes" if processes > 1 else "") + (
-        " of the allreduce" if measured != collective else "")
-    if p.spread_s is not None and abs(p.blink_s - p.lax_s) <= p.spread_s:
+        " of the allreduce" if request.collective == "broadcast" else "")
+    if p.spread_s is not None and abs(blink_s - lax_s) <= p.spread_s:
         lax, why = False, (f"the measurement could not tell: {of} from {p.source}: {times}, apart by no more "
                            f"than their measured spread {_us(p.spread_s)}; the plan by default")
         fields["undecided"] = True
     else:
         spread = f" (spread {_us(p.spread_s)})" if p.spread_s is not None else ""
-        lax, why = p.lax_s < p.blink_s, f"predicted fastest; {of} from {p.source}: {times}{spread}"
+        lax, why = lax_s < blink_s, f"predicted fastest; {of} from {p.source}: {times}{spread}"
     if lax:
         return Decision(f"{what}: {fallback} ({why})", **fields)
     plan, schedule, encoded = schedule_for(request, count, dtype)
@@ -300,10 +293,11 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
     gpu = platform in ("cuda", "gpu")
     if forced == "auto" and not gpu:
         return _cpu_decision(dataclasses.replace(request, algo="blink"), count, dtype, what, fallback,
-                             processes, count * DTYPES[dtype][1])
+                             processes)
     if forced == "auto":
-        candidates = ("blink-tuned", "ring", "tree", "chain")
-        predicted, how, bounds = _predicted(request, count, dtype, candidates, processes)
+        p = predict(request, count, dtype, platform, processes)
+        predicted, how, bounds = p.times, p.source, p.bounds
+        fields = dict(source=p.source, predicted=tuple(p.times.items()))
         runnable = {k: v for k, v in predicted.items() if v is not None}
         choice = min(runnable, key=runnable.get)  # ties: ours first (dict order), lax last
 
@@ -315,10 +309,10 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
         times = ", ".join(shown(k, v) for k, v in {**predicted, **bounds}.items())
         why = f"predicted fastest; {how}: {times}"
         if choice == "lax":
-            return Decision(f"{what}: {fallback} ({why})")
+            return Decision(f"{what}: {fallback} ({why})", **fields)
     else:  # forced: nothing to predict
         choice = "blink-tuned" if gpu and forced == "blink" else forced
-        why = f"JAX_BLINK_ALGO={forced}"
+        why, fields = f"JAX_BLINK_ALGO={forced}", {}
     request = dataclasses.replace(request, algo=choice)
     try:
         if choice == "blink-tuned":
@@ -333,40 +327,29 @@ def _choose(request, count, dtype, platform, what, fallback, processes=1):
             raise
         raise ValueError(f"JAX_BLINK_ALGO={forced}: {_NAMES[choice]} cannot run {what} on "
                          f"{request.topology.name}: {e}. Use JAX_BLINK_ALGO=auto") from None
-    return Decision(f"{what}: {text} ({why})", request, encoded)
+    return Decision(f"{what}: {text} ({why})", request, encoded, **fields)
 
 
 def _choose_tuned(request, count, dtype, what, fallback):
     """A reduce-scatter, all-gather or broadcast on GPUs: the plan's lowering tuned for the
     CUDA executor, unless NCCL running the lax equivalent is predicted faster
-    (:func:`jax_blink.choice.predict_gpu.other`; with ``JAX_BLINK_ALGO=auto``, otherwise the plan). Below the
+    (:func:`jax_blink.choice.predict.predict`; with ``JAX_BLINK_ALGO=auto``, otherwise the plan). Below the
     executor's per-call cost NCCL wins without planning."""
     if settings.algo() != "auto":
         text, encoded, _ = tuned_schedule(request, count, dtype)
         return Decision(f"{what}: {text} (tuned for the CUDA executor: JAX_BLINK_ALGO={settings.algo()})",
                         request, encoded)
-    theirs, how, ours = predict_gpu.other(request, count, dtype)
-
+    p = predict(request, count, dtype, "gpu")
+    theirs, how, ours = p.times["lax"], p.source, p.times["blink-tuned"]
+    fields = dict(source=p.source, predicted=tuple(p.times.items()))
     if ours is None and theirs is not None:
         return Decision(f"{what}: {fallback} (predicted faster: {how} {_us(theirs)}; no schedule on the "
-                        f"CUDA executor takes less than its call, {_us(CUDA_STREAM.call_s)})")
+                        f"CUDA executor takes less than its call, {_us(CUDA_STREAM.call_s)})", **fields)
     if theirs is not None and theirs <= ours:
         return Decision(f"{what}: {fallback} (predicted faster: {how} {_us(theirs)}, the tuned plan "
-                        f"{_us(ours)} with the CUDA executor's costs)")
+                        f"{_us(ours)} with the CUDA executor's costs)", **fields)
     text, encoded, _ = tuned_schedule(request, count, dtype)
     against = (f"; lax = {how} {_us(theirs)}" if theirs is not None
                else f"; no NCCL model for {request.topology.name}")
-    return Decision(f"{what}: {text} (tuned for the CUDA executor: {_us(ours)}{against})", request, encoded)
-
-
-def _predicted(request, count, dtype, candidates, processes=1):
-    """``(predicted seconds per candidate and lax, how, bounds)`` on GPUs; None for a schedule
-    the topology or size cannot carry. The reduction (sum, max, min) does not change a
-    prediction, so they share one."""
-    request = dataclasses.replace(request, op="sum")
-    measured = predict_gpu.measured_allreduce(request, count * DTYPES[dtype][1], processes)
-    if measured is not None:  # read afresh, as the CPU's
-        times, how = measured
-        return times, how, {}
-    times, how, bounds = predict_gpu.allreduce(request, count, dtype, tuple(candidates))
-    return dict(times), how, dict(bounds)
+    return Decision(f"{what}: {text} (tuned for the CUDA executor: {_us(ours)}{against})", request, encoded,
+                    **fields)

@@ -78,6 +78,8 @@ def test_auto_on_a_gpu_topology_takes_the_fastest_predicted_schedule():
     pruned = 0
     for count in (1 << 22, 1 << 26):  # 16 MB and 256 MB (below, the bounds decide: see below)
         d = _decide.decide(count, "float32", 5, topology=topology, platform="gpu")
+        runnable = {k: v for k, v in d.predicted if v is not None}  # the decision's own fields
+        assert d.source and d.source in d.text and d.chosen == min(runnable, key=runnable.get)
         predicted = predictions(d.text)
         bounded = {k: float(v) for k, v in re.findall(r"([a-z-]+) >= ([0-9.e+]+) us", d.text)}
         assert set(predicted) | set(bounded) == {"blink-tuned", "ring", "tree", "chain", "lax"}, d.text
