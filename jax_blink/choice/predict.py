@@ -27,14 +27,12 @@ class Prediction:
     """Seconds per candidate (``"lax"``: the lax equivalent; None: the topology or size
     cannot carry it), where they come from, and how far apart noise alone could put the
     plan and lax (``spread_s``, where a profile measured it). ``bounds``: candidates not
-    simulated, a lower bound of their time already losing; ``measured_here``: the numbers
-    are this machine's profile's."""
+    simulated, a lower bound of their time already losing."""
 
     times: dict
     source: str
     spread_s: Optional[float] = None
     bounds: dict = dataclasses.field(default_factory=dict)
-    measured_here: bool = False
 
 
 def predict(request, count: int, dtype: str, platform: str, processes: int = 1) -> Optional[Prediction]:
@@ -53,14 +51,13 @@ def predict(request, count: int, dtype: str, platform: str, processes: int = 1) 
                                        processes, n // max(processes, 1))
         if p is None or (measured != collective and not p.measured_here):
             return None
-        return Prediction({"blink": p.blink_s, "lax": p.lax_s}, p.source, p.spread_s,
-                          measured_here=p.measured_here)
+        return Prediction({"blink": p.blink_s, "lax": p.lax_s}, p.source, p.spread_s)
     if request.collective != "allreduce":
         theirs, how, ours = predict_gpu.other(request, count, dtype)
         return Prediction({"blink-tuned": ours, "lax": theirs}, how)
     request = dataclasses.replace(request, op="sum")  # the reduction changes no prediction
     measured = predict_gpu.measured_allreduce(request, nbytes, processes)
     if measured is not None:  # read afresh, as the CPU's
-        return Prediction(measured[0], measured[1], measured_here=True)
+        return Prediction(measured[0], measured[1])
     times, how, bounds = predict_gpu.allreduce(request, count, dtype, GPU_ALLREDUCE_CANDIDATES)
     return Prediction(dict(times), how, bounds=dict(bounds))
