@@ -108,34 +108,52 @@ def wrong_elements(result, parts, dtype=None, accumulate=None) -> int:
         real = np.dtype(dtype.char.lower())
         return sum(wrong_elements(f(result), f(parts).astype(real), real, accumulate)
                    for f in (np.real, np.imag))
-    # In column blocks: the float64 temporaries of a large sum then stay in the cache (a
-    # calibration checks 8 devices' sums of 1e7 elements).
     shape = np.broadcast_shapes(result.shape, parts.shape[1:])
     columns = int(np.prod(parts.shape[1:], dtype=np.int64))
     if columns == 0 or 0 in shape:
         return 0
     flat = parts.reshape(parts.shape[0], columns)
     got = np.broadcast_to(result, shape).reshape(-1, columns)
-    wrong = 0
-    for j in range(0, columns, _BLOCK):
-        wrong += _wrong_floats(got[:, j:j + _BLOCK], flat[:, j:j + _BLOCK], dtype, accumulate)
-    return wrong
+    acc = accumulator(dtype) if accumulate is None else accumulate
+    scale = (max(flat.shape[0] - 1, 0) * _eps(acc), _eps(dtype))
+    # In column blocks, into float64 buffers made once: a fresh temporary per block costs page
+    # faults that took 5x the arithmetic (a calibration checks 8 devices' sums of 1e7 elements).
+    width = min(columns, max(_BLOCK_ELEMENTS // max(flat.shape[0], got.shape[0]), 256))
+    buffers = (np.empty((flat.shape[0], width)), np.empty((got.shape[0], width)), np.empty((3, width)),
+               np.empty((got.shape[0], width), bool))
+    return sum(_wrong_block(got[:, j:j + width], flat[:, j:j + width], scale, buffers)
+               for j in range(0, columns, width))
 
 
-_BLOCK = 1 << 14  # 8 ranks x 16K float64 columns, 1 MB a temporary: 4-7x faster than unblocked at 8 x 1e7
+_BLOCK_ELEMENTS = 1 << 15  # float64 values per buffer: 256 KiB, within a core's L2
 
 
-def _wrong_floats(got, parts, dtype, accumulate) -> int:
-    """:func:`wrong_elements` of the float ``got`` (rows of results) and ``parts``."""
-    exact = parts.astype(np.float64).sum(axis=0)
-    bound = sum_bound(parts, dtype, accumulate)
-    got = got.astype(np.float64)
-    exact, bound = np.broadcast_to(exact, got.shape), np.broadcast_to(bound, got.shape)
-    finite = np.isfinite(exact)
+def _wrong_block(got, parts, scale, buffers) -> int:
+    """:func:`wrong_elements` of a block of float columns: ``got`` (rows of results) against
+    ``parts``, ``scale`` the bound's two factors (:func:`sum_bound`)."""
+    w = parts.shape[1]
+    wide, mine, (exact, bound, tmp), ok = (b[..., :w] for b in buffers)
+    np.copyto(wide, parts, casting="unsafe")
+    np.sum(wide, axis=0, out=exact)
+    np.abs(wide, out=wide)
+    np.sum(wide, axis=0, out=bound)
+    bound *= scale[0]
+    np.abs(exact, out=tmp)
+    tmp *= scale[1]
+    bound += tmp
+    np.copyto(mine, got, casting="unsafe")
     with np.errstate(invalid="ignore"):
-        off = np.abs(got - exact) > bound
-    nonfinite_wrong = ~finite & ~((got == exact) | (np.isnan(got) & np.isnan(exact)))
-    return int(np.sum(np.where(finite, off, nonfinite_wrong)))
+        np.subtract(mine, exact, out=mine)
+        np.abs(mine, out=mine)
+        np.less_equal(mine, bound, out=ok)  # False for NaN: a NaN where the exact sum is finite is wrong
+    finite = np.isfinite(exact)
+    if finite.all():
+        return int(ok.size - np.count_nonzero(ok))
+    # an infinite or NaN exact sum: the result must be the same infinity, or NaN
+    g = got.astype(np.float64)
+    e = parts.astype(np.float64).sum(axis=0)
+    nonfinite_ok = (g == e) | (np.isnan(g) & np.isnan(e))
+    return int(np.count_nonzero(~np.where(finite, ok, nonfinite_ok)))
 
 
 def wrong_vs_reference(result, reference, magnitude, n: int, dtype=None, accumulate=None,

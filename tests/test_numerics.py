@@ -143,7 +143,7 @@ def test_the_checker_counts_across_its_column_blocks_and_takes_empty_values():
     """wrong_elements checks large values in column blocks: a wrong element in the last
     block, or on one of several stacked ranks, still counts; empty values have none."""
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((4, 3, numerics._BLOCK + 5)).astype(np.float32)
+    x = rng.standard_normal((4, 3, numerics._BLOCK_ELEMENTS + 5)).astype(np.float32)
     total = x.sum(axis=0, dtype=np.float64).astype(np.float32)
     stacked = np.stack([total, total])
     assert numerics.wrong_elements(total, x) == 0 and numerics.wrong_elements(stacked, x) == 0
@@ -152,3 +152,21 @@ def test_the_checker_counts_across_its_column_blocks_and_takes_empty_values():
     assert numerics.wrong_elements(np.zeros_like(total), x) == total.size
     assert numerics.wrong_elements(np.zeros((0,), np.float32), np.zeros((3, 0), np.float32)) == 0
     assert numerics.wrong_elements(np.zeros((2, 0), np.float32), np.zeros((3, 0), np.float32)) == 0
+
+
+def test_a_nan_or_infinity_counts_where_the_exact_sum_is_finite():
+    """A NaN result is wrong where the exact sum is a number, in every block; an infinite or NaN
+    exact sum must be matched (the same infinity, or NaN)."""
+    x = np.ones((4, 3 * numerics._BLOCK_ELEMENTS), np.float32)
+    total = x.sum(axis=0)
+    assert numerics.wrong_elements(total, x) == 0
+    bad = total.copy()
+    bad[[0, -1]] = np.nan
+    bad[5] = np.inf
+    assert numerics.wrong_elements(bad, x) == 3
+    x[1, 7], x[2, 8] = np.inf, np.nan
+    right = total.copy()
+    right[7], right[8] = np.inf, np.nan
+    assert numerics.wrong_elements(right, x) == 0
+    right[7], right[8] = -np.inf, 4.0
+    assert numerics.wrong_elements(right, x) == 2

@@ -49,7 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_blink import numerics, settings
 from jax_blink.ops import buckets as _buckets
 from jax_blink.choice import machine
-from jax_blink.measure.timing import bucketed, run_steps
+from jax_blink.measure.timing import bucketed, run_steps, wrong_gradient_sums
 from jax_blink.ops.psum import psum
 from jax_blink.ops.scatter_gather import all_gather, psum_scatter
 from jax_blink.planning import profile as profiles
@@ -85,6 +85,13 @@ BUCKET_CANDIDATES = (1 << 18, 1 << 20, 1 << 22, settings.MAX_BUCKET_BYTES)
 #: The least time a collective is taken to add (microseconds): a median below the
 #: collective-free program's is noise, and a profile's times must be positive.
 MIN_ADDED_US = 1.0
+#: Cores other processes may keep busy while a calibration measures before its profile is
+#: only provisional: one busy process beside it moved a 2-core VM's choices (docs/performance.md,
+#: "Calibration").
+BUSY_CORES = 0.5
+#: The fewest rounds a size's first pass may stop at: below 6, the sign test's 95% interval
+#: (:func:`paired_spread`) always holds zero.
+MIN_EARLY_ROUNDS = 7
 
 
 @contextlib.contextmanager
@@ -174,6 +181,16 @@ def _wrong(collective: str, got: np.ndarray, rows, inputs: np.ndarray, group: in
     return wrong
 
 
+def _agreed(mine: bool) -> bool:
+    """Process 0's ``mine``, on every process of the job (each times its own calls, and all
+    must make the same)."""
+    if jax.process_count() == 1:
+        return mine
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(mine)))
+
+
 def measure_collective(collective: str, elements: Sequence[int], rounds: int = 21,
                        variants: Sequence[str] = ("none", "blink", "lax"),
                        progress: Optional[Callable[[int, int, str], None]] = None,
@@ -216,7 +233,8 @@ def measure_collective(collective: str, elements: Sequence[int], rounds: int = 2
     for i, count in enumerate(elements):
         count = -(-int(count) // group) * group if collective == "reduce_scatter" else int(count)
         programs = {k: shard(bodies[k]) for k in variants}
-        x = np.random.default_rng(0).standard_normal((n, count), dtype=np.float32)
+        x = np.random.default_rng(0).random((n, count), dtype=np.float32)  # (uniform: 4x faster to draw)
+        x -= 0.5
         # every process holds its own devices' rows (one process: all of them)
         xs = jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
         for k, f in programs.items():  # trace, compile and run once
@@ -239,11 +257,17 @@ def measure_collective(collective: str, elements: Sequence[int], rounds: int = 2
             d = (np.asarray(times["blink"]) - np.asarray(times["lax"])) * 1e6
             return paired_spread(d), abs(float(np.median(d)))
 
-        measure(_rounds(count, rounds))
-        # the rounds could not tell: once more, pooled (in one process only: every process of
-        # a job must make the same calls, and each times its own)
-        if {"blink", "lax"} <= set(programs) and spread()[0] >= spread()[1] and jax.process_count() == 1:
-            measure(_rounds(count, rounds))
+        # A third of the rounds first: where they already tell the two apart by twice their
+        # spread, the rest would only confirm it. Where all of them cannot tell, once more,
+        # pooled. (Every process of a job must make the same calls: process 0's rounds decide.)
+        planned = _rounds(count, rounds)
+        adaptive = {"blink", "lax"} <= set(programs)
+        first = planned // 3 if adaptive and planned // 3 >= MIN_EARLY_ROUNDS else planned
+        measure(first)
+        if first < planned and not _agreed(2 * spread()[0] < spread()[1]):
+            measure(planned - first)
+        if adaptive and _agreed(spread()[0] >= spread()[1]):
+            measure(planned)
         med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
         row = {"count": count, "size_bytes": count * 4, **{f"{k}_us": v for k, v in med.items()}}
         if "none" in med:  # paired: each round's call minus the collective-free call next to it
@@ -271,10 +295,11 @@ def _leaf_bytes(depth: int, width: int) -> list:
     return [width * width * 4, width * 4] * depth
 
 
-def _step_rounds(nbytes: int, rounds: int) -> int:
-    """Rounds of a model's steps with ``nbytes`` of gradients per device: the large models'
-    steps are slow, and their buckets' differences large."""
-    return rounds if nbytes <= 1 << 24 else max(3, rounds // 2)
+def _step_rounds(nbytes: int, rounds: int) -> tuple:
+    """``(rounds, reps)`` of a model's steps with ``nbytes`` of gradients per device: the large
+    models' steps take half a second, far beyond the timer's jitter that repeated steps
+    average out, and their buckets' differences are large."""
+    return (rounds, 3) if nbytes <= 1 << 24 else (max(3, rounds // 2), 1)
 
 
 def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
@@ -294,13 +319,9 @@ def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
         split = {c: tuple(map(tuple, _buckets.split(_leaf_bytes(depth, width), c))) for c in candidates}
         timed = {s: c for c, s in reversed(list(split.items()))}  # one candidate per bucketing
         with _algo("blink"):
-            rows, _ = run_steps([(depth, width)], rounds=_step_rounds(sum(_leaf_bytes(depth, width)), rounds),
-                                variants=("none", "lax.psum", *(bucketed(c) for c in timed.values())),
-                                check_lax=False)
-        wrong = sum(r["wrong"] or 0 for r in rows)
-        if wrong:
-            raise RuntimeError(f"jax_blink calibrate: {wrong} summed gradient elements were wrong; nothing was "
-                               f"written (report this: {rows})")
+            n, reps = _step_rounds(sum(_leaf_bytes(depth, width)), rounds)
+            rows, _ = run_steps([(depth, width)], rounds=n, reps=reps,
+                                variants=("none", "lax.psum", *(bucketed(c) for c in timed.values())), check=())
         step = {r["variant"]: r["step_ms"] * 1e3 for r in rows}
         def more(variant):
             return max(step[variant] - step["none"], MIN_ADDED_US)
@@ -310,8 +331,14 @@ def measure_steps(models: Sequence = STEP_MODELS, rounds: int = 7,
     nbytes = [sum(_leaf_bytes(*m)) for m in order]
     buckets = {"bytes": nbytes, "bucket_bytes": list(candidates),
                "vs_lax": [[added[m][c] / added[m]["lax"] for c in candidates] for m in order]}
-    steps = {"bytes": nbytes, "blink": [added[m][profiles.best_bucket(buckets, b)] for m, b in zip(order, nbytes)],
-             "lax": [added[m]["lax"] for m in order]}
+    kept = {m: profiles.best_bucket(buckets, b) for m, b in zip(order, nbytes)}
+    for (depth, width), c in kept.items():  # the bucketing psum will run: its sums must be right
+        with _algo("blink"):
+            wrong = wrong_gradient_sums(depth, width, bucketed(c))
+        if wrong:
+            raise RuntimeError(f"jax_blink calibrate: {wrong} gradient elements of the {depth}x{width} MLP summed "
+                               f"in buckets of {c} bytes were wrong; nothing was written (report this)")
+    steps = {"bytes": nbytes, "blink": [added[m][kept[m]] for m in order], "lax": [added[m]["lax"] for m in order]}
     return steps, buckets
 
 
@@ -374,6 +401,29 @@ def _groups(n: int) -> list:
     return sorted({g for g in GROUPS if g < n and n % g == 0} | {n})
 
 
+def others_cpu(seconds: float = 0.25) -> float:
+    """Cores that processes other than this one kept busy over the next ``seconds`` (Linux's
+    ``/proc/stat`` less this process's own CPU time); elsewhere the 1-minute load average,
+    which also counts this process's own recent work."""
+    def busy_jiffies():
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # less idle and iowait
+
+    try:
+        before, own, wall = busy_jiffies(), _own_cpu(), time.monotonic()
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
+    time.sleep(seconds)
+    elapsed = time.monotonic() - wall
+    total = (busy_jiffies() - before) / os.sysconf("SC_CLK_TCK")
+    return max(total - (_own_cpu() - own), 0.0) / elapsed
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def _check_writable(target: Path) -> None:
     """OSError naming ``target`` and what to do, where a profile cannot be written there."""
     try:
@@ -407,24 +457,30 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     _check_writable(target)  # before a minute of measuring
     start = time.monotonic()
     cores = os.cpu_count() or 1
-    busy = os.getloadavg()[0] > cores
-    if busy:
-        logger.warning("jax_blink calibrate: this machine is busy (load average %.1f on %d cores): the "
-                       "measurements will be noisy and may choose wrong; the profile is saved as provisional "
-                       "(the next calibration replaces it): calibrate on an idle machine",
-                       os.getloadavg()[0], cores)
+
+    def check_busy() -> bool:
+        others = others_cpu()
+        if others > BUSY_CORES:
+            logger.warning("jax_blink calibrate: this machine is busy (other processes use %.1f of its %d cores): "
+                           "the measurements will be noisy and may choose wrong; the profile is saved as "
+                           "provisional (the next calibration replaces it): calibrate on an idle machine",
+                           others, cores)
+        return others > BUSY_CORES
+
+    busy = check_busy()
     elements = QUICK_ELEMENTS if quick else FULL_ELEMENTS
     rounds = rounds or (7 if quick else 21)
     bar = _bar() if progress else None
     cpu = jax.devices()[0].platform == "cpu"
     full = not quick and cpu
     others = profiles.COLLECTIVES if cpu else ()
-    steps = len(elements) + len(others) * len(_groups(jax.device_count())) + (2 if full else 0)
+    n = jax.device_count()
+    # (a quick calibration, the first run's, measures the other collectives over all devices alone)
+    groups = ([n] if quick else _groups(n)) if others else []
+    steps = len(elements) + len(others) * len(groups) + (2 if full else 0)
     rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
                              None if bar is None else lambda done, _, what: bar(done, steps, what))
-    tables = {f"1x{jax.device_count()}": rows}
-    n = jax.device_count()
-    groups = _groups(n) if others else []
+    tables = {f"1x{n}": rows}
     other_layouts = {f"1x{g}": {} for g in groups}  # layout -> {collective: rows}
     done = len(elements)
     for g in groups:  # (on GPUs the choice of these reads the simulator and NCCL's model)
@@ -445,9 +501,10 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
         if bar is not None:
             bar(steps - 1, steps, f"{HOST_PROCESSES} processes of one host")
         step_tables, bucket_tables = (
-            {f"1x{jax.device_count()}": t} for t in measure_steps(STEP_MODELS, max(5, rounds // 3)))
+            {f"1x{jax.device_count()}": t} for t in measure_steps(STEP_MODELS, max(5, rounds // 4)))
         if bar is not None:
             bar(steps, steps, "training steps")
+    busy = check_busy() or busy  # a job that started while this one measured
     measured = [*tables.values(), *(t for layout in other_layouts.values() for t in layout.values())]
     wrong = sum(r["wrong"] for t in measured for r in t)
     if wrong:

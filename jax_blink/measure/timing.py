@@ -12,6 +12,7 @@ default buckets (``python -m jax_blink bench --steps``).
 
 from __future__ import annotations
 
+import functools
 import re
 import resource
 import sys
@@ -29,7 +30,7 @@ from jax_blink.numerics import wrong_elements
 from jax_blink.ops.psum import psum
 from jax_blink.sim import bus_factor
 
-__all__ = ["run_devices", "run_steps", "STEP_VARIANTS", "PER_LEAF", "mlp_step", "bucketed"]
+__all__ = ["run_devices", "run_steps", "wrong_gradient_sums", "STEP_VARIANTS", "PER_LEAF", "mlp_step", "bucketed"]
 
 #: How the gradients of a measured step are summed: not at all (the step's
 #: compute alone), by lax.psum, by jax_blink.psum in one bucket (every leaf in
@@ -131,12 +132,18 @@ def _summer(variant, axis):
     raise ValueError(f"unknown step variant {variant!r}; expected one of {STEP_VARIANTS}, {PER_LEAF!r} or bucketed(size)")
 
 
+@functools.lru_cache(maxsize=4)
+def _weights(depth, width):
+    """An MLP's initial weights (host arrays: each of a model's steps and checks starts from
+    the same, drawn once; a 8 x 1024² draw takes 0.2 s)."""
+    rng = np.random.default_rng(0)
+    return tuple(rng.normal(0, 1 / np.sqrt(width), (width, width)).astype(np.float32) for _ in range(depth))
+
+
 def _mlp(mesh, depth, width):
     """``(params, loss)`` of an MLP of ``depth`` ``width x width`` tanh layers
     with biases, its parameters replicated on ``mesh``."""
-    rng = np.random.default_rng(0)
-    params = [(jnp.asarray(rng.normal(0, 1 / np.sqrt(width), (width, width)), jnp.float32),
-               jnp.zeros((width,), jnp.float32)) for _ in range(depth)]
+    params = [(w, np.zeros((width,), np.float32)) for w in _weights(depth, width)]
 
     def loss(ps, x):
         for w, b in ps:
@@ -170,10 +177,25 @@ def _cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def _wrong_gradient_sums(mesh, depth, width, variant, x):
-    """Elements of the summed gradients, on every device, outside the bound of
-    :func:`jax_blink.numerics.sum_bound` around the exact sum of the devices'
-    gradients."""
+def _data_mesh():
+    devices = jax.devices()
+    if len(devices) < 2:
+        raise ValueError(f"--steps needs at least 2 devices, found {len(devices)}; try --cpu-devices 8")
+    return Mesh(np.array(devices), ("data",))
+
+
+def _batch(mesh, batch, width):
+    """The examples of a step: ``batch`` per device of ``mesh``, sharded over its axis."""
+    n = mesh.devices.size
+    return jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(n * batch, width)), jnp.float32),
+                          NamedSharding(mesh, P(mesh.axis_names[0])))
+
+
+def wrong_gradient_sums(depth, width, variant, batch=64):
+    """Elements of the gradients of :func:`run_steps`'s step of the MLP (``depth``, ``width``)
+    summed as ``variant`` says, on every device, outside the bound of
+    :func:`jax_blink.numerics.sum_bound` around the exact sum of the devices' gradients."""
+    mesh = _data_mesh()
     axis = mesh.axis_names[0]
     summed = _summer(variant, axis)
     params, loss = _mlp(mesh, depth, width)
@@ -184,12 +206,12 @@ def _wrong_gradient_sums(mesh, depth, width, variant, x):
 
     f = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(axis),
                               check_vma=False))
-    sums, parts = f(params, x)
+    sums, parts = f(params, _batch(mesh, batch, width))
     return sum(wrong_elements(np.asarray(s), np.asarray(g))
                for s, g in zip(jax.tree.leaves(sums), jax.tree.leaves(parts)))
 
 
-def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS, check_lax=True):
+def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS, check=None):
     """Median step time of each variant of :data:`STEP_VARIANTS` on MLPs.
 
     Parameters
@@ -210,23 +232,19 @@ def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS, check_
         custom calls in the compiled step) and ``wrong``: elements of the summed
         gradients, on every device, outside the summation-order bound around
         the exact sum (:mod:`jax_blink.numerics`; 0 for ``none``, which sums
-        nothing; None for ``lax.psum`` unless ``check_lax``: the reference needs
-        no check where only jax_blink's sums are in question, and a large
-        model's check takes seconds).
+        nothing; None for a variant not in ``check``, where one is given: a large
+        model's check takes seconds, and a calibration checks only the
+        bucketing it keeps, with :func:`wrong_gradient_sums`).
     """
     from tqdm import tqdm
 
-    devices = jax.devices()
-    n = len(devices)
-    if n < 2:
-        raise ValueError(f"--steps needs at least 2 devices, found {n}; try --cpu-devices 8")
-    mesh = Mesh(np.array(devices), ("data",))
+    mesh = _data_mesh()
+    devices = list(mesh.devices.flat)
     rows = []
     progress = tqdm(total=len(models) * rounds, desc="steps", file=sys.stderr, leave=False,
                     disable=None)
     for depth, width in models:
-        x = jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(n * batch, width)),
-                                       jnp.float32), NamedSharding(mesh, P("data")))
+        x = _batch(mesh, batch, width)
         steps = {}
         for v in variants:
             steps[v], params = mlp_step(mesh, depth, width, v)
@@ -250,7 +268,7 @@ def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS, check_
                          "vs_none": med[v] / med["none"] if "none" in med else None,
                          "vs_lax": med[v] / med["lax.psum"] if "lax.psum" in med else None,
                          "collectives": hlo.count("jax_blink_collective"),
-                         "wrong": 0 if v == "none" else None if v == "lax.psum" and not check_lax
-                         else _wrong_gradient_sums(mesh, depth, width, v, x)})
+                         "wrong": 0 if v == "none" else None if check is not None and v not in check
+                         else wrong_gradient_sums(depth, width, v, batch)})
     progress.close()
-    return rows, f"{n} x {devices[0].platform} ({devices[0].device_kind})"
+    return rows, f"{len(devices)} x {devices[0].platform} ({devices[0].device_kind})"

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -325,7 +326,8 @@ def test_the_calibration_measures_writes_and_is_used(monkeypatch, tmp_path):
     table = made.tables[layout]
     assert table["elements"] == calibration.QUICK_ELEMENTS and all(t > 0 for t in table["blink"] + table["lax"])
     assert len(table["spread"]) == len(table["elements"]) and all(v >= 0 for v in table["spread"])
-    assert sorted(made.collectives) == ["1x2", "1x4", layout]  # (the groups' layouts)
+    assert sorted(made.collectives) == [layout]  # quick: the groups of 2 and 4 only in a full one
+    assert calibration._groups(8) == [2, 4, 8]
     for c in profiles.COLLECTIVES:  # measured beside the allreduce, and read by their choices
         t = made.collectives[layout][c]
         assert t["elements"] == calibration.COLLECTIVE_ELEMENTS[c][::2] and len(t["spread"]) == 2
@@ -529,3 +531,28 @@ def test_on_gpus_a_profile_that_does_not_cover_the_call_leaves_it_to_the_simulat
     if case == "another topology":
         d = decide.decide(1_000_000, "float32", 8, topology="hgx-h100", platform="gpu")
         assert "measured by" not in d.text and "simulated" in d.text
+
+
+def test_measure_steps_refuses_wrong_sums_of_the_bucketing_it_keeps(monkeypatch):
+    checked = []
+
+    def wrong(depth, width, variant):
+        checked.append((depth, width, variant))
+        return 3
+
+    monkeypatch.setattr(calibration, "wrong_gradient_sums", wrong)
+    with pytest.raises(RuntimeError, match="3 gradient elements of the 1x128 MLP .* were wrong; nothing was written"):
+        calibration.measure_steps(((1, 128),), rounds=1, candidates=(1 << 10, 1 << 40))
+    assert checked and checked[0][:2] == (1, 128)
+
+
+def test_calibrate_counts_other_processes_cpu_as_busy():
+    """A process spinning beside the calibration makes it busy (its own earlier work, which
+    the load average counts, does not)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        assert calibration.others_cpu(0.5) > calibration.BUSY_CORES
+    finally:
+        spinner.kill()
+        spinner.wait()
