@@ -30,12 +30,12 @@
 #   suite     the whole suite on the CPU under the image's jax, and the tests that start
 #             CPU processes under the GPU machine's default platforms
 #   bench     (not by default) the other bench_cuda.py runs and bench_cuda_ipc.py
-#   calibrate (not by default; about 5 min) the calibration goals on the host's CPU
-#             (benchmarks/calibration_goals.sh under JAX_PLATFORMS=cpu; its results are
-#             copied to OUTDIR). A psum over one GPU is lax's, so a one-GPU machine has no
-#             GPU allreduce to calibrate: `python -m jax_blink calibrate` measures one on
-#             hosts of several GPUs
-#   repro     (not by default; about 10 min) the multi-process segfault reproducer
+#   calibrate (not by default; about 10 min) the runner's cpu suite on the host's CPU
+#             (python -m benchmarks run --suite cpu under JAX_PLATFORMS=cpu: a full
+#             calibration, then the CPU benchmarks choosing from it; its results are copied
+#             to OUTDIR). A psum over one GPU is lax's, so a one-GPU machine has no GPU
+#             allreduce to calibrate: `python -m jax_blink calibrate` measures one on hosts
+#             of several GPUs
 # Logs and JSON results go to OUTDIR (default ./gpu_check_out). BUDGET_S (default 450)
 # bounds a call: every stage's timeout is cut to what is left of it, and a stage that
 # would start with under 30 s left is skipped and says so. TEST_TIMEOUT and
@@ -160,19 +160,10 @@ if want bench; then
 fi
 if want calibrate; then
   stamp "calibrate"
-  # (the ResNet's step needs scikit-learn's digits, which the image may lack)
-  STEPS_ARGS=$(python3 -c "import sklearn" 2>/dev/null || echo --no-resnet) \
-  JAX_PLATFORMS=cpu timeout "$(limit "${CALIBRATE_TIMEOUT:-480}")" bash benchmarks/calibration_goals.sh \
-    > "$out/calibration_goals.log" 2>&1 || status=1
-  tag=$(cd benchmarks && JAX_PLATFORMS=cpu python3 -c "import _machine; print(_machine.machine_tag())")
+  JAX_PLATFORMS=cpu timeout "$(limit "${CALIBRATE_TIMEOUT:-600}")" python3 -m benchmarks run --suite cpu \
+    > "$out/cpu_suite.log" 2>&1 || status=1
+  tag=$(JAX_PLATFORMS=cpu python3 -c "from benchmarks import harness; print(harness.machine_tag())")
   cp benchmarks/results/*_"$tag".* "$out"/ 2>/dev/null || status=1
-fi
-if want repro; then
-  # the multi-process segfault reproducer under load (about 10 min); if it crashes, rerun with --gdb
-  stamp "repro"
-  timeout "$(limit 600)" python3 benchmarks/repro_multiprocess_load.py --rounds 5 --burners 14 --parallel 2 \
-    --out "$out/repro_multiprocess" 2>&1 | tee "$out/repro_multiprocess.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 python3 benchmarks/gpu_record.py "$out" || status=1
 stamp "done"

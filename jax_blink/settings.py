@@ -318,7 +318,7 @@ def xla_cpu_threads(devices: int, cores: Optional[int] = None) -> int:
     its collectives (lax.psum and jax_blink.psum alike; jax_blink's time out with an
     error); with more than it needs, every step is slower, as the devices' programs all
     run at once on the cores (64 threads for 8 devices on 2 cores: 1.3-1.5x the step time
-    of the default pool, 16: 1.2x; ``benchmarks/bench_xla_threads.py``, docs/sharp_bits.md).
+    of the default pool, 16: 1.2x; docs/design_notes.md, "XLA CPU's thread pool").
 
     >>> xla_cpu_threads(8, cores=2)
     16

@@ -13,7 +13,7 @@ changed chunk tables, changed collectives and reduce ops, and now and then
 the version 1 encoding of a schedule.
 
 Used by ``tests/schedule/test_validators_agree.py`` (a few thousand cases per
-run) and ``benchmarks/fuzz_schedules.py`` (many more; it also writes the seed
+run) and ``tools/fuzz_schedules.py`` (many more; it also writes the seed
 corpus of the C++ fuzz target, ``cc/fuzz/``).
 """
 

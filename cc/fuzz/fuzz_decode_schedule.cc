@@ -3,7 +3,7 @@
 // partial word is dropped), decoded and validated. Built with
 // -DJAX_BLINK_FUZZ=ON under clang's -fsanitize=fuzzer,address,undefined
 // (docs/building.md, "Fuzzing and sanitizers"); the seed corpus is real
-// encoded schedules (benchmarks/fuzz_schedules.py --write-corpus DIR).
+// encoded schedules (tools/fuzz_schedules.py --write-corpus DIR).
 //
 // Besides crashes, leaks and undefined behaviour, the target checks what the
 // executors rely on in an accepted schedule (every index the decoder

@@ -35,7 +35,8 @@ _loaded: dict = {}  # (path, mtime_ns, size) -> Profile or None
 _noted = set()
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's best guess."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -61,7 +62,7 @@ def _build_id() -> str:
 def machine_key() -> dict:
     """The identity a profile must match to be used here (see the module docstring)."""
     device = jax.local_devices()[0]
-    key = {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": device.platform,
+    key = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": device.platform,
            "device_kind": device.device_kind, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
            "build": _build_id()}
     if device.platform != "cpu":

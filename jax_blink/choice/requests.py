@@ -49,11 +49,7 @@ logger = logging.getLogger("jax_blink")
 #: tests/sim/test_estimates.py checks the choice against the exhaustive search.
 TUNE_SIMULATE_TOP = 8
 #: From :data:`TUNE_LARGE_BYTES` per device, this many: there every candidate is bandwidth-bound
-#: and the estimate ranks them well. On every GPU preset and DGX-1 V100 allocation (251), the best
-#: 4 chose within 1% of the exhaustive search at 64 MB and exactly its choice at 256 MB, as the best
-#: 8 did, in half the time (the slowest tuning at 256 MB: 0.53 s instead of 1.06 s); at 32 MB they
-#: were up to 11% slower, and at 16 MB up to 21% (``python benchmarks/bench_tune_estimate.py
-#: --sizes 1M 16M 32M 64M 256M --simulate-top 4 8``, 2-core AMD EPYC).
+#: and the estimate ranks them well (docs/design_notes.md, "How many tuned candidates to simulate").
 TUNE_SIMULATE_TOP_LARGE = 4
 TUNE_LARGE_BYTES = 64 << 20
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -49,6 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_blink import numerics, settings
 from jax_blink.ops import buckets as _buckets
 from jax_blink.choice import machine
+from jax_blink.measure.rounds import interleaved, paired, paired_spread, print_result, read_result
 from jax_blink.measure.timing import bucketed, run_steps, wrong_gradient_sums
 from jax_blink.ops.psum import psum
 from jax_blink.ops.scatter_gather import all_gather, psum_scatter
@@ -77,7 +78,7 @@ COLLECTIVE_ELEMENTS = {"reduce_scatter": (1_000, 100_000, 1_000_000), "allgather
 GROUPS = (2, 4)
 #: The MLPs (depth, width: gradients of 1, 4 and 33.6 MB per device) whose training steps a
 #: full calibration times, batch 64 per device; the largest that large because only there did
-#: buckets beat one bucket (``benchmarks/bench_bucket_costs.py``, docs/performance.md).
+#: buckets beat one bucket (docs/design_notes.md, "A bucket's leaves as separate operands").
 STEP_MODELS = ((4, 256), (4, 512), (8, 1024))
 #: The bucket sizes (bytes per device) a full calibration times those steps in: a quarter,
 #: one and four MiB, and one bucket for the whole pytree.
@@ -119,36 +120,6 @@ def _rounds(elements: int, rounds: int) -> int:
     if elements <= 100_000:
         return 3 * rounds
     return rounds if elements <= 1_000_000 else max(5, rounds // 4)
-
-
-def paired_spread(diffs, confidence: float = 0.95) -> float:
-    """How far the median of paired differences ``diffs`` could lie toward zero by noise
-    alone: the distance from their median to the end of its distribution-free
-    ``confidence`` interval (order statistics of the binomial sign test) on zero's side. A
-    median farther from zero than this is a measured difference; nearer, the rounds cannot
-    tell the two apart.
-
-    Examples
-    --------
-    >>> paired_spread([-5.0, -4.0, -6.0, -5.5, -4.5, -5.2, -4.8])  # all 7 below zero: the max
-    1.0
-    >>> paired_spread([-5.0, 4.0, -6.0, 5.5, -4.5, 5.2, -4.8]) > 4.5
-    True
-    """
-    d = np.sort(np.asarray(diffs, float))
-    n = len(d)
-    # k: the most order statistics cut from each end, P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2
-    # (in whole numbers: 2**n overflows a float beyond a thousand rounds)
-    tail = round((1 - confidence) * 10**6)
-    k, cumulative = 0, 0
-    for i in range(n):
-        cumulative += math.comb(n, i)
-        if 2 * 10**6 * cumulative > tail * 2 ** n:
-            break
-        k = i + 1
-    lo, hi = d[max(k - 1, 0)], d[n - max(k, 1)]
-    med = float(np.median(d))
-    return float(hi - med) if med < 0 else float(med - lo)
 
 
 #: The collectives :func:`measure_collective` times: jax_blink's drop-in and lax's, each
@@ -246,15 +217,13 @@ def measure_collective(collective: str, elements: Sequence[int], rounds: int = 2
                 wrong = _wrong(collective, mine, rows_of, 2 * x, group)
         times = {k: [] for k in programs}
 
-        def measure(calls):
-            for r in range(calls):
-                for k in (list(programs) if r % 2 == 0 else list(programs)[::-1]):
-                    start = time.perf_counter()
-                    jax.block_until_ready(programs[k](xs))
-                    times[k].append(time.perf_counter() - start)
+        calls = {k: functools.partial(lambda f: jax.block_until_ready(f(xs)), f) for k, f in programs.items()}
+
+        def measure(n):
+            interleaved(calls, n, times)
 
         def spread():
-            d = (np.asarray(times["blink"]) - np.asarray(times["lax"])) * 1e6
+            d = paired(times, "blink", "lax") * 1e6
             return paired_spread(d), abs(float(np.median(d)))
 
         # A third of the rounds first: where they already tell the two apart by twice their
@@ -380,13 +349,13 @@ def _measure_processes(processes: int, elements, rounds: int, collectives=()) ->
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     results = run_local([sys.executable, "-m", "jax_blink.measure.calibration", spec], processes,
                         devices_per_process=1, timeout_s=HOST_TIMEOUT_S, env=env)
-    line = next((ln for ln in results[0].stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None or not all(r.ok for r in results):
+    value = read_result(results[0].stdout)
+    if value is None or not all(r.ok for r in results):
         why = "; ".join(f"process {r.process_id}: " + ("killed at the time limit" if r.returncode is None
                                                        else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
                         for r in results if not r.ok) or "process 0 printed no result"
         raise RuntimeError(f"measuring {processes} processes of one host failed ({why})")
-    return json.loads(line[len("RESULT "):])
+    return value
 
 
 def _table(rows) -> dict:
@@ -565,4 +534,4 @@ if __name__ == "__main__":  # a process of _measure_processes' job
     rounds = job.pop("rounds")
     rows = {c: measure_collective(c, sizes, rounds) for c, sizes in job.items()}
     if first:
-        print("RESULT " + json.dumps(rows), flush=True)
+        print_result(rows)

@@ -5,7 +5,7 @@ A bucket of several leaves is one collective over the concatenation of its leave
 as ``jnp.concatenate`` around :data:`~jax_blink.ops.primitive.blink_collective_p`, XLA
 copies every leaf into one buffer first and the sums back out after (on 2 CPU cores the
 copy alone cost a 4x1024 MLP's step more than lax's whole all-reduce:
-``benchmarks/bench_bucket_costs.py``). This primitive instead passes the leaves (1-D, one
+docs/design_notes.md). This primitive instead passes the leaves (1-D, one
 dtype) as separate operands of the ``jax_blink_collective_segments`` custom call, whose
 CPU handler runs the same schedule with the vector in several buffers (``ExecArgs::nsegs``,
 cc/cpu/executor_cpu.h) and writes each sum into its own result.

@@ -20,15 +20,10 @@ from .tree import Tree
 
 __all__ = ["fewest_trees", "lp_support", "exact_weights", "MILP_TIME_LIMIT_S"]
 
-#: Time limit of each MILP solve; the solver keeps its best incumbent. Most
-#: solves end sooner, proven optimal; on the whole DGX-1s HiGHS keeps its first
-#: incumbent and spends the limit on cuts at the root. Planning the allreduce of
-#: 224 topologies (the GPU presets, DGX-1 V100 allocations of 3 to 7 GPUs) at
-#: 0.1 s against 0.25 s (``benchmarks/bench_milp_limit.py``, 2-core AMD EPYC):
-#: 21 plans differ, 10 with more trees and 1 with fewer, and the tuned lowering
-#: of those on the CUDA executor is as fast (geometric mean 0.997 of the 0.25 s
-#: plans' predicted time at 1, 16 and 256 MB, range 0.92-1.09); a whole DGX-1 V100
-#: plans in 0.63 s instead of 0.92 s. Under load the incumbent may have more trees.
+#: Time limit of each MILP solve; the solver keeps its best incumbent (on the whole DGX-1s
+#: HiGHS spends the limit on cuts at the root). 0.1 s plans as well as 0.25 s, in two thirds
+#: of the time (docs/design_notes.md, "The tree-count MILP's time limit"); under load the
+#: incumbent may have more trees.
 MILP_TIME_LIMIT_S = 0.1
 
 

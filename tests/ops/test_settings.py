@@ -275,7 +275,7 @@ def test_a_topology_argument_of_another_type_is_a_type_error():
 @pytest.mark.parametrize("devices, cores, threads", [(8, 2, 16), (8, 16, 16), (8, 64, 64), (1, 2, 2), (4, 1, 8)])
 def test_xla_cpu_threads_is_the_cores_but_at_least_twice_the_devices(devices, cores, threads):
     # fewer than 2 x devices deadlock queued collectives; more than the cores slow every step
-    # (benchmarks/bench_xla_threads.py)
+    # (docs/design_notes.md)
     assert settings.xla_cpu_threads(devices, cores=cores) == threads
 
 

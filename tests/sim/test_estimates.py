@@ -1,7 +1,7 @@
 """psum's trace-time tuning ranks lowerings analytically and simulates only the best few
 (sim.tuning.estimate_seconds, tune(simulate_top=...)): its choice is within 2% of the
 exhaustive search's on every preset and on a sample of the allocations of a DGX-1 V100
-(benchmarks/bench_tune_estimate.py sweeps all 247 of them)."""
+(docs/design_notes.md: a sweep over all of them chose the counts)."""
 
 import dataclasses
 import itertools

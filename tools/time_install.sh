@@ -3,7 +3,7 @@
 # (docs/building.md): the first builds the C++ extension; the second must
 # rebuild nothing ("ninja: no work to do"). Needs the package registry; about
 # 3 minutes on 2 cores with pip's cache warm.
-#   bash benchmarks/time_install.sh [REPO]   # REPO: what to clone (default: this checkout)
+#   bash tools/time_install.sh [REPO]   # REPO: what to clone (default: this checkout)
 set -euo pipefail
 REPO=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 DIR=$(mktemp -d)

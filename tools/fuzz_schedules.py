@@ -18,7 +18,7 @@ both validators judge every file of a corpus (the inputs the fuzz target
 kept, read as it reads them); ``.ci/sanitizers`` does both around a fuzzing
 run.
 
-Usage: ``python benchmarks/fuzz_schedules.py [--cases 100000] [--seed 0] [--out FILE.json]``
+Usage: ``python tools/fuzz_schedules.py [--cases 100000] [--seed 0] [--out FILE.json]``
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from benchmarks.harness import machine  # noqa: E402
 
 from schedule_mutations import mutated_cases, seed_schedules, verdicts  # noqa: E402
 

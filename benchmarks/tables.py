@@ -1,4 +1,4 @@
-"""Copies the recorded benchmark tables into docs/performance.md.
+"""The tables docs/performance.md quotes, made from the recorded results.
 
 docs/performance.md marks each table it quotes::
 
@@ -14,16 +14,17 @@ tests/test_docs.py runs, so the document never quotes numbers its results do
 not hold. A marker that names no table (a missing file, a table number past
 the file's last, an unknown renderer) is one line on stderr and exit 2.
 
-Usage: ``python benchmarks/update_docs.py [--check]``
+Usage: ``python -m benchmarks docs [--check]`` (:func:`refresh`; each suite of the runner
+ends with it).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "performance.md"
@@ -162,19 +163,20 @@ def table(source: str, which: str) -> str:
         raise ValueError(f"{source} is not a {which} result ({type(e).__name__}: {e})") from None
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="report tables that differ; change nothing")
-    parser.add_argument("--doc", type=Path, default=DOC, help="the document (default: docs/performance.md)")
-    args = parser.parse_args()
+def refresh(doc: Path = DOC, check: bool = False, retarget: Optional[dict] = None) -> int:
+    """Rewrites every marked table of ``doc`` from its source (``check``: only reports, exit 1,
+    the tables that differ). ``retarget`` (old source -> new) first points markers at other
+    results files: a suite's own machine's. Returns the exit status."""
     try:
-        doc = args.doc.read_text()
+        text = doc.read_text()
     except OSError as e:
-        print(f"update_docs: cannot read {args.doc}: {e.strerror or e}", file=sys.stderr)
+        print(f"benchmarks docs: cannot read {doc}: {e.strerror or e}", file=sys.stderr)
         return 2
+    for old, new in (retarget or {}).items():
+        text = text.replace(f"<!-- table: {old} ", f"<!-- table: {new} ")
     stale = []
 
-    def refresh(match):
+    def one(match):
         try:
             new = table(match.group(2), match.group(3))
         except ValueError as e:
@@ -184,22 +186,23 @@ def main() -> int:
         return match.group(1) + new + match.group(5)
 
     try:
-        updated = MARKED.sub(refresh, doc)
+        updated = MARKED.sub(one, text)
     except ValueError as e:
-        print(f"update_docs: {args.doc}: {e}", file=sys.stderr)
+        print(f"benchmarks docs: {doc}: {e}", file=sys.stderr)
         return 2
-    if not MARKED.search(doc):
-        print(f"no marked tables in {args.doc}", file=sys.stderr)
+    if not MARKED.search(text):
+        print(f"no marked tables in {doc}", file=sys.stderr)
         return 1
-    if args.check:
+    if check:
         for s in stale:
-            print(f"{args.doc}: the table from {s} differs from its source; "
-                  "run python benchmarks/update_docs.py", file=sys.stderr)
+            print(f"{doc}: the table from {s} differs from its source; run python -m benchmarks docs",
+                  file=sys.stderr)
         return 1 if stale else 0
-    args.doc.write_text(updated)
-    print(f"updated {len(stale)} table(s) in {args.doc}")
+    doc.write_text(updated)
+    print(f"updated {len(stale)} table(s) in {doc}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def sources(doc: Path = DOC) -> list:
+    """The results files ``doc``'s markers quote."""
+    return [m.group(2) for m in MARKED.finditer(doc.read_text())]

@@ -8,7 +8,7 @@ calls one of the swapped ``lax`` functions, runs them twice with pytest (once
 as they are, once with ``jax.lax.<op>`` replaced by ``jax_blink.<op>``) and
 reports the tests that pass with lax but fail with jax_blink::
 
-    python benchmarks/jax_suite.py --jax-src /tmp/jax-0.10.2 \\
+    python tools/jax_suite.py --jax-src /tmp/jax-0.10.2 \\
         --files tests/shard_map_test.py tests/pmap_test.py tests/batching_test.py
 
 Nothing is downloaded. The run needs JAX's test dependencies (absl-py,
@@ -27,7 +27,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from _machine import machine
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.harness import machine  # noqa: E402
 
 OPS = ("psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather")
 
@@ -121,7 +122,7 @@ def main(argv=None):
     if args.out:
         import jax
 
-        command = ("python benchmarks/jax_suite.py --jax-src <jax checkout at jax-v"
+        command = ("python tools/jax_suite.py --jax-src <jax checkout at jax-v"
                    f"{jax.__version__}> --files {' '.join(args.files)}")
         Path(args.out).write_text(json.dumps({
             "machine": machine(), "jax": jax.__version__, "files": args.files, "command": command,

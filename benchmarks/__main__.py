@@ -1,0 +1,183 @@
+"""The benchmark runner: named suites, each of which runs its benchmarks, writes their
+results under ``benchmarks/results/`` (named for this machine) and regenerates the tables
+docs/performance.md quotes from them.
+
+    python -m benchmarks list
+    python -m benchmarks run --suite sim|cpu|processes|robustness|gpu [--only NAME] [--dry-run]
+    python -m benchmarks docs [--check] [--doc PATH]
+
+Run a suite on an otherwise idle machine: every benchmark times jax_blink against its
+baseline in the same run, and anything else running moves both. ``run`` exits non-zero
+when a benchmark failed (its output says why); the tables of those that passed are
+regenerated all the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import harness, tables
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One benchmark of a suite: ``python benchmarks/<script> <args>`` (``{tag}`` in an
+    argument: this machine's :func:`harness.machine_tag`), writing ``outputs`` (results
+    files, ``{tag}`` likewise) within ``timeout_s`` seconds."""
+    script: str
+    args: tuple = ()
+    outputs: tuple = ()
+    timeout_s: int = 1800
+    env: tuple = ()  # (name, value) pairs
+
+    @property
+    def name(self) -> str:
+        return " ".join([self.script.rsplit(".", 1)[0], *self.args[:1]]) if self.args[:1] and not \
+            self.args[0].startswith("-") else self.script.rsplit(".", 1)[0]
+
+    def command(self, tag: str) -> list:
+        runner = ["bash"] if self.script.endswith(".sh") else [sys.executable]
+        return runner + [str(HERE / self.script), *(a.format(tag=tag) for a in self.args)]
+
+
+R = "benchmarks/results/"
+
+#: The suites. A step's outputs are the results files its tables in docs/performance.md
+#: are made from; after a suite, the markers that quote another machine's copy of one
+#: point at this machine's.
+SUITES = {
+    # the planner, the simulator and trace-time decisions: pure Python, any machine
+    "sim": (
+        Step("bench_planner.py", outputs=(R + "planner_{tag}.md",)),
+        Step("bench_topologies.py", ("baselines",), outputs=(R + "blink_vs_baselines_{tag}.md",)),
+        Step("bench_topologies.py", ("asymmetric",), outputs=(R + "asymmetric_{tag}.md",)),
+        Step("bench_topologies.py", ("damaged",), outputs=(R + "damaged_{tag}.md",)),
+        Step("bench_simulator.py", ("fidelity",), outputs=(R + "sim_fidelity_{tag}.md",)),
+        Step("bench_decide.py", outputs=(R + "decide_{tag}.md",)),
+    ),
+    # 8 CPU devices in one process: a fresh full calibration first, which every later
+    # benchmark's psum chooses from
+    "cpu": (
+        Step("calibrate", outputs=(R + "profile_{tag}.json",)),
+        Step("bench_cpu.py", ("psum",), outputs=(R + "psum_cpu_{tag}.json",)),
+        Step("bench_cpu.py", ("collectives",), outputs=(R + "collectives_cpu_{tag}.md",)),
+        Step("bench_cpu.py", ("executor",), outputs=(R + "executor_cpu_{tag}.json",)),
+        Step("bench_steps.py", ("mlp",), outputs=(R + "steps_{tag}.md",)),
+        Step("bench_steps.py", ("fsdp",), outputs=(R + "fsdp_{tag}.json",)),
+        Step("bench_simulator.py", ("vs_real",), outputs=(R + "sim_vs_real_{tag}.md",)),
+    ),
+    # processes of one host (the host transport) and across hosts
+    "processes": (
+        Step("bench_processes.py", ("host_transport",), outputs=(R + "host_transport_{tag}.json",)),
+        Step("bench_processes.py", ("multiprocess",), outputs=(R + "multiprocess_{tag}.json",)),
+        Step("bench_hosts.py", ("multihost",), outputs=(R + "multihost_{tag}.md",)),
+        Step("bench_hosts.py", ("across",), outputs=(R + "across_hosts_{tag}.md",)),
+    ),
+    # late ranks, faults, soaks and the calibration's verdicts under noise
+    "robustness": (
+        Step("bench_profile_robustness.py", outputs=(R + "quick_profiles_{tag}.json",)),
+        Step("bench_stragglers.py", outputs=(R + "stragglers_{tag}.md",)),
+        Step("soak.py", ("devices",), outputs=(R + "soak_{tag}.json",)),
+        Step("soak.py", ("host",), outputs=(R + "host_soak_{tag}.json",)),
+        Step("faults.py", ("timeouts",), outputs=(R + "timeouts_{tag}.json",)),
+        Step("faults.py", ("processes",), outputs=(R + "multiprocess_faults_{tag}.json",)),
+    ),
+    # an NVIDIA GPU: benchmarks/gpu_check.sh's stages and benchmarks (its header says how to
+    # split them over a 15-minute lease; it records benchmarks/results/gpu_check_<gpu>.json)
+    "gpu": (
+        Step("gpu_check.sh", ("gpu_check_out",), timeout_s=3600, env=(("STAGES", "tests stress executors bench"),)),
+    ),
+}
+
+
+def _calibrate(path: str) -> list:
+    return [sys.executable, "-m", "jax_blink", "calibrate", "--out", path]
+
+
+def run_suite(name: str, only=None, dry_run: bool = False) -> int:
+    tag = harness.machine_tag()
+    steps = [s for s in SUITES[name] if only is None or s.name in only or s.script in only]
+    if only and not steps:
+        print(f"benchmarks: no step of suite {name} is named {' or '.join(only)}; "
+              f"its steps: {', '.join(s.name for s in SUITES[name])}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    failed, written = [], {}
+    for step in steps:
+        outputs = [o.format(tag=tag) for o in step.outputs]
+        if step.script == "calibrate":  # the profile every later step's psum reads
+            command = _calibrate(outputs[0])
+            env["JAX_BLINK_PROFILE"] = str(harness.ROOT / outputs[0])
+        else:
+            command = step.command(tag)
+        print(f"benchmarks: {name}: {step.name}: {' '.join(command)}", flush=True)
+        if dry_run:
+            continue
+        start = time.monotonic()
+        try:
+            done = subprocess.run(command, cwd=harness.ROOT, env={**env, **dict(step.env)}, timeout=step.timeout_s)
+            ok = done.returncode == 0
+            why = f"exit {done.returncode}"
+        except subprocess.TimeoutExpired:
+            ok, why = False, f"killed after {step.timeout_s} s"
+        missing = [o for o in outputs if not (harness.ROOT / o).exists()]
+        if ok and missing:
+            ok, why = False, f"wrote no {', '.join(missing)}"
+        print(f"benchmarks: {name}: {step.name}: {'ok' if ok else 'FAILED (' + why + ')'} "
+              f"in {time.monotonic() - start:.0f} s", flush=True)
+        if not ok:
+            failed.append(step.name)
+        for pattern, out in zip(step.outputs, outputs):
+            if (harness.ROOT / out).exists():
+                written[pattern] = out
+    if dry_run:
+        return 0
+    status = tables.refresh(retarget=_retarget(written))
+    if failed:
+        print(f"benchmarks: {name}: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else status
+
+
+def _retarget(written: dict) -> dict:
+    """Markers to point at this run's files: each quoted source that is another machine's
+    copy of a pattern this run wrote."""
+    moves = {}
+    for source in tables.sources():
+        for pattern, out in written.items():
+            head, _, tail = pattern.partition("{tag}")
+            if source.startswith(head) and source.endswith(tail) and source != out:
+                moves[source] = out
+    return moves
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the suites and their steps")
+    run = sub.add_parser("run", help="run a suite and regenerate its tables")
+    run.add_argument("--suite", required=True, choices=sorted(SUITES))
+    run.add_argument("--only", nargs="+", metavar="NAME", help="these steps alone (as `list` names them)")
+    run.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    docs = sub.add_parser("docs", help="regenerate docs/performance.md's tables from the recorded results")
+    docs.add_argument("--check", action="store_true", help="report tables that differ (exit 1); change nothing")
+    docs.add_argument("--doc", type=Path, default=tables.DOC, help="the document (default: docs/performance.md)")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for name, steps in SUITES.items():
+            print(f"{name}: " + ", ".join(s.name for s in steps))
+        return 0
+    if args.command == "docs":
+        return tables.refresh(args.doc, args.check)
+    return run_suite(args.suite, args.only, args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
