@@ -1,6 +1,11 @@
 """The CPU model that chooses what runs on CPU devices (psum's auto choice between the plan
-and lax.psum, the bucket size) is the recorded per-call measurements, and predicts them:
-tests replay benchmarks/results/psum_cpu_amd-epyc-2core.json."""
+and lax.psum, the bucket size) is the recorded per-call measurements, and predicts them;
+likewise the CUDA executor's costs and the cross-process CPU model.
+
+The tests replay the recorded runs planning/cost.py's constants were fit to, frozen copies in
+tests/fixtures/ (psum_cpu_amd-epyc-2core.json, cuda_h100.json, cuda_h200.json,
+host_transport_amd-epyc-2core.json; tests/fixtures/README.md says where each came from), not
+benchmarks/results/, which a benchmark rewrites when it is re-run."""
 
 import json
 from pathlib import Path
@@ -10,7 +15,9 @@ import pytest
 
 from jax_blink.planning import cost
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "psum_cpu_amd-epyc-2core.json"
+#: The recorded runs, frozen (tests/fixtures/README.md).
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+RESULTS = FIXTURES / "psum_cpu_amd-epyc-2core.json"
 
 
 def recorded():
@@ -58,7 +65,7 @@ CUDA_RUNS = {
 def cuda_runs_1mb(gpu):
     """``{chunks per tree: [seconds of each recorded run]}``: 1 MB float32, 8 ranks on one GPU."""
     name, sections, benches = CUDA_RUNS[gpu]
-    data, runs = json.loads((RESULTS.parent / name).read_text()), {}
+    data, runs = json.loads((FIXTURES / name).read_text()), {}
     for path in sections:
         section = data
         for key in path:
@@ -110,7 +117,7 @@ def test_the_cuda_model_predicts_the_h200_sweep_up_to_16mb_within_25_percent():
     """Out of the fit: 4 and 16 MB per rank are host-bound too (the transfer on one GPU is
     tens of microseconds). 64 MB is not replayed: there the transfer on the GPU shared by
     eight ranks shows, and no topology models eight ranks in one GPU's memory."""
-    sweep = json.loads((RESULTS.parent / "cuda_h200.json").read_text())["sweep_iters50"]
+    sweep = json.loads((FIXTURES / "cuda_h200.json").read_text())["sweep_iters50"]
     checked = 0
     for name in ("d4", "d16a", "d16b", "d16c"):
         run = sweep[name]
@@ -139,7 +146,7 @@ def test_the_replay_rejects_a_model_off_by_half():
 
 
 # --------------------------------------------------------------- across processes of one host
-HOST_RESULTS = RESULTS.parent / "host_transport_amd-epyc-2core.json"
+HOST_RESULTS = FIXTURES / "host_transport_amd-epyc-2core.json"
 
 
 def host_rows(processes=2, devices=1):

@@ -30,7 +30,8 @@ def report(results):
                      f"{r.stderr[-3000:]}" for r in results)
 
 
-@pytest.mark.parametrize("processes, devices", [(2, 4), (4, 2)])
+# (4 x 2: several processes and several devices each, the two sides of the hierarchical path)
+@pytest.mark.parametrize("processes, devices", [(4, 2)])
 def test_collectives_across_processes_match_lax(processes, devices):
     """Without the host transport: the hierarchical path and lax, as across hosts."""
     results, _ = launch("cases", processes, devices, timeout_s=600, host_transport=False)
@@ -39,7 +40,8 @@ def test_collectives_across_processes_match_lax(processes, devices):
         assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
 
 
-@pytest.mark.parametrize("processes, devices", [(2, 1), (2, 2), (4, 1)])
+# (one device per process, and several; the 2 x 1 job runs in the profile and fault tests)
+@pytest.mark.parametrize("processes, devices", [(2, 2), (4, 1)])
 def test_host_transport_matches_lax(processes, devices):
     """One schedule over every device of the host's processes, through shared memory."""
     results, _ = launch("host", processes, devices, timeout_s=600)
@@ -70,7 +72,8 @@ def test_every_op_across_processes_follows_a_profile_that_leaves_no_doubt(tmp_pa
         assert "CHECKS" in r.stdout and "FAILED 0" in r.stdout, report(results)
 
 
-@pytest.mark.parametrize("processes, devices", [(4, 1), (4, 2)])
+# (4 x 2: each host's phase over two processes of two devices)
+@pytest.mark.parametrize("processes, devices", [(4, 2)])
 def test_two_hosts_of_two_processes_take_the_hierarchical_path_with_shared_memory_inside(
         processes, devices):
     """Processes labelled as two hosts (JAX_BLINK_HOST_KEY): the three phases across the
@@ -88,7 +91,8 @@ def _shm_names():
         return set()
 
 
-@pytest.mark.parametrize("processes, devices", [(2, 1), (2, 2)])
+# (2 x 2: the killed process's ranks are several threads inside the call)
+@pytest.mark.parametrize("processes, devices", [(2, 2)])
 def test_a_process_killed_inside_a_call_fails_the_others_fast(processes, devices):
     """Process 1 is SIGKILLed while its ranks are inside a psum (timeout 3 s): the other
     process fails within a second, naming the exited process, and nothing is left in

@@ -27,7 +27,10 @@ from jax_blink.choice import decide, machine, predict_cpu, predict_gpu
 from jax_blink.planning import profile as profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = sorted((ROOT / "benchmarks" / "results").glob("profile_*.json"))
+#: Recorded full calibrations, frozen copies (tests/fixtures/README.md): re-running the
+#: calibration benchmark rewrites benchmarks/results/, never these.
+RECORDED = sorted((ROOT / "tests" / "fixtures").glob("profile_*.json"))
+assert RECORDED, "no recorded profile in tests/fixtures/"
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -166,9 +165,8 @@ def test_bad_chunk_counts_are_named(chunks):
 def test_warm_lookup_is_fast_and_survives_the_process_cache(tmp_path):
     t = Topology.preset("dgx1-v100").subset([0, 1, 3, 6])
     cold = plan(t)
-    start = time.perf_counter()
     warm = plan(t)
-    assert warm is cold and time.perf_counter() - start < 0.5
+    assert warm is cold  # the process cache's own object: nothing planned again
     clear_memory_cache()
     disk = plan(Topology.from_json(t.to_json()))  # fresh process cache: read from disk
     assert disk.trees == cold.trees and disk.plan_seconds == cold.plan_seconds
@@ -251,14 +249,18 @@ def test_planning_never_imports_jax():
 
 
 # ------------------------------------------------------- large or extreme inputs
-def test_more_ranks_than_the_limit_are_refused_before_any_work():
-    from jax_blink.planning import MAX_RANKS
+def test_more_ranks_than_the_limit_are_refused_before_any_work(monkeypatch):
+    from jax_blink.planning import MAX_RANKS, planner
+
+    def never(*args, **kwargs):
+        raise AssertionError("planning started")
+
+    monkeypatch.setattr(planner, "Packer", never)
+    monkeypatch.setattr(planner.plan_cache, "lookup", never)
     t = Topology.preset(f"shm:{MAX_RANKS + 1}")
-    start = time.perf_counter()
     with pytest.raises(PlanError, match=f"shm:{MAX_RANKS + 1} has {MAX_RANKS + 1} ranks; plan\\(\\) plans "
                                         f"for at most {MAX_RANKS} ranks"):
         plan(t)
-    assert time.perf_counter() - start < 0.5
 
 
 @pytest.mark.parametrize("links, rate", [

