@@ -6,7 +6,7 @@ rank, all on one GPU through ``jax_blink._blink_cuda_testing``.
         [--iters 10] [--staged] [--preset shm:8] [--executors stream device]
         [--out results.json]
 
-    # both executors side by side at 1, 16 and 256 MB (issue 43's table)
+    # both executors side by side at 1, 16 and 256 MB (gpu_check.sh's executors stage)
     python benchmarks/bench_cuda.py --mbytes 1 16 256 --executors stream device
 
 Reported:
@@ -30,13 +30,12 @@ does) on the same schedules. Recorded results: benchmarks/results/cuda_*.json.
 
 import argparse
 import json
-import sys
-
 import subprocess
+import sys
 
 import numpy as np
 
-from _machine import machine
+import harness
 
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4,
                "int64": 5, "uint32": 6}
@@ -51,13 +50,13 @@ def load_cuda():
 
     try:
         from jax_blink import _blink_cuda
-        harness = _ffi.load_cuda_testing()
+        testing = _ffi.load_cuda_testing()
     except ImportError as e:
         sys.exit(f"bench_cuda: no NVIDIA GPU support ({e}); "
                  "rebuild with a CUDA compiler present (docs/building.md)")
     if _blink_cuda.device_count() < 1:
         sys.exit("bench_cuda: no NVIDIA GPU: _blink_cuda sees no CUDA device")
-    return harness
+    return testing
 
 
 def gpu_name():
@@ -101,7 +100,7 @@ def main(argv=None):
     sizes = [int(mb * 1e6) // ITEMSIZE[args.dtype] * ITEMSIZE[args.dtype] for mb in args.mbytes]
     size = max(sizes)  # the kernel and copy rates are measured at the largest size
     count = size // ITEMSIZE[args.dtype]
-    res = {"machine": machine(gpu=gpu_name()), "dtype": args.dtype, "ranks": args.ranks,
+    res = {"machine": harness.machine(gpu=gpu_name()), "dtype": args.dtype, "ranks": args.ranks,
            "bytes_per_rank": size, "executors": args.executors}
     # Kernel vs copy, over the same number of elements.
     t_copy = cuda.time_kernel(code, count, iters=args.iters, copy=True)

@@ -12,8 +12,8 @@ Reported per (P, size): seconds per call each way (across processes: the
 slowest rank's wall time per call, ``iters`` calls back to back then a sync;
 a rank exports its handles once, and every call meets its peers through the
 host rendezvous and reads their event handles anew) and the ratio, and the
-elements of the last output that differ from numpy's sum (must be 0). Needs
-an NVIDIA GPU.
+elements of the last output farther from the exact sum than rounding allows
+(harness.wrong_elements; must be 0). Needs an NVIDIA GPU.
 """
 
 import argparse
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _machine import machine
+import harness
 from bench_cuda import gpu_name, load_cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -46,7 +46,7 @@ def across_processes(job_dir: Path, nprocs: int, iters: int) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--mbytes", type=float, nargs="*", default=[1.0, 64.0])
     ap.add_argument("--iters", type=int, default=20)
@@ -66,7 +66,6 @@ def main():
                                dtype=np.int64)
             rng = np.random.default_rng(nprocs)
             inputs = [rng.integers(-1000, 1000, count).astype(np.float32) for _ in range(nprocs)]
-            want = np.sum(np.stack(inputs).astype(np.float64), axis=0).astype(np.float32)
             in_process = cuda.time_schedule(sched, iters=args.iters)["seconds"]
             with tempfile.TemporaryDirectory() as d:
                 job = Path(d)
@@ -74,7 +73,7 @@ def main():
                 for r, x in enumerate(inputs):
                     x.tofile(job / f"in{r}.bin")
                 across = across_processes(job, nprocs, args.iters)
-                wrong = sum(int((np.fromfile(job / f"out{r}.bin", dtype=np.float32) != want).sum())
+                wrong = sum(harness.wrong_elements(np.fromfile(job / f"out{r}.bin", dtype=np.float32), inputs)
                             for r in range(nprocs))
             row = dict(processes=nprocs, bytes_per_rank=count * 4, in_process_s=in_process,
                        across_processes_s=across, ratio=across / in_process, wrong=wrong)
@@ -83,7 +82,7 @@ def main():
                   f"{nprocs} processes {across * 1e3:.3f} ms ({across / in_process:.2f}x), "
                   f"{wrong} wrong", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": machine(gpu=gpu_name()),
+        Path(args.out).write_text(json.dumps({"machine": harness.machine(gpu=gpu_name()),
                                               "iters": args.iters, "rows": rows}, indent=1))
 
 

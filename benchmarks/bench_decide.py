@@ -12,7 +12,8 @@ decision's goal there: 10 ms). The libraries a process's first decision imports 
 imported before the timing and timed apart. Nothing runs on a GPU: the decision is
 pure Python (the platform is given as ``"gpu"``).
 
-Writes ``benchmarks/results/decide_<machine>.{json,md}``.
+Writes ``benchmarks/results/decide_<machine>.{json,md}``, ``<machine>`` being this machine's
+tag (``harness.machine_tag``) unless ``--machine`` names another.
 
 Usage: ``python benchmarks/bench_decide.py [--sizes 1M 256M] [--machine NAME]``
 """
@@ -26,11 +27,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-from _machine import RUN_COMMIT, machine
-
-ROOT = Path(__file__).resolve().parent.parent
+import harness
 
 #: The topologies: every GPU preset's whole machine, and DGX-1 V100 allocations with and
 #: without an NVLink ring (the case Blink is for).
@@ -58,12 +56,11 @@ for size in map(int, sys.argv[3:]):
 
 
 def main() -> int:
-    sys.path.insert(0, str(ROOT))
     from jax_blink.cli.sizes import format_size, parse_size
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["1K", "1M", "16M", "64M", "256M"])
-    parser.add_argument("--machine", default="amd-epyc-2core")
+    parser.add_argument("--machine", default=None, help="name in the results files (default: this machine's tag)")
     args = parser.parse_args()
     sizes = [str(parse_size(s)) for s in args.sizes]
     rows, imports = [], []
@@ -72,7 +69,7 @@ def main() -> int:
             env = {**os.environ, "JAX_BLINK_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
             for run in ("empty cache", "warm cache"):
                 out = subprocess.run([sys.executable, "-c", _CHILD, preset, json.dumps(gpus), size],
-                                     env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+                                     env=env, cwd=harness.ROOT, capture_output=True, text=True, check=True).stdout
                 for line in out.splitlines():
                     row = {"run": run, **json.loads(line)}
                     if "imports_s" in row:
@@ -82,9 +79,10 @@ def main() -> int:
                     print(f"{row['topology']:>22} {run}: {format_size(row['size_bytes']):>5} in "
                           f"{row['seconds']:7.3f} s, {'jax_blink' if row['uses_blink'] else 'lax.psum'}",
                           flush=True)
-    commit = RUN_COMMIT
-    info = machine(name=args.machine)
-    out = ROOT / "benchmarks" / "results" / f"decide_{args.machine}"
+    commit = harness.RUN_COMMIT
+    name = args.machine or harness.machine_tag()
+    info = harness.machine(name=name)
+    out = harness.RESULTS / f"decide_{name}"
     out.with_suffix(".json").write_text(json.dumps({"machine": info, "commit": commit, "imports_s": imports,
                                                                "rows": rows}, indent=1))
     lines = [f"# psum's decision time on GPU topologies ({info['cpu']}, {info['cores']} cores)", "",

@@ -5,8 +5,10 @@ each) and on every full preset, that the planned rate equals the certified
 bound (relative 1e-6) for allreduce and for broadcast from every root, and
 that it is never below the ring baseline; reports rate/ring, planning times
 (cold, warm from the process cache, warm from the disk cache) and the tree
-counts after minimisation. Writes ``benchmarks/results/planner_<machine>.json``
+counts after minimisation, and how long lowering takes as the chunks grow. Writes ``benchmarks/results/planner_<machine>.json``
 and a markdown summary next to it.
+
+``<machine>``: this machine's tag (``harness.machine_tag``) unless ``--machine`` names another.
 
 Usage: ``python benchmarks/bench_planner.py [--workers 2] [--machine NAME]``
 """
@@ -18,19 +20,13 @@ import itertools
 import json
 import math
 import os
-import platform
-import re
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
-from _machine import cpu_model
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import harness
 
 RTOL = 1e-6
 FULL_PRESETS = ["dgx1-p100", "dgx1-v100", "dgx2", "dgx-a100", "hgx-h100", "pcie", "shm:8"]
@@ -165,6 +161,29 @@ def summarise(rows):
     return out
 
 
+def lowering_times():
+    """Seconds to lower a plan with 125 and 1,000 chunks per tree (DGX-1 V100 over its fast
+    links, and shm:8): linear lowering takes about 8x as long for 8x the chunks (a quadratic
+    one took 130x), and ``chunks=10**6`` on shm:8 at 500,000 floats (clamped to what fits)."""
+    from jax_blink.planning import plan
+    from jax_blink.topo import Topology
+
+    out = {}
+    for name, p in (("dgx1-v100", plan(Topology.preset("dgx1-v100"), cache=False, links="fast")),
+                    ("shm:8", plan(Topology.preset("shm:8"), cache=False))):
+        times = {}
+        for chunks in (125, 1000):
+            count = len(p.trees) * chunks * 16  # room for every tree's chunks, 16 floats each at least
+            start = time.perf_counter()
+            p.lower(count * 4, "float32", chunks=chunks)
+            times[chunks] = time.perf_counter() - start
+        out[name] = {"seconds_125": times[125], "seconds_1000": times[1000], "ratio": times[1000] / times[125]}
+    start = time.perf_counter()
+    plan(Topology.preset("shm:8"), cache=False).lower(500_000 * 4, "float32", chunks=10**6)
+    out["shm:8 chunks=1e6 at 500k floats"] = {"seconds": time.perf_counter() - start}
+    return out
+
+
 def markdown(result) -> str:
     s = result["summary"]
     lines = [f"# Planner benchmark on {result['machine']['cpu']} ({result['machine']['cores']} cores)", "",
@@ -190,30 +209,30 @@ def markdown(result) -> str:
         lines.append(f"| {preset} | {a['family']} | {a['rate_gbps']:.4g} ({a['bound_gbps']:.4g}, "
                      f"{a['ring_rate_gbps']:.4g}) | {t['allreduce_trees_optimal']} | {t['allreduce_trees_99pct']} | "
                      f"{f['broadcast_rate_gbps_root0']:.4g} | {t['broadcast_trees']} |")
+    low = result["lowering"]
+    lines += ["", "Lowering 1,000 chunks per tree against 125 (8x the chunks; linear: about 8x the time): "
+              + "; ".join(f"{k} {v['seconds_1000']:.2f} s / {v['seconds_125']:.2f} s = {v['ratio']:.1f}x"
+                          for k, v in low.items() if "ratio" in v)
+              + f"; shm:8 with chunks=10**6 at 500,000 floats {low['shm:8 chunks=1e6 at 500k floats']['seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--machine", default=None, help="name for the results file (default: from lscpu)")
+    parser.add_argument("--machine", default=None, help="name in the results files (default: this machine's tag)")
     args = parser.parse_args(argv)
-    cpu = cpu_model()
-    cores = os.cpu_count()
-    machine = args.machine or re.sub(r"[^a-z0-9]+", "-", f"{cpu} {cores}core".lower()).strip("-")
     cache_dir = tempfile.mkdtemp(prefix="jax_blink_bench_")
     cases = subset_cases("dgx1-p100") + subset_cases("dgx1-v100") + full_cases()
     start = time.time()
     with ProcessPoolExecutor(args.workers, initializer=_init_worker, initargs=(cache_dir,)) as pool:
         rows = list(pool.map(plan_case, cases, chunksize=4))
     _init_worker(cache_dir)
-    result = {"machine": {"cpu": cpu, "cores": cores, "python": platform.python_version(),
-                          "workers": args.workers},
-              "wall_seconds": None, "summary": summarise(rows), "warm": warm_times(cache_dir),
-              "trees": tree_counts(), "cases": rows}
-    result["wall_seconds"] = time.time() - start
-    out = ROOT / "benchmarks" / "results" / f"planner_{machine}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    summary, warm, trees, lowering = summarise(rows), warm_times(cache_dir), tree_counts(), lowering_times()
+    # the machine read only now: that imports jax, which the pool's forked workers need not inherit
+    result = {"machine": harness.machine(workers=args.workers), "wall_seconds": time.time() - start,
+              "summary": summary, "warm": warm, "trees": trees, "lowering": lowering, "cases": rows}
+    out = harness.RESULTS / f"planner_{args.machine or harness.machine_tag()}.json"
     out.write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

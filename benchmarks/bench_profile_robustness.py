@@ -7,9 +7,10 @@ a choice is wrong when the side it picked is slower there by more than ``--toler
 counts as wrong on the same terms.
 
     python benchmarks/bench_profile_robustness.py [--runs 6] [--truth-rounds 61]
-        [--tolerance 0.1] [--json OUT]
+        [--tolerance 0.1] [--json OUT] [--machine NAME]
 
-Exit status 1 when any choice was wrong. Recorded: benchmarks/results/quick_profiles_*.json.
+Writes ``benchmarks/results/quick_profiles_<machine>.json`` (``--machine``: another name;
+``--json``: another file). Exit status 1 when any choice was wrong.
 """
 
 import argparse
@@ -21,18 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
-os.environ["JAX_PLATFORMS"] = "cpu"
+import harness
 
-from jax_blink import settings  # noqa: E402
+harness.cpu_devices(8)  # before jax is imported
 
-settings.set_xla_cpu_threads()
-
-from _machine import machine, machine_tag  # noqa: E402
-
-from jax_blink.measure import calibration
 from jax_blink.choice import decide, machine as machines  # noqa: E402
+from jax_blink.measure import calibration  # noqa: E402
 
 SIZES = {"allreduce": calibration.QUICK_ELEMENTS,
          **{c: sizes[::2] for c, sizes in calibration.COLLECTIVE_ELEMENTS.items()}}  # a quick one's
@@ -63,7 +58,9 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--truth-rounds", type=int, default=61)
     ap.add_argument("--tolerance", type=float, default=0.1)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None,
+                    help="write the results here (default: benchmarks/results/quick_profiles_<machine>.json)")
+    ap.add_argument("--machine", default=None, help="the machine's name in the default results file")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     measured = truth(args.truth_rounds)
@@ -102,11 +99,11 @@ def main(argv=None):
                     print(f"    {r['collective']} {r['elements']:g}: chose {r['chose']}, blink "
                           f"{r['blink_us']:.0f} us, lax {r['lax_us']:.0f} us")
     print(f"wrong: {wrong_total} of {total} choices")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "tag": machine_tag(),
-                                               "truth_rounds": args.truth_rounds,
-                                               "tolerance": args.tolerance, "runs": runs,
-                                               "wrong": wrong_total, "choices": total}, indent=1) + "\n")
+    path = Path(args.json or harness.RESULTS / f"quick_profiles_{args.machine or harness.machine_tag()}.json")
+    path.write_text(json.dumps({"machine": harness.machine(), "tag": harness.machine_tag(),
+                                "truth_rounds": args.truth_rounds, "tolerance": args.tolerance, "runs": runs,
+                                "wrong": wrong_total, "choices": total}, indent=1) + "\n")
+    print(f"wrote {path}")
     return 1 if wrong_total else 0
 
 

@@ -1,60 +1,48 @@
-"""Training steps with their gradients summed: no communication, lax.psum, jax_blink (issue 28).
+"""Training steps on 8 virtual CPU devices, their collectives by jax_blink against lax's.
 
-A user runs training steps, not isolated collectives. On 8 virtual CPU
-devices this times, interleaved in one process:
+A user runs training steps, not isolated collectives: each subcommand times whole steps,
+the variants interleaved in one process (``harness.interleaved``).
 
-* data-parallel MLPs (``python -m jax_blink bench --steps``, the issue's
-  8 x 1024 x 1024 MLP with batch 64 per device and other shapes): gradients
-  from ``jax.grad`` summed by nothing, ``lax.psum``, ``jax_blink.psum`` in one
-  bucket, ``jax_blink.psum`` with its default buckets, and ``jax_blink.psum``
-  called once per leaf (``jax.tree.map``, as code written for lax.psum often
-  does: XLA merges lax's per-leaf all-reduces into one, it cannot merge
-  jax_blink's custom calls);
-* the ResNet of ``examples/flax_resnet.py`` (AdamW, its own step function):
-  no communication, ``lax.psum`` (JAX's implicit cast), ``jax_blink.pvary``
-  in one bucket and with its default buckets;
+* ``mlp``: data-parallel MLPs and the ResNet of ``examples/flax_resnet.py``, their
+  gradients summed by nothing, ``lax.psum`` or ``jax_blink.psum`` (one bucket, default
+  buckets, once per leaf), and one step's timeline from a ``jax.profiler`` trace;
+* ``fsdp``: a fully-sharded + tensor-parallel step on a 4 x 2 mesh, its all-gathers and
+  reduce-scatters by jax_blink's drop-ins against lax's.
 
-and draws one step of the 8 x 1024 MLP from a ``jax.profiler`` trace: per
-device, XLA's compute and each bucket's collective, from its dispatch to its
-completion (``--png``; the trace itself opens in Perfetto,
-https://ui.perfetto.dev).
+Each writes ``benchmarks/results/<name>_<machine>`` (``steps.{json,md}`` and
+``step_timeline.png``; ``fsdp.json``), ``<machine>`` being this machine's tag
+(``harness.machine_tag``) unless ``--machine`` names another. Run from the repository root,
+on an otherwise idle machine:
 
-    python benchmarks/bench_steps.py [--rounds 9] [--out benchmarks/results]
+    python benchmarks/bench_steps.py mlp [--rounds 9] [--no-resnet] [--out benchmarks/results] [--machine NAME]
+    python benchmarks/bench_steps.py fsdp [--layers 9] [--width 256] [--batch 32] [--rounds 41] [--json OUT]
+        [--machine NAME]
 """
 
-import os
-
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-from jax_blink.settings import set_xla_cpu_threads  # imports no jax
-set_xla_cpu_threads()  # XLA CPU\'s threads: twice the devices
+from __future__ import annotations
 
 import argparse
 import glob
 import gzip
 import importlib.util
 import json
+import os
 import sys
 import tempfile
-import time
+from pathlib import Path
 
 import numpy as np
 
-import jax
-import jax.numpy as jnp
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+import harness
 
-import jax_blink
-from jax_blink import settings
-from jax_blink.measure.timing import PER_LEAF, STEP_VARIANTS, mlp_step, run_steps
-from _machine import RUN_COMMIT, machine, machine_tag
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLPS = [(8, 1024), (4, 2048), (16, 512), (4, 512), (8, 256)]
 
 
+# --- mlp ---------------------------------------------------------------------------------
+
 def load_example():
-    spec = importlib.util.spec_from_file_location("flax_resnet", os.path.join(ROOT, "examples", "flax_resnet.py"))
+    path = harness.ROOT / "examples" / "flax_resnet.py"
+    spec = importlib.util.spec_from_file_location("flax_resnet", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -62,8 +50,13 @@ def load_example():
 
 def resnet_steps(rounds, reps=5):
     """Median step time of the example's ResNet step under each way of summing its gradients."""
+    import jax
     import optax
     from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jax_blink
+    from jax_blink import settings
 
     ex = load_example()
     n = jax.device_count()
@@ -91,16 +84,17 @@ def resnet_steps(rounds, reps=5):
         steps[name] = step.lower(params, opt, xb, yb).compile()
         state[name] = (params, opt)
     calls = {k: f.as_text().count('custom_call_target="jax_blink_collective') for k, f in steps.items()}  # both targets
-    times = {k: [] for k in steps}
-    for _ in range(rounds):
-        for name, f in steps.items():
-            start = time.perf_counter()
+
+    def train(name):
+        def call():
             for _ in range(reps):  # training goes on (the step donates its state)
-                params, opt, metrics = f(*state[name], xb, yb)
+                params, opt, metrics = steps[name](*state[name], xb, yb)
                 state[name] = (params, opt)
                 jax.block_until_ready(metrics)
-            times[name].append((time.perf_counter() - start) / reps)
-    med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+        return call
+
+    times = harness.interleaved({name: train(name) for name in steps}, rounds)
+    med = {k: float(np.median(v)) / reps * 1e3 for k, v in times.items()}
     return [{"model": "resnet (examples/flax_resnet.py)", "variant": k, "step_ms": v,
              "vs_none": v / med["none"], "vs_lax": v / med["lax.psum"], "collectives": calls[k]}
             for k, v in med.items()]
@@ -108,6 +102,12 @@ def resnet_steps(rounds, reps=5):
 
 def trace_one_step(depth, width, trace_dir):
     """One profiled step of the MLP with default buckets; returns the trace file."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jax_blink.measure.timing import mlp_step
+
     n = jax.device_count()
     mesh = jax.make_mesh((n,), ("data",))
     step, params = mlp_step(mesh, depth, width, "jax_blink")
@@ -181,10 +181,10 @@ def plot_timeline(devices, title, path):
     plt.close(fig)
 
 
-def markdown(result):
+def steps_markdown(result):
     lines = [f"# Training steps with their gradients summed ({result['machine']['cpu']}, "
              f"{result['machine']['cores']} cores, {result['devices']})", "",
-             f"`python benchmarks/bench_steps.py`, commit {result['commit']}; median of "
+             f"`python benchmarks/bench_steps.py mlp`, commit {result['commit']}; median of "
              f"{result['rounds']} interleaved rounds. `vs none`: step time over the step with no "
              "communication; `vs lax`: over the step whose gradients lax.psum sums. `calls`: "
              "jax_blink custom calls per step; `#wrong`: summed-gradient elements outside the "
@@ -203,19 +203,37 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    ap.add_argument("--no-resnet", action="store_true")
-    args = ap.parse_args()
+def mlp(args) -> int:
+    """Training steps with their gradients summed: no communication, lax.psum, jax_blink.
+
+    On 8 virtual CPU devices this times, interleaved in one process:
+
+    * data-parallel MLPs (as ``python -m jax_blink bench --steps``: the 8 x 1024 x 1024 MLP
+      with batch 64 per device and other shapes): gradients from ``jax.grad`` summed by
+      nothing, ``lax.psum``, ``jax_blink.psum`` in one bucket, ``jax_blink.psum`` with its
+      default buckets, and ``jax_blink.psum`` called once per leaf (``jax.tree.map``, as
+      code written for lax.psum often does: XLA merges lax's per-leaf all-reduces into one,
+      it cannot merge jax_blink's custom calls);
+    * the ResNet of ``examples/flax_resnet.py`` (AdamW, its own step function): no
+      communication, ``lax.psum`` (JAX's implicit cast), ``jax_blink.pvary`` in one bucket
+      and with its default buckets;
+
+    and draws one step of the 8 x 1024 MLP from a ``jax.profiler`` trace: per device, XLA's
+    compute and each bucket's collective, from its dispatch to its completion (the trace
+    itself opens in Perfetto, https://ui.perfetto.dev).
+
+    Writes ``steps_<machine>.{json,md}`` and ``step_timeline_<machine>.png`` into ``--out``."""
     try:  # before the runs, not after them: a bad --out is said at once
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
-        ap.error(f"--out {args.out}: {e.strerror or e}")
-    tag = machine_tag()
-    from jax_blink.choice import predict_cpu
+        args.parser.error(f"--out {args.out}: {e.strerror or e}")
+    harness.cpu_devices()
+    import jax
 
+    from jax_blink.choice import predict_cpu
+    from jax_blink.measure.timing import PER_LEAF, STEP_VARIANTS, run_steps
+
+    tag = args.machine or harness.machine_tag()
     profile = predict_cpu.cpu_allreduce(4, devices=jax.device_count()).source
     print(f"# jax_blink (auto): psum's choices and buckets from {profile}")
     rows, devices = run_steps(MLPS, rounds=args.rounds, variants=STEP_VARIANTS + (PER_LEAF,))
@@ -229,17 +247,118 @@ def main():
         devices_tl = timeline(trace_one_step(8, 1024, tmp))
     plot_timeline(devices_tl, "one step of the 8 x 1024 MLP, gradients summed by jax_blink.psum "
                   "(default buckets), 8 CPU devices", png)
-    commit = RUN_COMMIT
-    result = {"machine": machine(jax=jax.__version__), "devices": devices, "commit": commit,
+    result = {"machine": harness.machine(jax=jax.__version__), "devices": devices, "commit": harness.RUN_COMMIT,
               "rounds": args.rounds, "profile": profile, "rows": rows, "png": png,
               "timeline": {str(d): row for d, row in devices_tl.items()}}
     base = os.path.join(args.out, f"steps_{tag}")
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(base + ".md", "w") as f:
-        f.write(markdown(result))
+        f.write(steps_markdown(result))
     print(f"wrote {base}.json, {base}.md and {png}", file=sys.stderr)
+    return 0
+
+
+# --- fsdp --------------------------------------------------------------------------------
+
+def make_fsdp_step(all_gather, mesh, layers):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def loss(params, x):
+        h = x
+        for w in params:  # w: this device's (rows / data, columns / model) block
+            full = all_gather(w, "data", axis=0, tiled=True)  # FSDP: the layer's rows
+            h = jnp.tanh(h @ full)                             # this device's output columns
+            h = all_gather(h, "model", axis=1, tiled=True)     # TP: every column
+        return jnp.sum(h * h)
+
+    def step(params, x):
+        grads = jax.grad(loss)(params, x)  # the gathers' transposes: reduce-scatters
+        return [w - 1e-3 * g for w, g in zip(params, grads)]
+
+    specs = [P("data", "model")] * layers
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(specs, P("data")), out_specs=specs))
+
+
+def fsdp(args) -> int:
+    """A fully-sharded + tensor-parallel training step with small shards on a 4 x 2 mesh of
+    CPU devices, its all-gathers and reduce-scatters by jax_blink's drop-ins against the
+    same step with lax's, interleaved in one process.
+
+    Each of ``--layers`` layers gathers its weight's rows over ``data`` (FSDP) and its
+    activations' columns over ``model`` (tensor parallel); the backward pass transposes both
+    into reduce-scatters: 4 collectives per layer. With this machine's profile the drop-ins
+    choose per call between their plan and lax (:mod:`jax_blink.choice.decide`).
+
+    Writes ``fsdp_<machine>.json`` (``--json``: elsewhere). Recorded as well:
+    ``fsdp_recorded_defaults_*.json``, run with JAX_BLINK_PROFILE=defaults, where no
+    measurement of the gathers and scatters exists."""
+    harness.cpu_devices()
+    import jax
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jax_blink
+
+    tag = args.machine or harness.machine_tag()
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    params = [jax.device_put(rng.standard_normal((args.width, args.width)).astype(np.float32) / 16,
+                             NamedSharding(mesh, P("data", "model"))) for _ in range(args.layers)]
+    x = jax.device_put(rng.standard_normal((args.batch, args.width)).astype(np.float32),
+                       NamedSharding(mesh, P("data")))
+    steps = {k: make_fsdp_step(f, mesh, args.layers)
+             for k, f in (("jax_blink", jax_blink.all_gather), ("lax", lax.all_gather))}
+    out = {k: jax.block_until_ready(f(params, x)) for k, f in steps.items()}
+    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(out["jax_blink"], out["lax"]))
+    calls = steps["jax_blink"].lower(params, x).as_text().count("jax_blink_collective")
+    times = harness.interleaved({k: (lambda f=f: jax.block_until_ready(f(params, x))) for k, f in steps.items()},
+                                args.rounds)
+    med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+    ratios = np.asarray(times["jax_blink"]) / np.asarray(times["lax"])  # per round
+    profile = jax_blink.machine_profile()
+    res = {"machine": harness.machine(), "tag": tag, "layers": args.layers, "width": args.width,
+           "batch": args.batch, "rounds": args.rounds, "step_ms": med,
+           "ratio": med["jax_blink"] / med["lax"], "paired_ratio_median": float(np.median(ratios)),
+           "paired_ratio_iqr": [float(np.percentile(ratios, 25)), float(np.percentile(ratios, 75))],
+           "jax_blink_calls_in_program": calls, "max_abs_difference": worst,
+           "profile": None if profile is None else profile.named("1x8")}
+    print(f"step: jax_blink {med['jax_blink']:.2f} ms, lax {med['lax']:.2f} ms, ratio {res['ratio']:.2f} "
+          f"(paired median {res['paired_ratio_median']:.2f}, IQR {res['paired_ratio_iqr'][0]:.2f}-"
+          f"{res['paired_ratio_iqr'][1]:.2f}); jax_blink calls in the program: {calls}; "
+          f"largest difference from lax's step {worst:.2e}")
+    path = Path(args.json or harness.RESULTS / f"fsdp_{tag}.json")
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(run, help):
+        p = sub.add_parser(run.__name__, help=help, description=run.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--machine", default=None, help="name in the results files (default: this machine's tag)")
+        p.set_defaults(run=run, parser=p)
+        return p
+
+    p = command(mlp, "data-parallel MLPs and the example's ResNet, and one step's timeline")
+    p.add_argument("--rounds", type=int, default=9, help="interleaved rounds (median)")
+    p.add_argument("--out", default=str(harness.RESULTS), help="folder for the results files")
+    p.add_argument("--no-resnet", action="store_true", help="the MLPs alone")
+    p = command(fsdp, "an FSDP + tensor-parallel step on a 4 x 2 mesh")
+    p.add_argument("--layers", type=int, default=9)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=41, help="interleaved rounds (median)")
+    p.add_argument("--json", default=None, help="write the results JSON here instead")
+    args = parser.parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

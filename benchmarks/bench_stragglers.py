@@ -1,8 +1,8 @@
 """A late rank on 8 CPU devices: the time from its arrival to the allreduce's end, per plan.
 
-Issue 46, item 3. One rank (``--late``, default 3) arrives late by 1, 5 or 20 ms (and 0, to
-show what each plan costs when nobody is late); the others are there at once. Three
-lowerings of the ``shm:8`` allreduce run, interleaved call by call:
+One rank (``--late``, default 3) arrives late by 1, 5 or 20 ms (and 0, to show what each
+plan costs when nobody is late); the others are there at once. Three lowerings of the
+``shm:8`` allreduce run, interleaved call by call:
 
 * ``plain``:   the plan psum uses without ``slow_ranks`` (every rank roots a star of
   an eighth of the vector and is a child in the seven others);
@@ -25,7 +25,8 @@ plan (``JAX_BLINK_ALGO=blink``), and by ``lax.psum``; one device's host callback
 program). Its *after arrival* is the step time minus the delay; the step without the
 sleep is reported as well.
 
-Writes ``benchmarks/results/stragglers_<machine>.{json,md}``.
+Writes ``benchmarks/results/stragglers_<machine>.{json,md}`` (``--machine``: another name,
+``--results``: another folder).
 
     python benchmarks/bench_stragglers.py [--sizes 1e5 1e6] [--delays 0 1 5 20] [--rounds 15] [--step]
 """
@@ -34,24 +35,19 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-from jax_blink.settings import set_xla_cpu_threads  # imports no jax
-set_xla_cpu_threads()  # XLA CPU\'s threads: twice the devices
+import harness
+
+harness.cpu_devices(8)  # before jax is imported
 os.environ.setdefault("JAX_BLINK_ALGO", "blink")  # the step's psum on the plan, not lax, at every size
 
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _machine import machine, machine_tag
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 N = 8
 TIMEOUT_MS = 60000
@@ -175,15 +171,11 @@ def step_rows(delays, late, rounds, width, depth, batch) -> list:
         steps = {name: make(way, delay) for name, way in ways.items()}
         for f in steps.values():
             jax.block_until_ready(f(params, x, y))  # compile
-        got = {name: [] for name in steps}
-        for _ in range(rounds):
-            for name, f in steps.items():
-                t0 = time.perf_counter()
-                jax.block_until_ready(f(params, x, y))
-                got[name].append((time.perf_counter() - t0) * 1e3)
+        got = harness.interleaved({name: (lambda f=f: jax.block_until_ready(f(params, x, y)))
+                                   for name, f in steps.items()}, rounds)
         row = {"delay_ms": delay}
         for name, samples in got.items():
-            row[f"{name}_step_ms"] = statistics.median(samples)
+            row[f"{name}_step_ms"] = 1e3 * float(np.median(samples))
             row[f"{name}_after_ms"] = row[f"{name}_step_ms"] - delay
         row["slow_ranks_over_plain_after"] = row["slow_ranks_after_ms"] / row["plain_after_ms"]
         row["slow_ranks_over_lax_step"] = row["slow_ranks_step_ms"] / row["lax_step_ms"]
@@ -234,19 +226,20 @@ def main():
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--machine", default=machine_tag(), help="result file name (default: this machine's)")
+    ap.add_argument("--machine", default=harness.machine_tag(), help="result file name (default: this machine's)")
+    ap.add_argument("--results", default=str(harness.RESULTS), help="the folder to write them to")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     sizes = [int(float(s)) for s in args.sizes]
-    print(f"# {machine()}")
+    print(f"# {harness.machine()}")
     rows, picked = collective_rows(sizes, args.delays, args.late, args.rounds, args.calls)
-    result = {"machine": machine(), "late": args.late, "rounds": args.rounds, "calls": args.calls,
+    result = {"machine": harness.machine(), "late": args.late, "rounds": args.rounds, "calls": args.calls,
               "psum_runs": picked, "collective": rows, "method": __doc__.split("\n\n")[2:4]}
     if args.step:
         result["step_model"] = {"width": args.width, "depth": args.depth, "batch": args.batch}
         result["step"] = step_rows(args.delays, args.late, args.step_rounds, args.width, args.depth, args.batch)
     if not args.no_write:
-        out = ROOT / "benchmarks" / "results" / f"stragglers_{args.machine}"
+        out = Path(args.results) / f"stragglers_{args.machine}"
         out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
         out.with_suffix(".md").write_text(markdown(result))
         print(f"wrote {out}.json and .md")

@@ -1,7 +1,7 @@
 """Wrong values under load: N processes (default 2, 4 and 8 in turn) run the
 CUDA executor on one GPU at the same time, each calling every kind of
 schedule through the single-GPU harness with fresh inputs, and count the
-elements that differ from the exact answer (issue 42).
+elements that differ from the exact answer.
 
     python benchmarks/gpu_stress.py [--processes 2 4 8] [--seconds 30]
         [--backend cuda|emulator] [--executor stream|device] [--legacy-upload]
@@ -26,10 +26,10 @@ Errors are counted apart from wrong elements.
 
 --backend emulator runs the same harness code over the host stream emulator
 (no GPU; slow, for trying the script); with --executor device, the device
-executor's host build with delayed setup writes. --legacy-upload uploads the inputs as
-the harness did before issue 42's fix (on the legacy default stream, which
-the executor's non-blocking streams do not wait for): on a GPU it should
-reproduce the wrong sums, which confirms the cause.
+executor's host build with delayed setup writes. --legacy-upload uploads the inputs
+the way that once gave wrong sums (on the legacy default stream, which the executor's
+non-blocking streams do not wait for): on a GPU it should reproduce them, which
+confirms their cause.
 
 Recorded results: benchmarks/results/gpu_stress_*.json.
 """
@@ -45,8 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
+import harness
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests"))  # reference.py: the schedules and their exact answers
 
 DTYPES = ["float32", "bfloat16", "int32", "uint32"]
 OPS = ["sum", "max", "min"]
@@ -116,22 +118,22 @@ def worker(args):
 
         if _blink_cuda.device_count() < 1:
             sys.exit("gpu_stress: no CUDA device")
-        harness = _ffi.load_cuda_testing()
+        testing = _ffi.load_cuda_testing()
 
         def run(words, inputs, direct):
             if args.executor == "device":
-                res = harness.run_device(words, inputs)
+                res = testing.run_device(words, inputs)
                 return res["errors"][0], res["outputs"]
-            return [None], harness.run_schedule(words, inputs, direct=direct,
+            return [None], testing.run_schedule(words, inputs, direct=direct,
                                                 legacy_upload=args.legacy_upload)
     else:
-        harness = _ffi.load_testing()
+        testing = _ffi.load_testing()
 
         def run(words, inputs, direct):
             if args.executor == "device":
-                (errors, outputs), = harness.run_fresh_device_executors(words, inputs, executors=1)[0]
+                (errors, outputs), = testing.run_fresh_device_executors(words, inputs, executors=1)[0]
                 return errors, outputs
-            return [None], harness.emulate_run_schedule(
+            return [None], testing.emulate_run_schedule(
                 words, inputs, direct=direct, seed=int(rng.integers(1 << 30)),
                 legacy_upload=args.legacy_upload)["outputs"]
     calls = wrong = wrong_calls = elements = errors = 0
@@ -163,9 +165,8 @@ def worker(args):
                                     f"{diff} of {want.size} elements wrong")
         wrong += bad
         wrong_calls += bad > 0
-    print("RESULT " + json.dumps({"calls": calls, "wrong_elements": wrong, "wrong_calls": wrong_calls,
-                                  "errors": errors, "elements_checked": elements,
-                                  "examples": examples}), flush=True)
+    harness.print_result({"calls": calls, "wrong_elements": wrong, "wrong_calls": wrong_calls,
+                          "errors": errors, "elements_checked": elements, "examples": examples})
 
 
 def run_processes(nprocs, args):
@@ -186,11 +187,11 @@ def run_processes(nprocs, args):
             out, err = p.communicate()
             failures.append(f"process {i}: no result within {args.seconds + args.grace} s (killed)")
             continue
-        line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-        if p.returncode != 0 or line is None:
+        result = harness.read_result(out)
+        if p.returncode != 0 or result is None:
             failures.append(f"process {i}: exit {p.returncode}: {err[-1500:]}")
         else:
-            results.append(json.loads(line[len("RESULT "):]))
+            results.append(result)
     return results, failures
 
 
@@ -210,8 +211,6 @@ def main():
     if args.worker:
         worker(args)
         return 0
-    from _machine import machine
-
     rows, status = [], 0
     print(f"{'procs':>5} {'calls':>8} {'wrong calls':>11} {'wrong elements':>14} {'errors':>6} "
           f"{'failed':>6}")
@@ -236,7 +235,7 @@ def main():
     if args.backend == "cuda":
         from bench_cuda import gpu_name
         gpu = gpu_name()
-    doc = {"machine": machine(gpu=gpu), "backend": args.backend, "executor": args.executor,
+    doc = {"machine": harness.machine(gpu=gpu), "backend": args.backend, "executor": args.executor,
            "legacy_upload": args.legacy_upload, "seconds_per_count": args.seconds, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,7 +1,8 @@
 """What every benchmark shares: the machine record beside its results, the timing, the
 wrong-element check and the result line of a local job's processes.
 
-The timing is calibrate's own (:mod:`jax_blink.measure.rounds`: interleaved rounds, the
+Nothing here imports jax: a benchmark sets jax's environment up (:func:`cpu_devices`)
+after importing it. The timing is calibrate's own (:mod:`jax_blink.measure.rounds`: interleaved rounds, the
 median of paired differences and its spread), and so is the check
 (:func:`jax_blink.numerics.wrong_elements`); they are re-exported here so that a benchmark
 imports one module.
@@ -19,19 +20,27 @@ from typing import Optional, Sequence
 
 from jax_blink.measure.rounds import interleaved, paired, paired_spread, print_result, read_result
 from jax_blink.numerics import wrong_elements
+from jax_blink.planning.profile import cpu_model  # (the CPU a machine's profile is keyed by)
 
-__all__ = ["ROOT", "RESULTS", "cpu_model", "commit", "RUN_COMMIT", "machine_tag", "machine", "job_result",
+__all__ = ["ROOT", "RESULTS", "cpu_model", "cpu_devices", "commit", "RUN_COMMIT", "machine_tag", "machine", "job_result",
            "interleaved", "paired", "paired_spread", "print_result", "read_result", "wrong_elements"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (the one a machine's profile is keyed by)."""
-    from jax_blink.choice.machine import cpu_model as model
+def cpu_devices(n: int = 8) -> None:
+    """``n`` virtual CPU devices (unless ``XLA_FLAGS`` already sets a count), jax on the
+    CPU (unless ``JAX_PLATFORMS`` names another platform) and XLA CPU's threads for them
+    (``settings.set_xla_cpu_threads``). jax reads these once, when it is imported or starts
+    its CPU client, so this runs before the first import of jax."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from jax_blink.settings import set_xla_cpu_threads  # imports no jax
 
-    return model()
+    set_xla_cpu_threads()
 
 
 def commit() -> str:

@@ -55,7 +55,7 @@ def _size(count) -> str:
 
 
 def psum_cpu(data: dict) -> str:
-    """bench_psum_cpu.py's rows: each call's time and the time it adds to the step without it."""
+    """bench_cpu.py psum's rows: each call's time and the time it adds to the step without it."""
     lines = ["| elements per device | no psum | lax.psum | jax_blink.psum | blink / lax | added by lax | "
              "added by jax_blink | added: blink / lax | wrong |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -66,7 +66,7 @@ def psum_cpu(data: dict) -> str:
 
 
 def multiprocess(data: dict) -> str:
-    """bench_multiprocess.py's rows: jax_blink / lax time per op, layout and size; ``lax (r)``
+    """bench_processes.py multiprocess's rows: jax_blink / lax time per op, layout and size; ``lax (r)``
     where jax_blink itself ran lax's collective (r: two runs of one program, this machine's noise)."""
     layouts = [(res["processes"], res["devices_per_process"]) for res in data["results"]]
     ops = list(dict.fromkeys(r["op"] for res in data["results"] for r in res["rows"]))
@@ -89,7 +89,7 @@ def multiprocess(data: dict) -> str:
 
 
 def host_transport(data: dict) -> str:
-    """bench_host_transport.py's rows: per layout and size, jax_blink over the host transport
+    """bench_processes.py host_transport's rows: per layout and size, jax_blink over the host transport
     (interleaved with the others, and alone), lax.psum (gloo) and the path without the host
     transport, in ms and as ratios to lax."""
     lines = ["| processes x devices | elements per device | jax_blink | jax_blink alone | lax.psum | "

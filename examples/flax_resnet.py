@@ -213,7 +213,7 @@ def make_train_step(graphdef, tx, collectives, mesh, n_dev: int, check_vma: bool
     """jit(shard_map(step)): grads summed by the cast's transpose, optax update.
 
     (``check_vma=False`` with identity collectives times the step without any
-    communication: benchmarks/bench_steps.py.)"""
+    communication: benchmarks/bench_steps.py mlp.)"""
     psum, cast = collectives
 
     def step(params, opt_state, x, y):

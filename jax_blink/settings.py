@@ -28,7 +28,7 @@ __all__ = ["ALGOS", "algo", "plan_file", "DEFAULT_MIN_BYTES", "DEFAULT_TIMEOUT_S
 
 #: Per-device size (bytes, per dtype group) below which psum calls lax.psum.
 #: On 8 CPU devices jax_blink is faster at every size measured, down to one
-#: element (benchmarks/bench_psum_cpu.py), so only empty values fall back by
+#: element (benchmarks/bench_cpu.py psum), so only empty values fall back by
 #: default. Raise it to leave many tiny psums to XLA, which can combine them
 #: into one all-reduce.
 DEFAULT_MIN_BYTES = 0

@@ -15,7 +15,6 @@ import functools
 import hashlib
 import logging
 import os
-import platform as _platform
 import threading
 from pathlib import Path
 from typing import Optional
@@ -35,18 +34,6 @@ _loaded: dict = {}  # (path, mtime_ns, size) -> Profile or None
 _noted = set()
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the platform's best guess."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return _platform.processor() or _platform.machine() or "unknown"
-
-
 @functools.lru_cache(maxsize=1)
 def _build_id() -> str:
     """A digest of the extension module that executes the schedules (a rebuild, even of
@@ -62,7 +49,7 @@ def _build_id() -> str:
 def machine_key() -> dict:
     """The identity a profile must match to be used here (see the module docstring)."""
     device = jax.local_devices()[0]
-    key = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": device.platform,
+    key = {"cpu": profiles.cpu_model(), "cores": os.cpu_count(), "platform": device.platform,
            "device_kind": device.device_kind, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
            "build": _build_id()}
     if device.platform != "cpu":

@@ -11,7 +11,7 @@ program without a collective), ``blink`` (``jax_blink.psum`` forced onto the pla
 (``lax.psum``) and, for benchmarks, ``auto`` (``jax_blink.psum`` as users call it). What a
 collective adds to a program is the median, over the rounds, of its call's time minus the
 collective-free call's next to it (paired, so that the machine's drift cancels): the quantity
-psum's choice and the bucket size compare (:mod:`jax_blink.choice.predict_cpu`). ``benchmarks/bench_psum_cpu.py``
+psum's choice and the bucket size compare (:mod:`jax_blink.choice.predict_cpu`). ``benchmarks/bench_cpu.py psum``
 measures with the same function.
 
 :func:`calibrate` measures the devices of this process (one layout, ``1xN``: the allreduce,

@@ -31,8 +31,7 @@ __all__ = ["LATENCY_US", "CPU_ALLREDUCE_US", "CPU_HOST_ALLREDUCE_US", "CPU_CROSS
 #: microseconds. ``nvlink``, ``pcie`` and ``net`` are nominal wire latencies.
 #: ``shm`` is measured, not a wire latency: with 8 device threads on 2 cores
 #: a step that waits on a peer waits for that peer's thread to be scheduled,
-#: and more pipeline chunks did not pay off at any size
-#: (``benchmarks/bench_psum_cpu.py --chunks 1,4,12``), so the lowering picks
+#: so that more pipeline chunks do not pay off, and the lowering picks
 #: one chunk per tree up to ~4 MB per device and few above; the simulator,
 #: which uses the same table, therefore models shared memory as slow.
 LATENCY_US = {"nvlink": 0.7, "pcie": 1.0, "net": 5.0, "shm": 2000.0}
@@ -90,7 +89,7 @@ MAX_CHUNKS = 64
 #: The CPU model where no profile covers the call: what one allreduce adds to a program
 #: (microseconds per call) on jax_blink's CPU executor and with lax.psum over 8 CPU devices,
 #: by float32 elements per device. Measured, since the simulator does not model host threads
-#: sharing cores (``benchmarks/bench_psum_cpu.py``, 2-core AMD EPYC:
+#: sharing cores (``benchmarks/bench_cpu.py psum``, 2-core AMD EPYC:
 #: ``benchmarks/results/psum_cpu_amd-epyc-2core.json``; a test replays it).
 CPU_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000),
@@ -101,8 +100,8 @@ CPU_ALLREDUCE_US = {
 
 #: The CPU model across processes of one host where no profile covers the call: one
 #: allreduce over 2 processes x 1 CPU device (microseconds), ``blink`` over the host
-#: transport, ``lax`` = lax.psum over gloo (``benchmarks/bench_host_transport.py``, 2-core
-#: AMD EPYC: ``benchmarks/results/host_transport_amd-epyc-2core.json``; a test replays it).
+#: transport, ``lax`` = lax.psum over gloo (``benchmarks/bench_processes.py host_transport``,
+#: 2-core AMD EPYC: ``benchmarks/results/host_transport_amd-epyc-2core.json``; a test replays it).
 CPU_HOST_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 4_000_000),
     "blink": (111.8, 108.8, 123.0, 145.4, 256.2, 1219.7, 4167.4),
@@ -113,7 +112,7 @@ CPU_HOST_ALLREDUCE_US = {
 #: Over CPU devices spanning hosts, the per-device input bytes ``(low, high)`` where the
 #: hierarchical reduce-scatter (a second collective per call: it wins only from 4 MB) and
 #: all-gather (a reordering copy of the whole result: it loses from 4 MB) beat lax's
-#: (``benchmarks/bench_multiprocess.py``: ``benchmarks/results/multiprocess_cpu.json``).
+#: (``benchmarks/bench_processes.py multiprocess``: ``benchmarks/results/multiprocess_cpu.json``).
 CPU_CROSS_PROCESS_BYTES = {"reduce_scatter": (4e6, math.inf), "allgather": (0.0, 1e6)}
 
 

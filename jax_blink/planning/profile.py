@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import math
+import platform
 from pathlib import Path
 from typing import Optional
 
@@ -40,7 +41,7 @@ from jax_blink.planning.cache import disk_store
 from jax_blink.planning.cost import cpu_allreduce_seconds
 
 __all__ = ["Profile", "ProfileError", "FORMAT", "VERSION", "COLLECTIVES", "path_for", "load", "save",
-           "nearest_layout", "best_bucket"]
+           "nearest_layout", "best_bucket", "cpu_model"]
 
 logger = logging.getLogger("jax_blink")
 
@@ -51,6 +52,19 @@ _WHICH = ("blink", "lax")
 
 class ProfileError(ValueError):
     """A machine profile that cannot be used: unreadable, corrupt, or of another machine."""
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's best guess: the ``cpu`` of a
+    profile's key."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def _digest(key: dict) -> str:

@@ -4,7 +4,7 @@
 from a simulation), the bytes every SEND puts on each directed arc of the
 topology and returns the time the most loaded arc needs for them. A schedule
 whose pipeline keeps that arc busy reaches it; ``tests/sim/test_fidelity.py``
-and ``benchmarks/sim_fidelity.py`` compare :func:`~jax_blink.sim.simulate`
+and ``benchmarks/bench_simulator.py fidelity`` compare :func:`~jax_blink.sim.simulate`
 with it.
 
 Pure Python: never imports jax.

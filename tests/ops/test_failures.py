@@ -1,6 +1,6 @@
 """Failure is all or nothing: under timeouts so short that some ranks fail, every
-device of a call either raises or holds the right sum (benchmarks/
-stress_timeouts.py runs the long version)."""
+device of a call either raises or holds the right sum (`python
+benchmarks/faults.py timeouts` runs the long version)."""
 
 import numpy as np
 import pytest
