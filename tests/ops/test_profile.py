@@ -419,7 +419,9 @@ def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_pa
         raise RuntimeError("measuring 2 processes of one host failed (process 1: exit -9)")
 
     monkeypatch.setattr(calibration, "_measure_processes", fail)
-    monkeypatch.setattr(calibration, "FULL_ELEMENTS", (1, 1000))
+    monkeypatch.setattr(calibration, "FULL_ELEMENTS", (1, 1000))  # (a full calibration's steps, made small)
+    monkeypatch.setattr(calibration, "COLLECTIVE_ELEMENTS", {"reduce_scatter": (64, 256), "allgather": (16, 64)})
+    monkeypatch.setattr(calibration, "STEP_MODELS", ((1, 16), (2, 16)))
     with caplog.at_level(logging.WARNING, logger="jax_blink"):
         made, where = calibration.calibrate(path=tmp_path / "p.json", rounds=2, progress=False)
     assert list(made.tables) == [f"1x{jax.device_count()}"] and not made.quick

@@ -34,9 +34,9 @@ def test_presets(preset):
 
 @pytest.mark.parametrize("k", range(2, 8))
 def test_partial_dgx1_v100_allocations(k):
-    """Every seventh allocation of k of the 8 GPUs, in lexicographic order."""
+    """Every fourteenth allocation of k of the 8 GPUs, in lexicographic order."""
     full = Topology.preset("dgx1-v100")
-    sample = list(itertools.combinations(range(8), k))[::7]
+    sample = list(itertools.combinations(range(8), k))[::14]
     worst = max((slowdown(full.subset(list(c)), size), c, size) for c in sample for size in SIZES)
     assert worst[0] <= WITHIN, worst
 
