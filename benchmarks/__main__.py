@@ -30,8 +30,9 @@ HERE = Path(__file__).resolve().parent
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One benchmark of a suite: ``python benchmarks/<script> <args>`` (``{tag}`` in an
-    argument: this machine's :func:`harness.machine_tag`), writing ``outputs`` (results
-    files, ``{tag}`` likewise) within ``timeout_s`` seconds."""
+    argument: this machine's :func:`harness.machine_tag`; ``{gpu}``: its GPU's,
+    :func:`gpu_record.gpu_tag`), writing ``outputs`` (results files, named likewise) within
+    ``timeout_s`` seconds."""
     script: str
     args: tuple = ()
     outputs: tuple = ()
@@ -43,9 +44,9 @@ class Step:
         return " ".join([self.script.rsplit(".", 1)[0], *self.args[:1]]) if self.args[:1] and not \
             self.args[0].startswith("-") else self.script.rsplit(".", 1)[0]
 
-    def command(self, tag: str) -> list:
+    def command(self, tags: dict) -> list:
         runner = ["bash"] if self.script.endswith(".sh") else [sys.executable]
-        return runner + [str(HERE / self.script), *(a.format(tag=tag) for a in self.args)]
+        return runner + [str(HERE / self.script), *(a.format(**tags) for a in self.args)]
 
 
 R = "benchmarks/results/"
@@ -101,7 +102,8 @@ SUITES = {
     # split them over a 15-minute lease; it records benchmarks/results/gpu_check_<gpu>.json)
     "gpu": (
         Step("gpu_check.sh", ("gpu_check_out",), timeout_s=3600,
-             env=(("STAGES", "tests stress executors bench"), ("BUDGET_S", "3300"))),
+             env=(("STAGES", "tests stress executors bench"), ("BUDGET_S", "3300")),
+             outputs=(R + "gpu_check_{gpu}.json", R + "cuda_{gpu}.json", R + "cuda_ipc_{gpu}.json")),
     ),
 }
 
@@ -111,7 +113,7 @@ def _calibrate(path: str) -> list:
 
 
 def run_suite(name: str, only=None, dry_run: bool = False) -> int:
-    tag = harness.machine_tag()
+    tags = {"tag": harness.machine_tag(), "gpu": _gpu() if name == "gpu" else "gpu"}
     steps = [s for s in SUITES[name] if only is None or s.name in only or s.script in only]
     if only and not steps:
         print(f"benchmarks: no step of suite {name} is named {' or '.join(only)}; "
@@ -120,12 +122,12 @@ def run_suite(name: str, only=None, dry_run: bool = False) -> int:
     env = dict(os.environ)
     failed, written = [], {}
     for step in steps:
-        outputs = [o.format(tag=tag) for o in step.outputs]
+        outputs = [o.format(**tags) for o in step.outputs]
         if step.script == "calibrate":  # the profile every later step's psum reads
             command = _calibrate(outputs[0])
             env["JAX_BLINK_PROFILE"] = str(harness.ROOT / outputs[0])
         else:
-            command = step.command(tag)
+            command = step.command(tags)
         print(f"benchmarks: {name}: {step.name}: {' '.join(command)}", flush=True)
         if dry_run:
             continue
@@ -154,13 +156,25 @@ def run_suite(name: str, only=None, dry_run: bool = False) -> int:
     return 1 if failed else status
 
 
+def _gpu() -> str:
+    """This machine's GPU, as gpu_check names its results (``h200``)."""
+    from benchmarks.gpu_record import gpu_tag
+
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        smi = ""
+    return gpu_tag(smi)
+
+
 def _retarget(written: dict) -> dict:
     """Markers to point at this run's files: each quoted source that is another machine's
     copy of a pattern this run wrote."""
     moves = {}
     for source in tables.sources():
         for pattern, out in written.items():
-            head, _, tail = pattern.partition("{tag}")
+            head, tail = pattern.split("{", 1)[0], pattern.rsplit("}", 1)[-1]
             tag = source[len(head):len(source) - len(tail)]
             # (a machine's tag has no "_": multiprocess_{tag} is not multiprocess_broadcast_...)
             if source.startswith(head) and source.endswith(tail) and "_" not in tag and "/" not in tag \

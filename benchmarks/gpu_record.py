@@ -9,6 +9,10 @@ file, ``benchmarks/results/gpu_check_<gpu>.json``, the file the GPU goal tables 
 * ``suite``: the jax the image has, and the suite's passed, failed and skipped counts
   (``suite.log``, ``suite_gpu_env.log``).
 
+The ``bench`` stage's allreduce runs (``bench_cuda_<name>.json``) go to
+``benchmarks/results/cuda_<gpu>.json`` (``runs``, by name: the table docs/performance.md
+quotes) and its CUDA IPC run (``bench_cuda_ipc.json``) to ``cuda_ipc_<gpu>.json``.
+
 Sections missing from the folder keep what the results file already holds, so the
 check's two calls (see gpu_check.sh) each add their part. It commits nothing.
 
@@ -90,6 +94,27 @@ def suite(out: Path, machine_txt: str) -> dict | None:
     return res
 
 
+def bench_runs(out: Path, results: Path, gpu: str, commit: str) -> list:
+    """The ``bench`` stage's results into ``cuda_<gpu>.json`` (runs replaced by name, others
+    kept) and ``cuda_ipc_<gpu>.json``; the paths written."""
+    written = []
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("bench_cuda_*.json"))
+            if not p.stem.startswith(("bench_cuda_executors", "bench_cuda_ipc"))}
+    if runs:
+        target = results / f"cuda_{gpu}.json"
+        doc = json.loads(target.read_text()) if target.exists() else {}
+        doc.setdefault("runs", {}).update(runs)
+        doc["commit"] = commit
+        target.write_text(json.dumps(doc, indent=1) + "\n")
+        written.append(target)
+    ipc = out / "bench_cuda_ipc.json"
+    if ipc.exists():
+        target = results / f"cuda_ipc_{gpu}.json"
+        target.write_text(json.dumps({**json.loads(ipc.read_text()), "commit": commit}, indent=1) + "\n")
+        written.append(target)
+    return written
+
+
 def record(out: Path, results: Path) -> Path:
     machine_txt = (out / "machine.txt").read_text() if (out / "machine.txt").exists() else ""
     target = results / f"gpu_check_{gpu_tag(machine_txt)}.json"
@@ -103,6 +128,7 @@ def record(out: Path, results: Path) -> Path:
     doc["machine"] = machine_txt.strip().splitlines()
     results.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(doc, indent=1) + "\n")
+    bench_runs(out, results, gpu_tag(machine_txt), commit)
     return target
 
 

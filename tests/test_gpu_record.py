@@ -64,3 +64,31 @@ def test_results_are_named_by_the_gpu_model():
     assert gpu_record.gpu_tag(MACHINE) == "h200"
     assert gpu_record.gpu_tag("NVIDIA H100 80GB HBM3, 81559 MiB, 580, 0:0") == "h100"
     assert gpu_record.gpu_tag("jax 0.11.2 jaxlib 0.11.2 []") == "gpu"
+
+
+def test_the_bench_stage_becomes_the_tables_results(tmp_path):
+    """The bench stage's allreduce runs replace theirs in cuda_<gpu>.json (the others kept) and
+    its CUDA IPC run becomes cuda_ipc_<gpu>.json: the files docs/performance.md quotes, which
+    its cuda and cuda_ipc renderers read."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import tables
+
+    out, results = tmp_path / "out", tmp_path / "results"
+    out.mkdir()
+    results.mkdir()
+    (out / "machine.txt").write_text(MACHINE)
+    (out / "commit.txt").write_text("abc1234\n")
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "cuda_h200.json").read_text())
+    (results / "cuda_h200.json").write_text(json.dumps({"runs": {"bench_cuda_old": {"kept": True}}}))
+    fresh = recorded["runs"]["bench_cuda_16mb"]
+    (out / "bench_cuda_16mb.json").write_text(json.dumps(fresh))
+    (out / "bench_cuda_executors.json").write_text(json.dumps({"allreduce": []}))  # not a table's run
+    ipc = json.loads((ROOT / "benchmarks" / "results" / "cuda_ipc_h200.json").read_text())
+    (out / "bench_cuda_ipc.json").write_text(json.dumps(ipc))
+    gpu_record.record(out, results)
+    doc = json.loads((results / "cuda_h200.json").read_text())
+    assert set(doc["runs"]) == {"bench_cuda_old", "bench_cuda_16mb"} and doc["commit"] == "abc1234"
+    assert doc["runs"]["bench_cuda_16mb"] == fresh
+    assert "16 MB" in tables.cuda({"runs": {"bench_cuda_16mb": fresh}})
+    made = json.loads((results / "cuda_ipc_h200.json").read_text())
+    assert tables.cuda_ipc(made) == tables.cuda_ipc(ipc)
