@@ -172,8 +172,9 @@ def refresh(doc: Path = DOC, check: bool = False, retarget: Optional[dict] = Non
     except OSError as e:
         print(f"benchmarks docs: cannot read {doc}: {e.strerror or e}", file=sys.stderr)
         return 2
-    for old, new in (retarget or {}).items():
-        text = text.replace(f"<!-- table: {old} ", f"<!-- table: {new} ")
+    for old, new in (retarget or {}).items():  # the marker, and links to its results (any extension)
+        old_stem, new_stem = old.rsplit(".", 1)[0], new.rsplit(".", 1)[0]
+        text = text.replace(f"<!-- table: {old} ", f"<!-- table: {new} ").replace(f"{old_stem}.", f"{new_stem}.")
     stale = []
 
     def one(match):

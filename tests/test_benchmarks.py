@@ -67,3 +67,15 @@ def test_an_unknown_step_is_refused_by_name():
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no step of suite sim is named nope" in res.stderr
     assert "bench_planner" in res.stderr
+
+
+def test_a_retargeted_marker_and_its_links_read_the_new_results(tmp_path):
+    old, new = "benchmarks/results/steps_intel-xeon-2core.md", "benchmarks/results/steps_amd-epyc-2core.md"
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"([results](../{old}), [json](../{old[:-3]}.json))\n<!-- table: {old} 1 -->\n<!-- end table -->\n")
+    assert tables.refresh(doc, retarget={old: new}) == 0
+    text = doc.read_text()
+    assert old not in text and old[:-3] not in text
+    assert f"(../{new})" in text and f"(../{new[:-3]}.json)" in text
+    assert f"<!-- table: {new} 1 -->\n{tables.table(new, '1')}<!-- end table -->" in text
+    assert tables.table(new, "1") != tables.table(old, "1")  # (the check could tell them apart)
