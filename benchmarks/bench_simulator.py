@@ -16,7 +16,6 @@ Each writes ``benchmarks/results/<name>_<machine>.{json,md}`` (``sim_fidelity``;
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -246,15 +245,7 @@ def vs_real(args) -> int:
 def main(argv=None) -> int:
     from jax_blink.cli.sizes import parse_sizes
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(run, help):
-        p = sub.add_parser(run.__name__, help=help, description=run.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--machine", default=None, help="name in the results files (default: this machine's tag)")
-        p.set_defaults(run=run)
-        return p
+    parser, command = harness.subcommands(__doc__)
 
     command(fidelity, "simulated time over the closed forms at 256 MB")
     p = command(vs_real, "the simulator against jax_blink.psum on 8 CPU devices")

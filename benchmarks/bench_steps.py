@@ -21,7 +21,6 @@ on an otherwise idle machine:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import gzip
 import importlib.util
@@ -336,15 +335,7 @@ def fsdp(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(run, help):
-        p = sub.add_parser(run.__name__, help=help, description=run.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--machine", default=None, help="name in the results files (default: this machine's tag)")
-        p.set_defaults(run=run, parser=p)
-        return p
+    parser, command = harness.subcommands(__doc__)
 
     p = command(mlp, "data-parallel MLPs and the example's ResNet, and one step's timeline")
     p.add_argument("--rounds", type=int, default=9, help="interleaved rounds (median)")

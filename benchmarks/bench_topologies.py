@@ -22,7 +22,6 @@ Each writes ``benchmarks/results/<name>_<machine>.{json,md}`` (``baselines``: na
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -497,15 +496,7 @@ def damaged(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(run, help):
-        p = sub.add_parser(run.__name__, help=help, description=run.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--machine", default=None, help="name in the results files (default: this machine's tag)")
-        p.set_defaults(run=run)
-        return p
+    parser, command = harness.subcommands(__doc__)
 
     p = command(baselines, "every DGX-1 allocation against NCCL-style baselines, and the crossover sizes")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulating processes")

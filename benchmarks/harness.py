@@ -10,6 +10,7 @@ imports one module.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
@@ -22,7 +23,7 @@ from jax_blink.measure.rounds import interleaved, paired, paired_spread, print_r
 from jax_blink.numerics import wrong_elements
 from jax_blink.planning.profile import cpu_model  # (the CPU a machine's profile is keyed by)
 
-__all__ = ["ROOT", "RESULTS", "cpu_model", "cpu_devices", "commit", "RUN_COMMIT", "machine_tag", "machine", "job_result",
+__all__ = ["ROOT", "RESULTS", "cpu_model", "cpu_devices", "subcommands", "commit", "RUN_COMMIT", "machine_tag", "machine", "job_result",
            "interleaved", "paired", "paired_spread", "print_result", "read_result", "wrong_elements"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,3 +90,21 @@ def job_result(outputs: Sequence[tuple]) -> Optional[dict]:
             print(f"--- process {i} ({'ok' if ok else 'failed'})\n{out[-2000:]}\n{err[-3000:]}", file=sys.stderr)
         return None
     return value
+
+
+def subcommands(doc: str):
+    """``(parser, add)``: a command line described by ``doc``'s first paragraph, and
+    ``add(run, help)``, which adds the subcommand ``run.__name__`` (its description ``run``'s
+    docstring, a ``--machine`` option naming the results files) that calls ``run(args)``
+    (``args.parser``: its own parser). Returns the subcommand's parser, for its options."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(run, help):
+        p = sub.add_parser(run.__name__, help=help, description=run.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--machine", default=None, help="name in the results files (default: this machine's tag)")
+        p.set_defaults(run=run, parser=p)
+        return p
+
+    return parser, add
