@@ -170,8 +170,9 @@ def across(name: str, axes: tuple, lax_text: str, collective: str, groups: dict,
     (one collective each); ``processes`` units of ``per_process`` devices. With
     ``JAX_BLINK_ALGO=auto``, on GPUs :func:`jax_blink.choice.across_hosts.across_hosts`
     predicts both sides; on CPU devices a reduce-scatter or all-gather asks
-    :func:`jax_blink.choice.predict_cpu.cpu_spanning`; otherwise the phases run. A
-    decision made from a prediction is recorded for ``explain()``."""
+    :func:`jax_blink.choice.predict_cpu.cpu_spanning` (this machine's profile, the phases where
+    it cannot tell), else :func:`~jax_blink.choice.predict_cpu.spanning_default`; otherwise the
+    phases run. A decision made from a prediction is recorded for ``explain()``."""
     platform = platform or jax.default_backend()
     head = f"{name} over {axes}"
     if settings.algo() != "auto":
@@ -181,22 +182,44 @@ def across(name: str, axes: tuple, lax_text: str, collective: str, groups: dict,
         lax_faster, why = _across_hosts.across_hosts(tuple((c, d) for d, c in groups.items()), processes,
                                                      per_process, collective=collective,
                                                      topology=topology, chunks=chunks)
-        source = "NCCL's tuner model and the CUDA executor's simulated phases"
+        fields = {"source": "NCCL's tuner model and the CUDA executor's simulated phases"}
     elif collective in _SHARDED:
         nbytes = sum(c * np.dtype(d).itemsize for d, c in groups.items())
-        lax_faster, source = predict_cpu.cpu_spanning(collective, nbytes)
-        why = f"{'lax' if lax_faster else 'the phases'} predicted faster at {nbytes} B per device: {source}"
+        p = predict_cpu.cpu_spanning(collective, nbytes, processes, per_process)
+        if p is None:
+            lax_faster, source = predict_cpu.spanning_default(collective, nbytes)
+            why = f"{'lax' if lax_faster else 'the phases'} predicted faster at {nbytes} B per device: {source}"
+            fields = {"source": source}
+        else:
+            lax_faster, why, fields = _verdict(p.blink_s, p.lax_s, p.spread_s, p.source,
+                                               "CPU model across hosts", "phases")
     else:
         return Decision(f"{head}: three phases across processes", phases=True)
-    d = (Decision(f"{head}: {lax_text} ({why})", source=source) if lax_faster else
+    d = (Decision(f"{head}: {lax_text} ({why})", **fields) if lax_faster else
          Decision(f"{head}: {_across_hosts.phases_name(collective)} across processes ({why})",
-                  source=source, phases=True))
+                  phases=True, **fields))
     log.record(d.text)
     return d
 
 
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.4g} us"
+
+
+def _verdict(ours_s: float, lax_s: float, spread_s: Optional[float], source: str, of: str,
+             ours: str = "blink") -> tuple:
+    """``(lax_faster, why, Decision fields)`` from predicted times: the faster where the two
+    differ by more than their measured spread (``spread_s``; None: not measured), else
+    jax_blink's candidate (``ours``), saying the measurement could not tell."""
+    fields = dict(source=source, predicted=((ours, ours_s), ("lax", lax_s)))
+    times = f"{ours} {_us(ours_s)}, lax {_us(lax_s)}"
+    if spread_s is not None and abs(ours_s - lax_s) <= spread_s:
+        fields["undecided"] = True
+        return False, (f"the measurement could not tell: {of} from {source}: {times}, apart by no more "
+                       f"than their measured spread {_us(spread_s)}; the {'plan' if ours == 'blink' else ours} "
+                       "by default"), fields
+    spread = f" (spread {_us(spread_s)})" if spread_s is not None else ""
+    return lax_s < ours_s, f"predicted fastest; {of} from {source}: {times}{spread}", fields
 
 
 def _cpu_decision(request, count, dtype, what, fallback, processes) -> Decision:
@@ -208,18 +231,9 @@ def _cpu_decision(request, count, dtype, what, fallback, processes) -> Decision:
     if p is None:
         plan, schedule, encoded = schedule_for(request, count, dtype)
         return Decision(f"{what}: {describe(plan, schedule)}", request, encoded)
-    blink_s, lax_s = p.times["blink"], p.times["lax"]
-    fields = dict(source=p.source, predicted=tuple(p.times.items()))
-    times = f"blink {_us(blink_s)}, lax {_us(lax_s)}"
     of = "CPU model" + (" across processes" if processes > 1 else "") + (
         " of the allreduce" if request.collective == "broadcast" else "")
-    if p.spread_s is not None and abs(blink_s - lax_s) <= p.spread_s:
-        lax, why = False, (f"the measurement could not tell: {of} from {p.source}: {times}, apart by no more "
-                           f"than their measured spread {_us(p.spread_s)}; the plan by default")
-        fields["undecided"] = True
-    else:
-        spread = f" (spread {_us(p.spread_s)})" if p.spread_s is not None else ""
-        lax, why = lax_s < blink_s, f"predicted fastest; {of} from {p.source}: {times}{spread}"
+    lax, why, fields = _verdict(p.times["blink"], p.times["lax"], p.spread_s, p.source, of)
     if lax:
         return Decision(f"{what}: {fallback} ({why})", **fields)
     plan, schedule, encoded = schedule_for(request, count, dtype)

@@ -20,18 +20,19 @@ from jax_blink.planning import profile as profiles
 from jax_blink.planning.cost import (CPU_ALLREDUCE_US, CPU_CROSS_PROCESS_BYTES, CPU_HOST_ALLREDUCE_US,
                                      cpu_allreduce_seconds, fixed_seconds)
 
-__all__ = ["CpuPrediction", "cpu_allreduce", "cpu_collective", "cpu_spanning", "blink_fixed_seconds",
+__all__ = ["CpuPrediction", "cpu_allreduce", "cpu_collective", "cpu_spanning", "spanning_default", "blink_fixed_seconds",
            "tuned_bucket_bytes"]
 
 
-def _nearest(layouts, processes: int, devices: Optional[int]):
+def _nearest(layouts, processes: int, devices: Optional[int], hosts: bool = False):
     """``(profile, layout)``: this machine's profile and its layout nearest the call's among
     those it has in ``layouts(profile)`` (layout None where it has none, profile None where
-    there is no profile)."""
+    there is no profile); ``hosts``: among its layouts measured as separate hosts."""
     found = machine.profile()
     if found is None:
         return None, None
-    return found, profiles.nearest_layout(layouts(found), processes, devices if devices is not None else 1 << 20)
+    return found, profiles.nearest_layout(layouts(found), processes, devices if devices is not None else 1 << 20,
+                                          hosts)
 
 
 def _table(processes: int, devices: Optional[int]):
@@ -82,25 +83,36 @@ def cpu_collective(collective: str, size_bytes: float, processes: int = 1,
     if collective == "allreduce":
         return cpu_allreduce(size_bytes, processes, devices)
     found, layout = _nearest(lambda p: p.layouts(collective), processes, devices)
-    if layout is None:
-        return None
+    return None if layout is None else _measured(found, collective, size_bytes, layout)
+
+
+def _measured(found: profiles.Profile, collective: str, size_bytes: float, layout: str) -> CpuPrediction:
     table = found.table(collective, layout)
     return CpuPrediction(cpu_allreduce_seconds("blink", size_bytes, table),
                          cpu_allreduce_seconds("lax", size_bytes, table), found.named(layout),
                          found.spread_seconds(collective, size_bytes, layout), True)
 
 
-def cpu_spanning(collective: str, size_bytes: float) -> tuple:
-    """``(lax_faster, source)`` for a reduce-scatter or all-gather of ``size_bytes`` of input
-    per device over CPU devices that span hosts: Blink's phases (in-host Blink, lax across)
-    against lax over all the devices. No profile measures that path (one machine has one
-    host), so this is the range of sizes where the phases won on a 2-core AMD EPYC
-    (:data:`~jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES`); the allreduce's phases won
-    at every size there and are not asked about."""
+def cpu_spanning(collective: str, size_bytes: float, processes: int = 2,
+                 per_process: Optional[int] = None) -> Optional[CpuPrediction]:
+    """The predicted reduce-scatter or all-gather of ``size_bytes`` of input per device over
+    CPU devices that span hosts, ``per_process`` in each of ``processes``: Blink's phases
+    (``blink_s``: in-host Blink, lax across) against lax over all the devices, from the
+    profile's nearest layout measured as separate hosts (``"2x2:hosts"``); None where it
+    measured none (:func:`spanning_default` stands in)."""
+    found, layout = _nearest(lambda p: p.layouts(collective), processes, per_process, hosts=True)
+    return None if layout is None else _measured(found, collective, size_bytes, layout)
+
+
+def spanning_default(collective: str, size_bytes: float) -> tuple:
+    """``(lax_faster, source)`` where no profile measured CPU devices spanning hosts: the range
+    of sizes where the phases won on a 2-core AMD EPYC
+    (:data:`~jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES`)."""
     low, high = CPU_CROSS_PROCESS_BYTES[collective]
     return (not low <= size_bytes <= high,
             f"the phases won between {low:g} and {high:g} B per device on a 2-core AMD EPYC "
-            "(planning.cost.CPU_CROSS_PROCESS_BYTES; no profile measures CPU hosts)")
+            "(planning.cost.CPU_CROSS_PROCESS_BYTES; no profile measured CPU hosts: "
+            "`python -m jax_blink calibrate`)")
 
 
 def tuned_bucket_bytes(nbytes: float, processes: int = 1, devices: Optional[int] = None) -> tuple:

@@ -330,31 +330,38 @@ def _bar(out=sys.stderr):
 #: :data:`jax_blink.planning.cost.CPU_HOST_ALLREDUCE_US` was), and the sizes.
 HOST_PROCESSES = 2
 HOST_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
-#: How long the processes' job may take before it is stopped (seconds).
+#: Processes measured as separate hosts (JAX_BLINK_HOST_KEY), of 2 CPU devices each so that
+#: each host's phase has devices to plan over, and the sizes: Blink's phases (the allreduce's
+#: win at every size, so only the reduce-scatter and all-gather are measured) against lax
+#: across 4 MB (reduce-scatter) and 1 MB (all-gather), where
+#: :data:`jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` puts their crossings.
+SPANNING_DEVICES = 2
+SPANNING_ELEMENTS = {"reduce_scatter": (10_000, 1_000_000, 4_000_000), "allgather": (10_000, 100_000, 1_000_000)}
+#: How long a processes' job may take before it is stopped (seconds).
 HOST_TIMEOUT_S = 180.0
 
 
-def _measure_processes(processes: int, elements, rounds: int, collectives=()) -> dict:
-    """``{collective: rows}``: :func:`measure_allreduce` at ``elements`` and
-    :func:`measure_collective` of each of ``collectives`` at :data:`COLLECTIVE_ELEMENTS`, in a
-    local job of ``processes`` processes of one CPU device each
-    (:func:`jax_blink.launch.run_local`: 127.0.0.1, gloo for lax, jax_blink over the host's
-    shared memory); RuntimeError naming what failed."""
+def _measure_processes(processes: int, sizes: dict, rounds: int, devices: int = 1, hosts: bool = False) -> dict:
+    """``{collective: rows}``: :func:`measure_collective` of each collective of ``sizes`` at
+    its sizes, in a local job of ``processes`` processes of ``devices`` CPU devices each
+    (:func:`jax_blink.launch.run_local`: 127.0.0.1, gloo for lax; jax_blink over the host's
+    shared memory, or with ``hosts`` each process labelled a host of its own, so that
+    jax_blink runs its phases across hosts); RuntimeError naming what failed."""
     import json
 
     from jax_blink.launch import run_local
 
-    spec = json.dumps({"allreduce": list(elements), "rounds": rounds,
-                       **{c: list(COLLECTIVE_ELEMENTS[c]) for c in collectives}})
+    spec = json.dumps({"rounds": rounds, "hosts": hosts, "sizes": {c: list(v) for c, v in sizes.items()}})
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     results = run_local([sys.executable, "-m", "jax_blink.measure.calibration", spec], processes,
-                        devices_per_process=1, timeout_s=HOST_TIMEOUT_S, env=env)
+                        devices_per_process=devices, timeout_s=HOST_TIMEOUT_S, env=env)
     value = read_result(results[0].stdout)
     if value is None or not all(r.ok for r in results):
         why = "; ".join(f"process {r.process_id}: " + ("killed at the time limit" if r.returncode is None
                                                        else f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
                         for r in results if not r.ok) or "process 0 printed no result"
-        raise RuntimeError(f"measuring {processes} processes of one host failed ({why})")
+        kind = "hosts" if hosts else "one host"
+        raise RuntimeError(f"measuring {processes} processes of {kind} failed ({why})")
     return value
 
 
@@ -446,7 +453,7 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     n = jax.device_count()
     # (a quick calibration, the first run's, measures the other collectives over all devices alone)
     groups = ([n] if quick else _groups(n)) if others else []
-    steps = len(elements) + len(others) * len(groups) + (2 if full else 0)
+    steps = len(elements) + len(others) * len(groups) + (3 if full else 0)
     rows = measure_allreduce(elements, rounds, ("none", "blink", "lax"),
                              None if bar is None else lambda done, _, what: bar(done, steps, what))
     tables = {f"1x{n}": rows}
@@ -462,13 +469,21 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     step_tables = bucket_tables = {}
     if full:
         try:
-            job = _measure_processes(HOST_PROCESSES, HOST_ELEMENTS, max(5, rounds // 2), others)
+            job = _measure_processes(HOST_PROCESSES, {"allreduce": HOST_ELEMENTS, **{
+                c: COLLECTIVE_ELEMENTS[c] for c in others}}, max(5, rounds // 2))
             tables[f"{HOST_PROCESSES}x1"] = job.pop("allreduce")
             other_layouts[f"{HOST_PROCESSES}x1"] = job
         except RuntimeError as e:
             logger.warning("jax_blink calibrate: %s; the profile keeps one process's layout", e)
         if bar is not None:
-            bar(steps - 1, steps, f"{HOST_PROCESSES} processes of one host")
+            bar(steps - 2, steps, f"{HOST_PROCESSES} processes of one host")
+        try:
+            other_layouts[f"{HOST_PROCESSES}x{SPANNING_DEVICES}{profiles.HOSTS}"] = _measure_processes(
+                HOST_PROCESSES, SPANNING_ELEMENTS, max(5, rounds // 2), SPANNING_DEVICES, hosts=True)
+        except RuntimeError as e:
+            logger.warning("jax_blink calibrate: %s; devices spanning hosts keep the recorded range", e)
+        if bar is not None:
+            bar(steps - 1, steps, f"{HOST_PROCESSES} processes as hosts")
         step_tables, bucket_tables = (
             {f"1x{jax.device_count()}": t} for t in measure_steps(STEP_MODELS, max(5, rounds // 4)))
         if bar is not None:
@@ -510,15 +525,15 @@ def describe(p: profiles.Profile) -> str:
     for collective, layout, t in every:
         spreads = t.get("spread", [None] * len(t["elements"]))
         for count, b, x, sp in zip(t["elements"], t["blink"], t["lax"], spreads):
-            lines.append(f"  {layout:>5} {collective:>14} {count:>10g} float32/device: jax_blink {b:9.1f} us, "
+            lines.append(f"  {layout:>9} {collective:>14} {count:>10g} float32/device: jax_blink {b:9.1f} us, "
                          f"lax {x:9.1f} us  -> {verdict(b, x, sp)}")
     for layout, t in p.steps.items():
         for nbytes, b, x in zip(t["bytes"], t["blink"], t["lax"]):
-            lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB of gradients/device: jax_blink {b:9.1f} us, "
+            lines.append(f"  {layout:>9} step, {nbytes / 1e6:5.2f} MB of gradients/device: jax_blink {b:9.1f} us, "
                          f"lax {x:9.1f} us  -> {'jax_blink' if b < x else 'lax'}")
     for layout, t in p.buckets.items():
         for nbytes, row in zip(t["bytes"], t["vs_lax"]):
-            lines.append(f"  {layout:>5} step, {nbytes / 1e6:5.2f} MB in buckets of " + ", ".join(
+            lines.append(f"  {layout:>9} step, {nbytes / 1e6:5.2f} MB in buckets of " + ", ".join(
                 f"{_size_name(size)} {r:.2f}" for size, r in zip(t["bucket_bytes"], row))
                 + f" of lax  -> {_size_name(p.bucket_bytes(layout, nbytes))}")
     return "\n".join(lines)
@@ -527,11 +542,12 @@ def describe(p: profiles.Profile) -> str:
 if __name__ == "__main__":  # a process of _measure_processes' job
     import json
 
-    from jax_blink.launch import initialize
+    from jax_blink.launch import ENV, initialize
 
-    first = initialize() == 0
     job = json.loads(sys.argv[1])
-    rounds = job.pop("rounds")
-    rows = {c: measure_collective(c, sizes, rounds) for c, sizes in job.items()}
+    if job["hosts"]:  # before the transport groups the processes into hosts
+        os.environ["JAX_BLINK_HOST_KEY"] = f"calibration-host-{os.environ[ENV['process_id']]}"
+    first = initialize() == 0
+    rows = {c: measure_collective(c, sizes, job["rounds"]) for c, sizes in job["sizes"].items()}
     if first:
         print_result(rows)

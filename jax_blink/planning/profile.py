@@ -41,7 +41,7 @@ from jax_blink.planning.cache import disk_store
 from jax_blink.planning.cost import cpu_allreduce_seconds
 
 __all__ = ["Profile", "ProfileError", "FORMAT", "VERSION", "COLLECTIVES", "path_for", "load", "save",
-           "nearest_layout", "best_bucket", "cpu_model"]
+           "nearest_layout", "best_bucket", "cpu_model", "HOSTS"]
 
 logger = logging.getLogger("jax_blink")
 
@@ -104,6 +104,9 @@ def _check_table(layout: str, table, sizes: str = "elements", which=_WHICH) -> d
 
 #: The collectives besides the allreduce a profile may measure (``Profile.collectives``).
 COLLECTIVES = ("reduce_scatter", "allgather")
+#: The suffix of a layout whose processes were measured as separate hosts (``"2x2:hosts"``):
+#: Blink's phases across hosts (``blink``) against lax over all the devices.
+HOSTS = ":hosts"
 
 
 def _check_collectives(layout: str, tables) -> dict:
@@ -342,25 +345,29 @@ def save(profile: Profile, path) -> Path:
     return path
 
 
-def nearest_layout(layouts, processes: int, devices: int) -> Optional[str]:
+def nearest_layout(layouts, processes: int, devices: int, hosts: bool = False) -> Optional[str]:
     """Of ``layouts`` (a profile's, ``"<processes>x<devices>"``), the one that best stands for
     ``processes`` processes of ``devices`` devices each: one process for one process, several
     for several (a table for 2 processes also serves 4), nearest in process count, then in
     devices per process (a table for 8 devices also serves a psum over 4 of them); None
-    when none is of the same kind.
+    when none is of the same kind. ``hosts``: among the layouts of processes measured as
+    separate hosts instead (``"<processes>x<devices>"`` + :data:`HOSTS`), which stand for
+    devices that span hosts.
 
     Examples
     --------
-    >>> layouts = ["1x8", "1x2", "2x1"]
+    >>> layouts = ["1x8", "1x2", "2x1", "2x2:hosts"]
     >>> nearest_layout(layouts, 1, 6), nearest_layout(layouts, 2, 1), nearest_layout(layouts, 4, 1)
     ('1x8', '2x1', '2x1')
-    >>> nearest_layout(["2x1"], 1, 8) is None
-    True
+    >>> nearest_layout(["2x1"], 1, 8) is None, nearest_layout(layouts, 4, 8, hosts=True)
+    (True, '2x2:hosts')
     """
     found = []
     for layout in layouts:
-        p, _, d = layout.partition("x")
-        if p.isdigit() and d.isdigit() and (int(p) > 1) == (processes > 1):
+        shape, colon, kind = layout.partition(":")
+        p, _, d = shape.partition("x")
+        if colon + kind == (HOSTS if hosts else "") and p.isdigit() and d.isdigit() \
+                and (int(p) > 1) == (processes > 1):
             found.append((abs(math.log(int(p) / max(processes, 1))), abs(math.log(int(d) / max(devices, 1))),
                           layout))
     return min(found)[2] if found else None

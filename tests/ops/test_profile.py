@@ -252,6 +252,39 @@ def test_a_profile_decides_without_the_recorded_costs(use_profile, monkeypatch):
     assert after == before and not any(d.uses_blink for d in after.values())
 
 
+@pytest.mark.parametrize("lax_faster", [True, False], ids=["lax 10x faster", "lax 10x slower"])
+def test_devices_spanning_hosts_follow_the_profile_that_measured_them(use_profile, monkeypatch, lax_faster):
+    """On CPU devices spanning hosts, the reduce-scatter's and all-gather's choice reads the
+    profile's layout measured as separate hosts; the range recorded on another VM plays no
+    part: poisoned to say the opposite, it changes no decision."""
+    monkeypatch.setenv("JAX_BLINK_ALGO", "auto")
+    table = ten_times(lax_faster)
+    use_profile({"1x8": table}, collectives={"2x2" + profiles.HOSTS: {"reduce_scatter": table, "allgather": table}})
+    opposite = (0.0, float("inf")) if lax_faster else (float("inf"), float("inf"))
+    monkeypatch.setattr(predict_cpu, "CPU_CROSS_PROCESS_BYTES", {c: opposite for c in profiles.COLLECTIVES})
+    for collective in profiles.COLLECTIVES:
+        for nbytes in (4096, 1 << 20, 16 << 20):
+            d = decide.across("op", ("h", "l"), "lax.op", collective, {"float32": nbytes // 4}, 2, 4, platform="cpu")
+            assert d.chosen == ("lax" if lax_faster else "phases") and not d.undecided, d.text
+            assert d.source == "this machine's profile (2x2:hosts, 2026-11-28)", d
+            predicted = dict(d.predicted)
+            assert (predicted["lax"] < predicted["phases"]) == lax_faster, d.predicted
+
+
+def test_across_hosts_within_the_measured_spread_the_phases_run(use_profile, monkeypatch):
+    """lax measured faster across hosts, but within the spread: the phases (the default) run,
+    and the decision says the measurement could not tell."""
+    monkeypatch.setenv("JAX_BLINK_ALGO", "auto")
+    near = {"elements": [1000, 100_000], "blink": [110.0, 1100.0], "lax": [100.0, 1000.0], "spread": [30.0, 50.0]}
+    use_profile({"1x8": near}, collectives={"2x2" + profiles.HOSTS: {"allgather": near}})
+    d = decide.across("op", ("h", "l"), "lax.op", "allgather", {"float32": 1000}, 2, 2, platform="cpu")
+    assert d.phases and d.undecided and "the measurement could not tell" in d.text, d.text
+    assert not decide.across("op", ("h", "l"), "lax.op", "allgather", {"float32": 100_000}, 2, 2,
+                             platform="cpu").phases
+    d = decide.across("op", ("h", "l"), "lax.op", "reduce_scatter", {"float32": 1000}, 2, 2, platform="cpu")
+    assert "CPU_CROSS_PROCESS_BYTES" in d.source  # measured nowhere: the recorded range
+
+
 def test_within_the_measured_spread_the_plan_runs_and_explain_says_why(use_profile):
     """lax measured 10% faster, but the rounds spread wider than that: the measurement cannot
     tell, so the plan (the default) runs, saying so; beyond the spread, lax."""
@@ -405,7 +438,7 @@ def test_processes_of_one_host_are_measured_in_a_local_job():
     """The full calibration's second layout: two processes of one CPU device each (127.0.0.1),
     jax_blink over their shared memory against lax over gloo, every size measured and summed
     right."""
-    job = calibration._measure_processes(2, (1, 1000), 3, profiles.COLLECTIVES)
+    job = calibration._measure_processes(2, {"allreduce": (1, 1000), **calibration.COLLECTIVE_ELEMENTS}, 3)
     assert [r["count"] for r in job["allreduce"]] == [1, 1000]
     for c in profiles.COLLECTIVES:
         assert [r["count"] for r in job[c]] == list(calibration.COLLECTIVE_ELEMENTS[c])
@@ -414,8 +447,18 @@ def test_processes_of_one_host_are_measured_in_a_local_job():
                    for r in rows)
 
 
+def test_processes_as_hosts_are_measured_in_a_local_job():
+    """The full calibration's layout of devices spanning hosts: two processes of two CPU devices,
+    each labelled a host of its own, Blink's phases against lax over gloo, summed right."""
+    job = calibration._measure_processes(2, {"reduce_scatter": (1000,), "allgather": (1000,)}, 3, 2, hosts=True)
+    assert sorted(job) == sorted(profiles.COLLECTIVES)
+    for rows in job.values():
+        assert [r["count"] for r in rows] == [1000]
+        assert all(r["wrong"] == 0 and r["blink_added_us"] > 0 and r["lax_added_us"] > 0 for r in rows)
+
+
 def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_path, caplog):
-    def fail(*args):
+    def fail(*args, **keywords):
         raise RuntimeError("measuring 2 processes of one host failed (process 1: exit -9)")
 
     monkeypatch.setattr(calibration, "_measure_processes", fail)
@@ -425,7 +468,9 @@ def test_a_failed_processes_job_keeps_the_one_process_layout(monkeypatch, tmp_pa
     with caplog.at_level(logging.WARNING, logger="jax_blink"):
         made, where = calibration.calibrate(path=tmp_path / "p.json", rounds=2, progress=False)
     assert list(made.tables) == [f"1x{jax.device_count()}"] and not made.quick
+    assert all(":" not in layout and layout.startswith("1x") for layout in made.collectives)
     assert any("process 1: exit -9" in r.message and "one process's layout" in r.message for r in caplog.records)
+    assert any("exit -9" in r.message and "keep the recorded range" in r.message for r in caplog.records)
     machine.forget()
 
 
