@@ -16,7 +16,6 @@ import functools
 import re
 import resource
 import sys
-import time
 
 import numpy as np
 
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_blink import settings
+from jax_blink.measure.rounds import interleaved
 from jax_blink.numerics import wrong_elements
 from jax_blink.ops.psum import psum
 from jax_blink.sim import bus_factor
@@ -91,24 +91,20 @@ def run_devices(sizes, dtype="float32", iters=20, min_bytes=None):
         if np.dtype(np_dtype).kind == "c":  # imaginary parts of their own
             host = host + 1j * rng.integers(-8, 8, (n, count)).astype(np_dtype)
         x = jax.device_put(host.reshape(n * count), jax.sharding.NamedSharding(mesh, P("i")))
+        # small integers: every order of summation gives the exact sum, which a correct
+        # result equals, in its real and imaginary parts
+        wide = np.complex128 if np.dtype(np_dtype).kind == "c" else np.float64
+        exact = host.astype(wide).sum(axis=0)[None, :]
+        wrong = {name: int(np.sum(np.asarray(f(x)).astype(wide).reshape(n, count) != exact))
+                 for name, f in compiled.items()}
+        times = interleaved({name: functools.partial(lambda f: f(x).block_until_ready(), f)
+                             for name, f in compiled.items()}, iters)
         rows = {}
-        for name, f in compiled.items():
-            result = f(x)
-            result.block_until_ready()
-            # small integers: every order of summation gives the exact sum, which a correct
-            # result equals, in its real and imaginary parts
-            wide = np.complex128 if np.dtype(np_dtype).kind == "c" else np.float64
-            got = np.asarray(result).astype(wide).reshape(n, count)
-            wrong = int(np.sum(got != host.astype(wide).sum(axis=0)[None, :]))
-            times = []
-            for _ in range(iters):
-                start = time.perf_counter()
-                f(x).block_until_ready()
-                times.append(time.perf_counter() - start)
-            t = float(np.median(times))
+        for name, t in times.items():
+            t = float(np.median(t))
             rows[name] = {"time_us": t * 1e6, "algbw_gbps": size / t / 1e9,
-                          "busbw_gbps": size / t / 1e9 * bus_factor("allreduce", n), "wrong": wrong}
-            progress.update()
+                          "busbw_gbps": size / t / 1e9 * bus_factor("allreduce", n), "wrong": wrong[name]}
+        progress.update(len(compiled))
         rows["jax_blink.psum"]["speedup"] = rows["lax.psum"]["time_us"] / rows["jax_blink.psum"]["time_us"]
         out.append((size, rows))
     progress.close()
@@ -220,8 +216,9 @@ def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS, check=
     batch : int
         Examples per device.
     rounds, reps : int
-        The variants run interleaved, ``reps`` steps each, ``rounds`` times
-        (so all see the same machine load); the median over rounds is kept.
+        The variants run interleaved (:func:`jax_blink.measure.rounds.interleaved`: so
+        all see the same machine load), ``reps`` steps each, ``rounds`` times; the
+        median over rounds is kept.
 
     Returns
     -------
@@ -249,17 +246,17 @@ def run_steps(models, batch=64, rounds=9, reps=3, variants=STEP_VARIANTS, check=
         for v in variants:
             steps[v], params = mlp_step(mesh, depth, width, v)
             jax.block_until_ready(steps[v](params, x))  # compiles
-        times = {v: [] for v in variants}
         cpu = {v: [] for v in variants}
-        for _ in range(rounds):
-            for v in variants:
-                start, start_cpu = time.perf_counter(), _cpu_seconds()
-                for _ in range(reps):
-                    jax.block_until_ready(steps[v](params, x))
-                times[v].append((time.perf_counter() - start) / reps)
-                cpu[v].append((_cpu_seconds() - start_cpu) / reps)
-            progress.update()
-        med = {v: float(np.median(t)) * 1e3 for v, t in times.items()}
+
+        def call(v):
+            start_cpu = _cpu_seconds()
+            for _ in range(reps):
+                jax.block_until_ready(steps[v](params, x))
+            cpu[v].append((_cpu_seconds() - start_cpu) / reps)
+
+        times = interleaved({v: functools.partial(call, v) for v in variants}, rounds)
+        progress.update(rounds)
+        med = {v: float(np.median(t)) / reps * 1e3 for v, t in times.items()}
         for v in variants:
             hlo = steps[v].lower(params, x).as_text()
             rows.append({"model": f"{depth}x{width}", "depth": depth, "width": width, "batch": batch,
