@@ -108,7 +108,7 @@ def test_two_processes_train_as_one_and_agree_with_lax(tmp_path):
     """--processes 2: two local processes of one jax.distributed job (4 CPU
     devices each); the gradients' psum spans both and runs as one schedule over
     their shared memory; the loss curve agrees with lax.psum's."""
-    proc = _run("--compare", "--processes", "2", "--steps", "8", "--epochs", "1", "--width", "8",
+    proc = _run("--compare", "--processes", "2", "--steps", "4", "--epochs", "1", "--width", "8",
                 "--batch-size", "64", "--out-dir", str(tmp_path), timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "results.json") as f:
