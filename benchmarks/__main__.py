@@ -150,7 +150,9 @@ def run_suite(name: str, only=None, dry_run: bool = False) -> int:
                 written[pattern] = out
     if dry_run:
         return 0
-    status = tables.refresh(retarget=_retarget(written))
+    machine = f"{os.cpu_count()}-core {harness.cpu_model()}"
+    status = tables.refresh(retarget=_retarget(written),
+                            runs={out: (harness.RUN_COMMIT, machine) for out in written.values()})
     if failed:
         print(f"benchmarks: {name}: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else status

@@ -163,10 +163,32 @@ def table(source: str, which: str) -> str:
         raise ValueError(f"{source} is not a {which} result ({type(e).__name__}: {e})") from None
 
 
-def refresh(doc: Path = DOC, check: bool = False, retarget: Optional[dict] = None) -> int:
+#: How a lead cites the run behind its results: ``[results](../benchmarks/results/NAME),
+#: commit HASH, the MACHINE VM`` (the commit alone, or ``that VM``, also match).
+CITED = r"(\[results\]\(\.\./{name}\),\s+)(?:commit\s+)?[0-9a-f]{{7,40}}(?:,\s+(?:the|that)\s+[^,;)]*?VM)?"
+
+
+def stamp(text: str, runs: dict) -> tuple:
+    """``(text, unstamped)``: ``text`` with the run each results file of ``runs`` (path ->
+    ``(commit, machine)``) came from in the leads that cite it (:data:`CITED`), and the
+    files ``text`` links to but no lead cites so (their leads are edited by hand)."""
+    unstamped = []
+    for path, (commit, machine) in runs.items():
+        if f"(../{path})" not in text:
+            continue
+        text, n = re.subn(CITED.format(name=re.escape(path)), lambda m: f"{m.group(1)}commit {commit}, the {machine} VM",
+                          text)
+        if not n:
+            unstamped.append(path)
+    return text, unstamped
+
+
+def refresh(doc: Path = DOC, check: bool = False, retarget: Optional[dict] = None,
+            runs: Optional[dict] = None) -> int:
     """Rewrites every marked table of ``doc`` from its source (``check``: only reports, exit 1,
     the tables that differ). ``retarget`` (old source -> new) first points markers at other
-    results files: a suite's own machine's. Returns the exit status."""
+    results files: a suite's own machine's; ``runs`` (results file -> ``(commit, machine)``)
+    the leads at the run that wrote them (:func:`stamp`). Returns the exit status."""
     try:
         text = doc.read_text()
     except OSError as e:
@@ -175,6 +197,10 @@ def refresh(doc: Path = DOC, check: bool = False, retarget: Optional[dict] = Non
     for old, new in (retarget or {}).items():  # the marker, and links to its results (any extension)
         old_stem, new_stem = old.rsplit(".", 1)[0], new.rsplit(".", 1)[0]
         text = text.replace(f"<!-- table: {old} ", f"<!-- table: {new} ").replace(f"{old_stem}.", f"{new_stem}.")
+    text, unstamped = stamp(text, runs or {})
+    for path in unstamped:
+        print(f"benchmarks docs: no lead in {doc} cites {path} as '[results](../{path}), commit HASH, the "
+              "MACHINE VM'; say which run it quotes by hand", file=sys.stderr)
     stale = []
 
     def one(match):

@@ -79,3 +79,19 @@ def test_a_retargeted_marker_and_its_links_read_the_new_results(tmp_path):
     assert f"(../{new})" in text and f"(../{new[:-3]}.json)" in text
     assert f"<!-- table: {new} 1 -->\n{tables.table(new, '1')}<!-- end table -->" in text
     assert tables.table(new, "1") != tables.table(old, "1")  # (the check could tell them apart)
+
+
+def test_a_suite_run_stamps_the_leads_that_cite_its_results():
+    """The lead of a regenerated table names the run that wrote its results: the commit and
+    the machine, in the one form the docs cite results in; a link in another form is reported,
+    not guessed at."""
+    text = ("A ([results](../benchmarks/results/a_vm.md),\ncommit 0123abc, the 2-core Intel Xeon VM): x.\n"
+            "B ([results](../benchmarks/results/b_vm.json), b807943, that VM).\n"
+            "C [results](../benchmarks/results/c_vm.json) recorded in March.\n")
+    runs = {f"benchmarks/results/{n}": ("fedcba9", "2-core AMD EPYC")
+            for n in ("a_vm.md", "b_vm.json", "c_vm.json", "d_vm.json")}
+    stamped, unstamped = tables.stamp(text, runs)
+    assert stamped == text.replace("0123abc, the 2-core Intel Xeon VM", "fedcba9, the 2-core AMD EPYC VM").replace(
+        "b807943, that VM", "commit fedcba9, the 2-core AMD EPYC VM")
+    assert "0123abc" not in stamped and "b807943" not in stamped and "March" in stamped
+    assert unstamped == ["benchmarks/results/c_vm.json"]  # d_vm.json: not linked at all
