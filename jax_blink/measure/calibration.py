@@ -17,8 +17,8 @@ measures with the same function.
 :func:`calibrate` measures the devices of this process (one layout, ``1xN``: the allreduce,
 and on CPU devices the reduce-scatter and all-gather at :data:`COLLECTIVE_ELEMENTS`) and writes the
 profile (:mod:`jax_blink.planning.profile`, keyed by :func:`jax_blink.choice.machine.machine_key`)
-atomically into the cache directory. A full calibration measures 7 sizes (1 to 1e7 float32
-per device, 50-90 s on 8 CPU devices of a 2-core VM, training steps included); ``quick``
+atomically into the cache directory. A full calibration measures 6 sizes (1 to 1e6 float32
+per device, about a minute on 8 CPU devices of a 2-core VM, training steps included); ``quick``
 4 sizes with fewer calls (about 8 s). A full calibration also times the training steps of
 :data:`STEP_MODELS` (:func:`measure_steps`): what summing their gradient pytrees adds to a
 step, by lax and by jax_blink in buckets of each size of :data:`BUCKET_CANDIDATES`, the
@@ -63,14 +63,15 @@ logger = logging.getLogger("jax_blink")
 
 #: The programs :func:`measure_allreduce` can time (see the module docstring).
 VARIANTS = ("none", "blink", "lax", "auto")
-#: Float32 elements per device a full calibration measures (the sizes of
-#: :data:`jax_blink.planning.cost.CPU_ALLREDUCE_US`), and a quick one.
-FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+#: Float32 elements per device a full calibration measures, and a quick one. (Not 1e7: it
+#: took 8 of a full calibration's 70 s, and on every recorded profile it decided as 1e6 did,
+#: which the model extrapolates linearly: benchmarks/results/profile_intel-xeon-2core.json.)
+FULL_ELEMENTS = (1, 100, 1_000, 10_000, 100_000, 1_000_000)
 QUICK_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: Float32 elements of each device's input at which a calibration times the reduce-scatter
 #: and the all-gather (fewer sizes than the allreduce's, so that a full calibration stays
-#: within a minute; an all-gather's output is the devices' count times its input); a quick
-#: calibration times the first and last of each.
+#: within a minute; an all-gather's output is the devices' count times its input); over
+#: groups of :data:`GROUPS`, and in a quick calibration, the first and last of each.
 COLLECTIVE_ELEMENTS = {"reduce_scatter": (1_000, 100_000, 1_000_000), "allgather": (1_000, 10_000, 100_000)}
 #: Besides all of the process's devices, the group sizes over which a calibration times the
 #: reduce-scatter and all-gather (all groups at once): a mesh axis of 2 or 4 devices (tensor
@@ -336,7 +337,7 @@ HOST_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: across 4 MB (reduce-scatter) and 1 MB (all-gather), where
 #: :data:`jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` puts their crossings.
 SPANNING_DEVICES = 2
-SPANNING_ELEMENTS = {"reduce_scatter": (10_000, 1_000_000, 4_000_000), "allgather": (10_000, 100_000, 1_000_000)}
+SPANNING_ELEMENTS = {"reduce_scatter": (10_000, 1_000_000), "allgather": (10_000, 100_000, 1_000_000)}
 #: How long a processes' job may take before it is stopped (seconds).
 HOST_TIMEOUT_S = 180.0
 
@@ -461,7 +462,8 @@ def calibrate(quick: bool = False, path=None, rounds: Optional[int] = None, prog
     done = len(elements)
     for g in groups:  # (on GPUs the choice of these reads the simulator and NCCL's model)
         for c in others:
-            sizes = COLLECTIVE_ELEMENTS[c][::2] if quick else COLLECTIVE_ELEMENTS[c]
+            sizes = COLLECTIVE_ELEMENTS[c]
+            sizes = sizes[::max(len(sizes) - 1, 1)] if quick or g < n else sizes  # the first and last
             other_layouts[f"1x{g}"][c] = measure_collective(c, sizes, rounds, group=g)
             done += 1
             if bar is not None:
