@@ -86,7 +86,7 @@ def profile() -> Optional[profiles.Profile]:
             _noted.add(str(path))
             logger.warning("jax_blink: no machine profile at %s; psum chooses from the costs recorded on "
                            "another machine (planning.cost). `python -m jax_blink calibrate` measures this "
-                           "one (one to two minutes; --quick: about 10 s)", path)
+                           "one (about a minute; --quick: under 10 s)", path)
     return found
 
 

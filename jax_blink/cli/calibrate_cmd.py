@@ -5,8 +5,8 @@ use instead of the costs recorded on another machine.
 
 Run it once per machine type, before training, with the devices the jobs will have
 (``--cpu-devices N`` for N virtual CPU devices; default 8 where XLA_FLAGS sets no count).
-A full calibration measures 7 sizes and training steps (50-90 s on 8 CPU devices of a
-2-core VM), ``--quick`` 4 sizes (about 10 s). The profile goes to the cache directory
+A full calibration measures 6 sizes, local processes and training steps (about a minute
+on 8 CPU devices of a 2-core VM), ``--quick`` 4 sizes (under 10 s). The profile goes to the cache directory
 (``JAX_BLINK_CACHE_DIR``), keyed by this machine, jax's version and the extension's build,
 or to ``--out``; ``JAX_BLINK_PROFILE=FILE`` makes psum use such a file elsewhere.
 
@@ -31,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``calibrate`` subcommand to ``subparsers``."""
     p = subparsers.add_parser("calibrate", help="measure this machine's allreduce costs for psum's choices",
                               description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="4 sizes, fewer calls (about 10 s)")
+    p.add_argument("--quick", action="store_true", help="4 sizes, fewer calls (under 10 s)")
     p.add_argument("--cpu-devices", type=int, default=None,
                    help="virtual CPU devices to measure (default 8 unless XLA_FLAGS sets a count)")
     p.add_argument("--rounds", type=int, default=None, help="calls per program and size (default 21, --quick 7)")
