@@ -89,8 +89,8 @@ MAX_CHUNKS = 64
 #: The CPU model where no profile covers the call: what one allreduce adds to a program
 #: (microseconds per call) on jax_blink's CPU executor and with lax.psum over 8 CPU devices,
 #: by float32 elements per device. Measured, since the simulator does not model host threads
-#: sharing cores (``benchmarks/bench_cpu.py psum``, 2-core AMD EPYC:
-#: ``benchmarks/results/psum_cpu_amd-epyc-2core.json``; a test replays it).
+#: sharing cores (``benchmarks/bench_cpu.py psum`` at 43e23e6, 2-core AMD EPYC:
+#: ``tests/fixtures/psum_cpu_amd-epyc-2core.json``, which a test replays).
 CPU_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000),
     "blink": (84.4, 155.8, 139.8, 150.7, 222.1, 1755.4, 23796.1),
