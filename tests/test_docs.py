@@ -27,8 +27,8 @@ def test_performance_tables_match_their_results():
 
 def test_the_table_check_rejects_a_changed_number(tmp_path):
     doc = (ROOT / "docs" / "performance.md").read_text()
-    marker = "<!-- table: benchmarks/results/steps_intel-xeon-2core.md 1 -->\n"
-    assert marker in doc
+    name = re.search(r"<!-- table: benchmarks/results/(steps_[\w.-]+\.md) 1 -->", doc).group(1)
+    marker = f"<!-- table: benchmarks/results/{name} 1 -->\n"
     head, rest = doc.split(marker, 1)
     table, tail = rest.split("<!-- end table -->", 1)
     rows = table.splitlines()
@@ -38,7 +38,7 @@ def test_the_table_check_rejects_a_changed_number(tmp_path):
     changed.write_text(head + marker + "\n".join(rows) + "\n<!-- end table -->" + tail)
     result = _run("--doc", str(changed))
     assert result.returncode == 1
-    assert "steps_intel-xeon-2core.md" in result.stderr
+    assert name in result.stderr
 
 
 @pytest.mark.parametrize("marker, says", [

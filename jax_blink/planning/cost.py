@@ -101,7 +101,7 @@ CPU_ALLREDUCE_US = {
 #: The CPU model across processes of one host where no profile covers the call: one
 #: allreduce over 2 processes x 1 CPU device (microseconds), ``blink`` over the host
 #: transport, ``lax`` = lax.psum over gloo (``benchmarks/bench_processes.py host_transport``,
-#: 2-core AMD EPYC: ``benchmarks/results/host_transport_amd-epyc-2core.json``; a test replays it).
+#: 2-core AMD EPYC: ``tests/fixtures/host_transport_amd-epyc-2core.json``, which a test replays).
 CPU_HOST_ALLREDUCE_US = {
     "elements": (1, 100, 1_000, 10_000, 100_000, 1_000_000, 4_000_000),
     "blink": (111.8, 108.8, 123.0, 145.4, 256.2, 1219.7, 4167.4),
