@@ -333,9 +333,9 @@ HOST_PROCESSES = 2
 HOST_ELEMENTS = (1, 1_000, 100_000, 1_000_000)
 #: Processes measured as separate hosts (JAX_BLINK_HOST_KEY), of 2 CPU devices each so that
 #: each host's phase has devices to plan over, and the sizes: Blink's phases (the allreduce's
-#: win at every size, so only the reduce-scatter and all-gather are measured) against lax
-#: across 4 MB (reduce-scatter) and 1 MB (all-gather), where
-#: :data:`jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` puts their crossings.
+#: win at every size, so only the reduce-scatter and all-gather are measured) against lax,
+#: on both sides of where :data:`jax_blink.planning.cost.CPU_CROSS_PROCESS_BYTES` puts their
+#: crossings (4 MB and 1 MB per device).
 SPANNING_DEVICES = 2
 SPANNING_ELEMENTS = {"reduce_scatter": (10_000, 1_000_000), "allgather": (10_000, 100_000, 1_000_000)}
 #: How long a processes' job may take before it is stopped (seconds).
