@@ -4,6 +4,7 @@ docs/performance.md quotes from them.
 
     python -m benchmarks list
     python -m benchmarks run --suite sim|cpu|processes|robustness|gpu [--only NAME] [--dry-run]
+        [--budget SECONDS] [--out DIR]
     python -m benchmarks docs [--check] [--doc PATH]
 
 Run a suite on an otherwise idle machine: every benchmark times jax_blink against its
@@ -31,16 +32,20 @@ HERE = Path(__file__).resolve().parent
 class Step:
     """One benchmark of a suite: ``python benchmarks/<script> <args>`` (``{tag}`` in an
     argument: this machine's :func:`harness.machine_tag`; ``{gpu}``: its GPU's,
-    :func:`gpu_record.gpu_tag`), writing ``outputs`` (results files, named likewise) within
-    ``timeout_s`` seconds."""
+    :func:`gpu_record.gpu_tag`; ``{out}``: the run's folder for what a later step collects,
+    ``run --out``), writing ``outputs`` (results files, named likewise: the first always, the
+    others where the run gave them data) within ``timeout_s`` seconds."""
     script: str
     args: tuple = ()
     outputs: tuple = ()
     timeout_s: int = 1800
     env: tuple = ()  # (name, value) pairs
+    label: str = ""  # the name, where the script and its first argument do not tell steps apart
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         return " ".join([self.script.rsplit(".", 1)[0], *self.args[:1]]) if self.args[:1] and not \
             self.args[0].startswith("-") else self.script.rsplit(".", 1)[0]
 
@@ -50,6 +55,14 @@ class Step:
 
 
 R = "benchmarks/results/"
+
+
+def _cuda(name: str, *args: str) -> Step:
+    """A run of bench_cuda.py, named ``name``, whose results gpu_record.py collects from the
+    run's folder (``bench_cuda_<name>.json``)."""
+    return Step("bench_cuda.py", ("--out", f"{{out}}/bench_cuda_{name}.json", *args),
+                outputs=(f"{{out}}/bench_cuda_{name}.json",), timeout_s=180, label=name,
+                env=(("JAX_PLATFORMS", "cuda,cpu"),))
 
 #: The suites. A step's outputs are the results files its tables in docs/performance.md
 #: are made from; after a suite, the markers that quote another machine's copy of one
@@ -98,22 +111,45 @@ SUITES = {
         Step("faults.py", ("timeouts",), outputs=(R + "timeouts_{tag}.json",)),
         Step("faults.py", ("processes",), outputs=(R + "multiprocess_faults_{tag}.json",)),
     ),
-    # an NVIDIA GPU: benchmarks/gpu_check.sh's stages and benchmarks (its header says how to
-    # split them over a 15-minute lease; it records benchmarks/results/gpu_check_<gpu>.json)
+    # an NVIDIA GPU: the stress of both executors, the executors side by side, the allreduce
+    # and CUDA IPC runs, and gpu_record.py, which collects them (and the tests gpu_check.sh
+    # ran into the same folder) into the results files. benchmarks/gpu_check.sh calls these
+    # steps as its benchmark stages, within a lease's budget.
     "gpu": (
-        Step("gpu_check.sh", ("gpu_check_out",), timeout_s=3600,
-             env=(("STAGES", "tests stress executors bench"), ("BUDGET_S", "3300")),
+        *(Step("gpu_stress.py", ("--processes", "4", "8", "--seconds", "25", "--grace", "60", "--executor",
+                                 executor, "--out", f"{{out}}/gpu_stress_{executor}.json"),
+               outputs=(f"{{out}}/gpu_stress_{executor}.json",), timeout_s=170, label=f"stress {executor}")
+          for executor in ("stream", "device")),
+        # both executors side by side, three runs for the 1 MB spread
+        *(_cuda(f"executors{run}", "--mbytes", "1", "16", "256", "--executors", "stream", "device")
+          for run in ("", "_run2", "_run3")),
+        _cuda("f32", "--chunks", "1", "2", "4", "8", "16", "32"),
+        _cuda("f32_planner"),
+        _cuda("bf16", "--dtype", "bfloat16"),
+        _cuda("f32_staged", "--staged"),
+        # 1 MB is host-bound: three runs, for the executor's cost model (tests/test_cost_model.py)
+        *(_cuda(f"1mb{run}", "--mbytes", "1", "--chunks", "1", "2", "4", "8") for run in ("", "_run2", "_run3")),
+        _cuda("16mb", "--mbytes", "16", "--chunks", "1", "2", "4", "8", "16"),
+        _cuda("hgx", "--preset", "hgx-h100"),
+        Step("bench_cuda_ipc.py", ("--out", "{out}/bench_cuda_ipc.json"), outputs=("{out}/bench_cuda_ipc.json",),
+             timeout_s=180, label="cuda_ipc"),
+        Step("gpu_record.py", ("{out}",), timeout_s=120, label="record",
              outputs=(R + "gpu_check_{gpu}.json", R + "cuda_{gpu}.json", R + "cuda_ipc_{gpu}.json")),
     ),
 }
-
 
 def _calibrate(path: str) -> list:
     return [sys.executable, "-m", "jax_blink", "calibrate", "--out", path]
 
 
-def run_suite(name: str, only=None, dry_run: bool = False) -> int:
-    tags = {"tag": harness.machine_tag(), "gpu": _gpu() if name == "gpu" else "gpu"}
+#: a step is not started with less than this left of ``run --budget``
+MIN_STEP_S = 30
+
+
+def run_suite(name: str, only=None, dry_run: bool = False, budget_s=None, out: str = "gpu_check_out") -> int:
+    """Run suite ``name`` (the steps named in ``only``, or all), each within its timeout and
+    what is left of ``budget_s``; regenerate the tables of the results files it wrote."""
+    tags = {"tag": harness.machine_tag(), "gpu": _gpu() if name == "gpu" else "gpu", "out": out}
     steps = [s for s in SUITES[name] if only is None or s.name in only or s.script in only]
     if only and not steps:
         print(f"benchmarks: no step of suite {name} is named {' or '.join(only)}; "
@@ -121,8 +157,17 @@ def run_suite(name: str, only=None, dry_run: bool = False) -> int:
         return 2
     env = dict(os.environ)
     failed, written = [], {}
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    if "{out}" in str([s.args + s.outputs for s in steps]) and not dry_run:
+        (harness.ROOT / out).mkdir(parents=True, exist_ok=True)
     for step in steps:
         outputs = [o.format(**tags) for o in step.outputs]
+        timeout_s = step.timeout_s if deadline is None else min(step.timeout_s, int(deadline - time.monotonic()))
+        if timeout_s < MIN_STEP_S:
+            print(f"benchmarks: {name}: {step.name}: skipped: {timeout_s} s of --budget {budget_s} left",
+                  file=sys.stderr, flush=True)
+            failed.append(step.name)
+            continue
         if step.script == "calibrate":  # the profile every later step's psum reads
             command = _calibrate(outputs[0])
             env["JAX_BLINK_PROFILE"] = str(harness.ROOT / outputs[0])
@@ -131,28 +176,27 @@ def run_suite(name: str, only=None, dry_run: bool = False) -> int:
         print(f"benchmarks: {name}: {step.name}: {' '.join(command)}", flush=True)
         if dry_run:
             continue
-        start = time.monotonic()
+        start, started = time.monotonic(), time.time()
         try:
-            done = subprocess.run(command, cwd=harness.ROOT, env={**env, **dict(step.env)}, timeout=step.timeout_s)
+            done = subprocess.run(command, cwd=harness.ROOT, env={**env, **dict(step.env)}, timeout=timeout_s)
             ok = done.returncode == 0
             why = f"exit {done.returncode}"
         except subprocess.TimeoutExpired:
-            ok, why = False, f"killed after {step.timeout_s} s"
-        missing = [o for o in outputs if not (harness.ROOT / o).exists()]
-        if ok and missing:
-            ok, why = False, f"wrote no {', '.join(missing)}"
+            ok, why = False, f"killed after {timeout_s} s"
+        if ok and outputs and not (harness.ROOT / outputs[0]).exists():
+            ok, why = False, f"wrote no {outputs[0]}"
         print(f"benchmarks: {name}: {step.name}: {'ok' if ok else 'FAILED (' + why + ')'} "
               f"in {time.monotonic() - start:.0f} s", flush=True)
         if not ok:
             failed.append(step.name)
-        for pattern, out in zip(step.outputs, outputs):
-            if (harness.ROOT / out).exists():
-                written[pattern] = out
-    if dry_run:
-        return 0
+        for pattern, path in zip(step.outputs, outputs):  # (only what this step wrote)
+            if (harness.ROOT / path).exists() and (harness.ROOT / path).stat().st_mtime >= started - 1:
+                written[pattern] = path
+    if dry_run or not written:
+        return 1 if failed else 0
     machine = f"{os.cpu_count()}-core {harness.cpu_model()}"
     status = tables.refresh(retarget=_retarget(written),
-                            runs={out: (harness.RUN_COMMIT, machine) for out in written.values()})
+                            runs={path: (harness.RUN_COMMIT, machine) for path in written.values()})
     if failed:
         print(f"benchmarks: {name}: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else status
@@ -193,6 +237,11 @@ def main(argv=None) -> int:
     run.add_argument("--suite", required=True, choices=sorted(SUITES))
     run.add_argument("--only", nargs="+", metavar="NAME", help="these steps alone (as `list` names them)")
     run.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    run.add_argument("--budget", type=int, metavar="SECONDS",
+                     help="the run's time: each step's timeout is cut to what is left, and a step with "
+                          f"under {MIN_STEP_S} s left is skipped (and fails the run)")
+    run.add_argument("--out", default="gpu_check_out", metavar="DIR",
+                     help="the folder of what later steps collect (the gpu suite's; default gpu_check_out)")
     docs = sub.add_parser("docs", help="regenerate docs/performance.md's tables from the recorded results")
     docs.add_argument("--check", action="store_true", help="report tables that differ (exit 1); change nothing")
     docs.add_argument("--doc", type=Path, default=tables.DOC, help="the document (default: docs/performance.md)")
@@ -203,7 +252,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "docs":
         return tables.refresh(args.doc, args.check)
-    return run_suite(args.suite, args.only, args.dry_run)
+    return run_suite(args.suite, args.only, args.dry_run, args.budget, args.out)
 
 
 if __name__ == "__main__":

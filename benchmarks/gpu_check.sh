@@ -9,19 +9,22 @@
 #   STAGES="tests device stress" bash benchmarks/gpu_check.sh gpu_out
 #   STAGES="parallel executors suite" SKIP_BUILD=1 bash benchmarks/gpu_check.sh gpu_out
 #
-# Each call ends by recording what its stages left in OUTDIR into
-# benchmarks/results/gpu_check_<gpu>.json (benchmarks/gpu_record.py: the stress's calls,
-# processes, wrong elements and fresh device executors; the executors at 1, 16 and
-# 256 MB; the suite's jax version, passed and failed). It commits nothing: commit
-# that file, and OUTDIR's logs where they explain a failure, yourself.
+# The benchmark stages are steps of the runner's gpu suite (python -m benchmarks run
+# --suite gpu --only ...; benchmarks/__main__.py). Each call ends with its record step:
+# benchmarks/gpu_record.py collects what the stages left in OUTDIR into
+# benchmarks/results/gpu_check_<gpu>.json (the stress's calls, processes, wrong elements and
+# fresh device executors; the executors at 1, 16 and 256 MB; the suite's jax version, passed
+# and failed), cuda_<gpu>.json and cuda_ipc_<gpu>.json, and the runner regenerates
+# docs/performance.md's tables from them. It commits nothing: commit those files, and
+# OUTDIR's logs where they explain a failure, yourself.
 #
 # Stages, in order (STAGES picks some; unset: all of them, about 15 minutes):
 #   tests     the CUDA tests, serially
 #   device    the device executor's GPU tests, and the CUDA tests with
 #             JAX_BLINK_CUDA_EXECUTOR=device
-#   stress    benchmarks/gpu_stress.py, 4 and 8 processes on the GPU at once,
-#             STRESS_SECONDS each (default 25): the stream executor, then the device
-#             executor, every call of which is a freshly built executor's first call
+#   stress    benchmarks/gpu_stress.py, 4 and 8 processes on the GPU at once, 25 s
+#             each: the stream executor, then the device executor, every call of which
+#             is a freshly built executor's first call
 #   parallel  the CUDA tests under pytest -n 8, PARALLEL_RUNS times (default 2), then
 #             tests/executor once under -n 8 (parallel runs found wrong sums that
 #             serial ones hid)
@@ -38,8 +41,8 @@
 #             of several GPUs
 # Logs and JSON results go to OUTDIR (default ./gpu_check_out). BUDGET_S (default 450)
 # bounds a call: every stage's timeout is cut to what is left of it, and a stage that
-# would start with under 30 s left is skipped and says so. TEST_TIMEOUT and
-# BENCH_TIMEOUT (seconds, default 240 and 180) bound each test run and benchmark.
+# would start with under 30 s left is skipped and says so. TEST_TIMEOUT (seconds, default
+# 240) bounds each test run; the gpu suite's steps have their own timeouts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu_check_out}"
@@ -63,20 +66,19 @@ want() {
 # the smaller of a stage's own timeout and what is left of the budget
 limit() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }
 
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv
-  nvidia-smi topo -m
-  nvcc --version | tail -1
-  python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
-} 2>&1 | tee "$out/machine.txt"
+python3 benchmarks/gpu_record.py "$out" --describe  # machine.txt, commit.txt
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   python3 -m pip install --no-build-isolation --no-deps -e . 2>&1 | tail -25 || exit 1
 fi
 python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_support())" \
   2>&1
-git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
 status=0
+# steps of the gpu suite (python -m benchmarks list), within what is left of the budget
+suite_steps() {
+  stamp "gpu suite: $*"
+  python3 -m benchmarks run --suite gpu --out "$out" --budget "$(left)" --only "$@" 2>&1 || status=1
+}
 
 cuda_tests=(tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py tests/executor/test_device_exec_cuda.py)
 # pytest run: log name, then pytest arguments; fails the check when pytest does.
@@ -103,14 +105,7 @@ if want device; then
   stamp "device tested"
 fi
 if want stress; then
-  for executor in stream device; do
-    stamp "gpu_stress $executor"
-    secs="${STRESS_SECONDS:-25}"
-    timeout "$(limit $((2 * secs + 120)))" python3 benchmarks/gpu_stress.py --processes 4 8 \
-      --seconds "$secs" --grace 60 --executor "$executor" --out "$out/gpu_stress_$executor.json" \
-      2>&1 | tee "$out/gpu_stress_$executor.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  done
+  suite_steps "stress stream" "stress device"
 fi
 if want parallel; then
   for i in $(seq "${PARALLEL_RUNS:-2}"); do
@@ -119,18 +114,8 @@ if want parallel; then
   run_tests test_executor_n8 -n 8 tests/executor
   stamp "tested in parallel"
 fi
-bench() {  # name, then bench_cuda.py arguments
-  local name="$1"; shift
-  stamp "$name"
-  JAX_PLATFORMS=cuda,cpu timeout "$(limit "${BENCH_TIMEOUT:-180}")" python3 benchmarks/bench_cuda.py \
-    --out "$out/$name.json" "$@" 2>&1
-  [ -s "$out/$name.json" ] || { echo "gpu_check: $name wrote no results" >&2; status=1; }
-}
 if want executors; then
-  # both executors side by side, three runs for the 1 MB spread
-  for run in "" _run2 _run3; do
-    bench "bench_cuda_executors$run" --mbytes 1 16 256 --executors stream device
-  done
+  suite_steps executors executors_run2 executors_run3
 fi
 if want suite; then
   stamp "suite"
@@ -143,20 +128,7 @@ if want suite; then
     tests/ops/test_arguments.py tests/multiprocess
 fi
 if want bench; then
-  bench bench_cuda_f32 --chunks 1 2 4 8 16 32
-  bench bench_cuda_f32_planner
-  bench bench_cuda_bf16 --dtype bfloat16
-  bench bench_cuda_f32_staged --staged
-  # 1 MB is host-bound: three runs, for the executor's cost model (tests/test_cost_model.py)
-  bench bench_cuda_1mb --mbytes 1 --chunks 1 2 4 8
-  bench bench_cuda_1mb_run2 --mbytes 1 --chunks 1 2 4 8
-  bench bench_cuda_1mb_run3 --mbytes 1 --chunks 1 2 4 8
-  bench bench_cuda_16mb --mbytes 16 --chunks 1 2 4 8 16
-  bench bench_cuda_hgx --preset hgx-h100
-  stamp "bench_cuda_ipc"
-  timeout "$(limit "${BENCH_TIMEOUT:-180}")" python3 benchmarks/bench_cuda_ipc.py \
-    --out "$out/bench_cuda_ipc.json" 2>&1
-  [ -s "$out/bench_cuda_ipc.json" ] || { echo "gpu_check: bench_cuda_ipc wrote no results" >&2; status=1; }
+  suite_steps f32 f32_planner bf16 f32_staged 1mb 1mb_run2 1mb_run3 16mb hgx cuda_ipc
 fi
 if want calibrate; then
   stamp "calibrate"
@@ -165,6 +137,7 @@ if want calibrate; then
   tag=$(JAX_PLATFORMS=cpu python3 -c "from benchmarks import harness; print(harness.machine_tag())")
   cp benchmarks/results/*_"$tag".* "$out"/ 2>/dev/null || status=1
 fi
-python3 benchmarks/gpu_record.py "$out" || status=1
+# gpu_record.py, then the tables of docs/performance.md regenerated from what it recorded
+suite_steps record
 stamp "done"
 exit $status

@@ -14,9 +14,12 @@ The ``bench`` stage's allreduce runs (``bench_cuda_<name>.json``) go to
 quotes) and its CUDA IPC run (``bench_cuda_ipc.json``) to ``cuda_ipc_<gpu>.json``.
 
 Sections missing from the folder keep what the results file already holds, so the
-check's two calls (see gpu_check.sh) each add their part. It commits nothing.
+check's two calls (see gpu_check.sh) each add their part. It commits nothing. It is the
+gpu suite's last step (``python -m benchmarks run --suite gpu``), which regenerates the
+tables after it.
 
     python benchmarks/gpu_record.py OUTDIR [--results benchmarks/results]
+    python benchmarks/gpu_record.py OUTDIR --describe   # machine.txt and commit.txt alone
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -115,8 +120,43 @@ def bench_runs(out: Path, results: Path, gpu: str, commit: str) -> list:
     return written
 
 
+#: what describe() records of the machine: the GPU, its links, the compiler and the jax
+MACHINE_COMMANDS = (
+    ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,pci.bus_id", "--format=csv"],
+    ["nvidia-smi", "topo", "-m"],
+    ["nvcc", "--version"],
+    [sys.executable, "-c", "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, "
+                           "jax.devices())"],
+)
+
+
+def describe(out: Path) -> str:
+    """Write ``machine.txt`` (MACHINE_COMMANDS' output; nvcc's last line) and ``commit.txt``
+    (git's HEAD) into ``out``; the machine's text."""
+    lines = []
+    for command in MACHINE_COMMANDS:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            text = (done.stdout + done.stderr).strip()
+        except (OSError, subprocess.SubprocessError) as e:
+            text = f"{command[0]}: {e}"
+        lines.append(text.splitlines()[-1] if command[0] == "nvcc" and text else text)
+    machine_txt = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "machine.txt").write_text(machine_txt)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                                timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    (out / "commit.txt").write_text((commit or "unknown") + "\n")
+    return machine_txt
+
+
 def record(out: Path, results: Path) -> Path:
-    machine_txt = (out / "machine.txt").read_text() if (out / "machine.txt").exists() else ""
+    """Collect ``out`` into the results files (describing the machine first where no
+    gpu_check call has); the gpu_check file's path."""
+    machine_txt = (out / "machine.txt").read_text() if (out / "machine.txt").exists() else describe(out)
     target = results / f"gpu_check_{gpu_tag(machine_txt)}.json"
     doc = json.loads(target.read_text()) if target.exists() else {}
     commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").exists() else "unknown"
@@ -136,7 +176,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
     ap.add_argument("--results", default=str(HERE / "results"))
+    ap.add_argument("--describe", action="store_true",
+                    help="only write OUTDIR/machine.txt and commit.txt, and print the machine")
     args = ap.parse_args(argv)
+    if args.describe:
+        print(describe(Path(args.outdir)), end="")
+        return
     print("gpu_record: wrote", record(Path(args.outdir), Path(args.results)))
 
 

@@ -7,6 +7,8 @@ deadlock lax.psum and jax_blink.psum alike.
 
 import importlib.util
 import os
+import shutil
+import tempfile
 
 from jax_blink.settings import set_xla_cpu_threads  # imports no jax
 
@@ -30,6 +32,21 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu,cuda" if _nvidia_gpu_for_jax() else 
 # from a machine profile `python -m jax_blink calibrate` may have left on this machine
 # (tests/ops/test_profile.py points JAX_BLINK_PROFILE at profiles of its own).
 os.environ["JAX_BLINK_PROFILE"] = "defaults"
+# One XLA compilation cache for the whole run: the pytest-xdist workers and the processes the
+# tests start (the example, the jax.distributed jobs) compile many of the same programs, and on
+# 2 cores compiling is a large share of the suite's time. The controller makes it (workers
+# inherit the variable) and removes it at the end; a cache the user set is used and kept.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="jax_blink_tests_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -121,22 +121,43 @@ def test_a_process_that_stops_calling_is_named_by_the_host_rendezvous():
     assert seconds < 60
 
 
-def test_a_process_that_never_calls_fails_the_others_not_a_hang():
+#: the two jobs of a process that never calls, started together on one pytest-xdist worker:
+#: each waits about 30 s for gloo, and one wait serves both
+absent = pytest.mark.xdist_group("absent_process")
+
+
+@pytest.fixture(scope="module")
+def absent_jobs():
+    """``{host_transport: (results, seconds)}``: process 1 never calls, in a 2 x 4 job without
+    the host transport and a 2 x 2 job with it, both at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = {False: (2, 4), True: (2, 2)}
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        running = {transport: pool.submit(launch, "absent", processes, devices, timeout_s=240,
+                                          host_transport=transport)
+                   for transport, (processes, devices) in jobs.items()}
+        return {transport: job.result() for transport, job in running.items()}
+
+
+@absent
+def test_a_process_that_never_calls_fails_the_others_not_a_hang(absent_jobs):
     """Process 1 never calls the collective (without the host transport). The
     in-process phases never wait for it; the cross-process phase is XLA's
     (gloo) and fails when its context cannot be set up (about 30 s), with
     XLA's error."""
-    results, seconds = launch("absent", 2, 4, timeout_s=240, host_transport=False)
+    results, seconds = absent_jobs[False]
     assert all(r.returncode is not None for r in results), report(results)  # none killed
     assert "ERROR" in results[0].stdout and "gloo" in results[0].stdout.lower(), report(results)
     assert seconds < 240
 
 
-def test_a_process_that_never_calls_fails_host_discovery_not_a_hang():
+@absent
+def test_a_process_that_never_calls_fails_host_discovery_not_a_hang(absent_jobs):
     """Process 1 never calls (host transport on): finding the host's processes is a gather
     every process takes part in, and process 0's fails (gloo's context, about 30 s) with
     jax_blink's error saying what each process must do."""
-    results, seconds = launch("absent", 2, 2, timeout_s=240)
+    results, seconds = absent_jobs[True]
     assert all(r.returncode is not None for r in results), report(results)
     # gloo's context fails after about 30 s; jax_blink's own bound is JAX_BLINK_TIMEOUT_S (60 s)
     assert re.search("finding which processes share a host (failed|timed out)",

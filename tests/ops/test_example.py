@@ -42,6 +42,11 @@ def _run(*args, timeout=180):
                           capture_output=True, text=True, timeout=timeout * _LOAD)
 
 
+#: the tests of the --compare run, on one pytest-xdist worker (pyproject's --dist loadgroup):
+#: each worker that ran one would make the run again
+compare = pytest.mark.xdist_group("flax_resnet_compare")
+
+
 @pytest.fixture(scope="module")
 def compare_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("flax_resnet")
@@ -52,6 +57,7 @@ def compare_run(tmp_path_factory):
         return out, proc.stdout, json.load(f)
 
 
+@compare
 def test_example_trains_loss_goes_down(compare_run):
     _, _, result = compare_run
     loss = np.asarray(result["runs"]["blink"]["loss"])
@@ -60,6 +66,7 @@ def test_example_trains_loss_goes_down(compare_run):
     assert loss[-5:].mean() < 0.9 * loss[:5].mean(), loss
 
 
+@compare
 def test_example_blink_and_lax_psum_loss_curves_agree(compare_run):
     _, _, result = compare_run
     blink = np.asarray(result["runs"]["blink"]["loss"])
@@ -68,6 +75,7 @@ def test_example_blink_and_lax_psum_loss_curves_agree(compare_run):
     assert result["loss_max_abs_diff"] == pytest.approx(np.max(np.abs(blink - lax)))
 
 
+@compare
 def test_example_gradients_take_the_planned_blink_path(compare_run):
     # The gradients are large enough for a planned tree allreduce, not the
     # small-value lax.psum fallback; otherwise the comparison would be vacuous.
@@ -78,6 +86,7 @@ def test_example_gradients_take_the_planned_blink_path(compare_run):
     assert all("lax.psum" not in l for l in lines), lines
 
 
+@compare
 def test_example_gradient_sums_run_on_the_jax_blink_executor(compare_run):
     """pvary's transpose sums the gradients with jax_blink: the blink step has
     no XLA all-reduce at all (gradients and metrics are custom calls), the lax
@@ -88,6 +97,7 @@ def test_example_gradient_sums_run_on_the_jax_blink_executor(compare_run):
     assert lax["jax_blink"] == 0 and lax["xla_all_reduce"] >= 1, lax
 
 
+@compare
 def test_example_reports_table_plot_and_step_times(compare_run):
     out, stdout, result = compare_run
     assert (out / "loss_curves.png").stat().st_size > 0
