@@ -138,6 +138,7 @@ SUITES = {
     ),
 }
 
+
 def _calibrate(path: str) -> list:
     return [sys.executable, "-m", "jax_blink", "calibrate", "--out", path]
 
@@ -158,7 +159,7 @@ def run_suite(name: str, only=None, dry_run: bool = False, budget_s=None, out: s
     env = dict(os.environ)
     failed, written = [], {}
     deadline = None if budget_s is None else time.monotonic() + budget_s
-    if "{out}" in str([s.args + s.outputs for s in steps]) and not dry_run:
+    if not dry_run and any("{out}" in arg for s in steps for arg in s.args + s.outputs):
         (harness.ROOT / out).mkdir(parents=True, exist_ok=True)
     for step in steps:
         outputs = [o.format(**tags) for o in step.outputs]
@@ -183,15 +184,15 @@ def run_suite(name: str, only=None, dry_run: bool = False, budget_s=None, out: s
             why = f"exit {done.returncode}"
         except subprocess.TimeoutExpired:
             ok, why = False, f"killed after {timeout_s} s"
-        if ok and outputs and not (harness.ROOT / outputs[0]).exists():
+        fresh = [path for path in outputs
+                 if (harness.ROOT / path).exists() and (harness.ROOT / path).stat().st_mtime >= started - 1]
+        if ok and outputs and outputs[0] not in fresh:
             ok, why = False, f"wrote no {outputs[0]}"
         print(f"benchmarks: {name}: {step.name}: {'ok' if ok else 'FAILED (' + why + ')'} "
               f"in {time.monotonic() - start:.0f} s", flush=True)
         if not ok:
             failed.append(step.name)
-        for pattern, path in zip(step.outputs, outputs):  # (only what this step wrote)
-            if (harness.ROOT / path).exists() and (harness.ROOT / path).stat().st_mtime >= started - 1:
-                written[pattern] = path
+        written.update((pattern, path) for pattern, path in zip(step.outputs, outputs) if path in fresh)
     if dry_run or not written:
         return 1 if failed else 0
     machine = f"{os.cpu_count()}-core {harness.cpu_model()}"
