@@ -121,26 +121,23 @@ def test_a_process_that_stops_calling_is_named_by_the_host_rendezvous():
     assert seconds < 60
 
 
-#: the two jobs of a process that never calls, started together on one pytest-xdist worker:
-#: each waits about 30 s for gloo, and one wait serves both
-absent = pytest.mark.xdist_group("absent_process")
-
-
 @pytest.fixture(scope="module")
-def absent_jobs():
+def absent_jobs(run_once):
     """``{host_transport: (results, seconds)}``: process 1 never calls, in a 2 x 4 job without
-    the host transport and a 2 x 2 job with it, both at once."""
+    the host transport and a 2 x 2 job with it, both at once (each waits about 30 s for gloo:
+    one wait serves both), once per test run."""
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = {False: (2, 4), True: (2, 2)}
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        running = {transport: pool.submit(launch, "absent", processes, devices, timeout_s=240,
-                                          host_transport=transport)
-                   for transport, (processes, devices) in jobs.items()}
-        return {transport: job.result() for transport, job in running.items()}
+    def make(_):
+        jobs = {False: (2, 4), True: (2, 2)}
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            running = {transport: pool.submit(launch, "absent", processes, devices, timeout_s=240,
+                                              host_transport=transport)
+                       for transport, (processes, devices) in jobs.items()}
+            return {transport: job.result() for transport, job in running.items()}
+    return run_once("absent_process", make)
 
 
-@absent
 def test_a_process_that_never_calls_fails_the_others_not_a_hang(absent_jobs):
     """Process 1 never calls the collective (without the host transport). The
     in-process phases never wait for it; the cross-process phase is XLA's
@@ -152,7 +149,6 @@ def test_a_process_that_never_calls_fails_the_others_not_a_hang(absent_jobs):
     assert seconds < 240
 
 
-@absent
 def test_a_process_that_never_calls_fails_host_discovery_not_a_hang(absent_jobs):
     """Process 1 never calls (host transport on): finding the host's processes is a gather
     every process takes part in, and process 0's fails (gloo's context, about 30 s) with

@@ -42,25 +42,21 @@ def _run(*args, timeout=180):
                           capture_output=True, text=True, timeout=timeout * _LOAD)
 
 
-#: the tests of the --compare run, on one pytest-xdist worker (pyproject's --dist loadgroup):
-#: each worker that ran one would make the run again
-compare = pytest.mark.xdist_group("flax_resnet_compare")
-
-
 #: the compare run's training: the two-process run trains the same model on the same batches
 TRAINING = ("--steps", "20", "--epochs", "2", "--width", "8", "--batch-size", "64", "--lr", "1e-2")
 
 
 @pytest.fixture(scope="module")
-def compare_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("flax_resnet")
-    proc = _run("--compare", *TRAINING, "--out-dir", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(out / "results.json") as f:
-        return out, proc.stdout, json.load(f)
+def compare_run(run_once):
+    """``(folder, stdout, results)`` of the --compare run, made once per test run."""
+    def make(out):
+        proc = _run("--compare", *TRAINING, "--out-dir", str(out))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        with open(out / "results.json") as f:
+            return out, proc.stdout, json.load(f)
+    return run_once("flax_resnet_compare", make)
 
 
-@compare
 def test_example_trains_loss_goes_down(compare_run):
     _, _, result = compare_run
     loss = np.asarray(result["runs"]["blink"]["loss"])
@@ -69,7 +65,6 @@ def test_example_trains_loss_goes_down(compare_run):
     assert loss[-5:].mean() < 0.9 * loss[:5].mean(), loss
 
 
-@compare
 def test_example_blink_and_lax_psum_loss_curves_agree(compare_run):
     _, _, result = compare_run
     blink = np.asarray(result["runs"]["blink"]["loss"])
@@ -78,7 +73,6 @@ def test_example_blink_and_lax_psum_loss_curves_agree(compare_run):
     assert result["loss_max_abs_diff"] == pytest.approx(np.max(np.abs(blink - lax)))
 
 
-@compare
 def test_example_gradients_take_the_planned_blink_path(compare_run):
     # The gradients are large enough for a planned tree allreduce, not the
     # small-value lax.psum fallback; otherwise the comparison would be vacuous.
@@ -89,7 +83,6 @@ def test_example_gradients_take_the_planned_blink_path(compare_run):
     assert all("lax.psum" not in l for l in lines), lines
 
 
-@compare
 def test_example_gradient_sums_run_on_the_jax_blink_executor(compare_run):
     """pvary's transpose sums the gradients with jax_blink: the blink step has
     no XLA all-reduce at all (gradients and metrics are custom calls), the lax
@@ -100,7 +93,6 @@ def test_example_gradient_sums_run_on_the_jax_blink_executor(compare_run):
     assert lax["jax_blink"] == 0 and lax["xla_all_reduce"] >= 1, lax
 
 
-@compare
 def test_example_reports_table_plot_and_step_times(compare_run):
     out, stdout, result = compare_run
     assert (out / "loss_curves.png").stat().st_size > 0
@@ -117,7 +109,6 @@ def test_example_rejects_batch_not_divisible_by_devices(tmp_path):
     assert "must be divisible by the number of devices (8)" in proc.stderr
 
 
-@compare
 def test_two_processes_train_as_one_and_agree_with_lax(compare_run, tmp_path):
     """--processes 2: two local processes of one jax.distributed job (4 CPU devices each)
     train the compare run's model on its batches; the gradients' psum spans both and runs
