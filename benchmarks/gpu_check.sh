@@ -75,9 +75,12 @@ python3 -c "import jax_blink; print('has_cuda_support', jax_blink.has_cuda_suppo
   2>&1
 status=0
 # steps of the gpu suite (python -m benchmarks list), within what is left of the budget
+# (but record, which keeps what the stages did, whatever is left)
 suite_steps() {
   stamp "gpu suite: $*"
-  python3 -m benchmarks run --suite gpu --out "$out" --budget "$(left)" --only "$@" 2>&1 || status=1
+  local budget=(--budget "$(left)")
+  [ "$*" = record ] && budget=()
+  python3 -m benchmarks run --suite gpu --out "$out" ${budget[@]+"${budget[@]}"} --only "$@" 2>&1 || status=1
 }
 
 cuda_tests=(tests/executor/test_cuda.py tests/executor/test_cuda_ipc.py tests/executor/test_device_exec_cuda.py)
