@@ -193,13 +193,13 @@ def run_suite(name: str, only=None, dry_run: bool = False, budget_s=None, out: s
         if not ok:
             failed.append(step.name)
         written.update((pattern, path) for pattern, path in zip(step.outputs, outputs) if path in fresh)
+    if failed:
+        print(f"benchmarks: {name}: failed: {', '.join(failed)}", file=sys.stderr)
     if dry_run or not written:
         return 1 if failed else 0
     machine = f"{os.cpu_count()}-core {harness.cpu_model()}"
     status = tables.refresh(retarget=_retarget(written),
                             runs={path: (harness.RUN_COMMIT, machine) for path in written.values()})
-    if failed:
-        print(f"benchmarks: {name}: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else status
 
 
