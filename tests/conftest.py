@@ -78,6 +78,15 @@ def run_once():
     return once
 
 
+#: tests that start processes or train for tens of seconds: run first, so that the workers
+#: share them out while short tests fill the gaps, rather than one worker finishing them alone
+_LONG_FIRST = ("tests/multiprocess/", "tests/ops/test_example.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(_LONG_FIRST))  # (a stable sort)
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (the default, pyproject.toml): a worker per core, at most 4. Each worker
     runs 8 CPU devices and the multi-process tests start 2-4 processes of their own, so

@@ -86,7 +86,7 @@ def make_step(extras, lib, microbatches):
                                  out_specs=(P(), P())), donate_argnums=0)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_steps_with_many_collectives_complete_and_equal_lax(seed):
     widths, extras, params = random_model(seed)
     microbatches = 2

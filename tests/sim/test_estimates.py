@@ -35,9 +35,10 @@ def test_presets(preset, sizes):
         assert slowdown(Topology.preset(preset), size) <= WITHIN, size
 
 
-@pytest.mark.parametrize("k", range(2, 8))
+@pytest.mark.parametrize("k", range(2, 7))
 def test_partial_dgx1_v100_allocations(k):
-    """Every fourteenth allocation of k of the 8 GPUs, in lexicographic order."""
+    """Every fourteenth allocation of k of the 8 GPUs, in lexicographic order (k = 7 would be
+    one allocation, searched exhaustively in 30 s; the whole machine is test_presets')."""
     full = Topology.preset("dgx1-v100")
     sample = list(itertools.combinations(range(8), k))[::14]
     worst = max((slowdown(full.subset(list(c)), size), c, size) for c in sample for size in SIZES)
