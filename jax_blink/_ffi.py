@@ -86,7 +86,7 @@ def configure_cpu(ext=None):
     ext = load_extension() if ext is None else ext
     cfg = settings.executor()
     ext.configure(spin=cfg.spin, yield_us=cfg.yield_us, push=cfg.push, nt_bytes=cfg.nt_bytes,
-                  hugepage_bytes=cfg.hugepage_bytes, debug=cfg.debug)
+                  hugepage_bytes=cfg.hugepage_bytes, debug=cfg.debug, barrier=cfg.barrier)
 
 
 def ensure_registered(platform="cpu"):

@@ -292,6 +292,7 @@ class ExecutorSettings:
     nt_bytes: int = 1 << 20          # JAX_BLINK_NT_BYTES: non-temporal copies from this size
     hugepage_bytes: int = 2 << 20    # JAX_BLINK_HUGEPAGE_BYTES: madvise outputs from this size
     debug: bool = False              # JAX_BLINK_DEBUG: a log line per collective
+    barrier: bool = False            # JAX_BLINK_BARRIER: no early start (comparisons only)
     cuda_executor: str = "stream"    # JAX_BLINK_CUDA_EXECUTOR: stream or device (CUDA only)
 
 
@@ -306,6 +307,7 @@ def executor() -> ExecutorSettings:
         values[field] = _whole(None, keyword=None, variable=name, unit=unit, lo=0, hi=hi,
                                default=getattr(d, field))
     return ExecutorSettings(push=_flag("JAX_BLINK_PUSH", d.push), debug=debug(),
+                            barrier=_flag("JAX_BLINK_BARRIER", d.barrier),
                             cuda_executor=cuda_executor(), **values)
 
 

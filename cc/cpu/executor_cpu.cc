@@ -539,6 +539,7 @@ const KernelTable& TableFor(DType d, ReduceOp op) {
 
 struct ThreadState {
   StepTracker tracker;
+  std::vector<uint8_t> ready;  // RankRunner::ready_
 };
 thread_local ThreadState tls;
 
@@ -554,14 +555,45 @@ std::string StepText(const RankSteps& rs, int32_t i) {
   return os.str();
 }
 
+// Where an early-starting rank met its peers: what it asks of that
+// rendezvous while it runs.
+class Arrivals {
+ public:
+  virtual ~Arrivals() = default;
+  // Rank r has published its RankInfo: the slot's info[r] is complete.
+  virtual bool Arrived(int64_t r) = 0;
+  // Rendezvous::AbortMissing and AwaitAll.
+  virtual Status AbortMissing() = 0;
+  virtual Status AwaitAll() = 0;
+};
+
+// The in-process rendezvous's.
+class InProcessArrivals final : public Arrivals {
+ public:
+  InProcessArrivals(const Ticket& ticket, Clock::time_point deadline, int64_t timeout_ms)
+      : ticket_(ticket), deadline_(deadline), timeout_ms_(timeout_ms) {}
+  bool Arrived(int64_t r) override { return ticket_.slot->Arrived(r); }
+  Status AbortMissing() override { return Rendezvous::Global().AbortMissing(ticket_, timeout_ms_); }
+  Status AwaitAll() override {
+    const ExecTunables& t = GetExecTunables();
+    return Rendezvous::Global().AwaitAll(ticket_, deadline_, timeout_ms_, t.spin, t.yield_ns);
+  }
+
+ private:
+  const Ticket& ticket_;
+  const Clock::time_point deadline_;
+  const int64_t timeout_ms_;
+};
+
 // Runs the steps of one rank; the heart of the executor.
 class RankRunner {
  public:
   // `stage`: the host transport's copy of the input in the arena, filled
   // chunk by chunk as the rank sends them to other processes (null: none,
-  // or filled before joining).
+  // or filled before joining). `arrivals`: early start (null: every rank
+  // has arrived and the ranks agree).
   RankRunner(const ExecArgs& a, Slot& slot, uint32_t epoch, int64_t generation,
-             Clock::time_point deadline, char* stage = nullptr)
+             Clock::time_point deadline, char* stage = nullptr, Arrivals* arrivals = nullptr)
       : a_(a),
         s_(*a.schedule),
         rs_(s_.ranks[a.rank]),
@@ -581,7 +613,8 @@ class RankRunner {
         push_(GetExecTunables().push),
         same_types_(!HasScratchAcc(s_.dtype)),
         inplace_(CpuInPlace(s_, a.in == a.out)),
-        yield_ns_(GetExecTunables().yield_ns) {
+        yield_ns_(GetExecTunables().yield_ns),
+        arrivals_(arrivals) {
     if (a.transport == kTransportHost) {
       remote_.assign(s_.nranks, 0);
       for (int64_t r = 0; r < s_.nranks; ++r) {
@@ -601,11 +634,28 @@ class RankRunner {
     }
   }
 
+  // Early start: some rank (this one included) published an error or
+  // disagrees with this one; Run() returned without finishing.
+  bool Mismatched() const { return mismatch_; }
+
   Status Run() {
     StepTracker& tr = tls.tracker;
     tr.Reset(rs_);
+    tls.ready.assign(s_.nranks, arrivals_ == nullptr ? 1 : 0);
+    ready_ = tls.ready.data();
+    ready_[a_.rank] = 1;
+    if (arrivals_ != nullptr) {
+      // Before touching any flag: this rank agrees with every rank already
+      // there, among them the first, whose schedule sized the flags.
+      mismatch_ = !slot_.info[a_.rank].error.ok();
+      for (int64_t p = 0; p < s_.nranks && !mismatch_; ++p) {
+        if (arrivals_->Arrived(p)) PeerReady(p);
+      }
+      if (mismatch_) return Status();
+    }
     auto step = [&](int32_t i) { return TryRun(tr, i); };
     while (!tr.AllDone()) {
+      if (mismatch_) return Status();
       const uint32_t seen = bell_.seq.load(std::memory_order_seq_cst);
       const uint32_t pushed =
           bell_.pushed_sinks.load(std::memory_order_seq_cst);
@@ -676,6 +726,19 @@ class RankRunner {
       b.Ring();
     }
   }
+  // Rank p has arrived and agrees with this one: steps may read from and
+  // write into its buffers. Early start checks each peer once (Agrees).
+  bool PeerReady(int64_t p) {
+    if (ready_[p]) return true;
+    if (!arrivals_->Arrived(p)) return false;
+    if (!Agrees(slot_.info[a_.rank], slot_.info[p])) {
+      mismatch_ = true;
+      return false;
+    }
+    ready_[p] = 1;
+    return true;
+  }
+
   bool PeerInPlace(int64_t peer) const {
     const RankInfo& pi = slot_.info[peer];
     return CpuInPlace(s_, pi.in == pi.out);
@@ -741,6 +804,7 @@ class RankRunner {
       if (np == kMaxPush) continue;
       const Step& rcv = s_.ranks[snd.peer].steps[snd.match];
       if (rcv.op != Op::kRecvCopy) continue;
+      if (!PeerReady(snd.peer)) continue;  // it pulls once it is there
       if (Remote(snd.peer)) continue;  // its memory here is the arena only: it pulls
       if (!tr.DepsDoneExcept(si, group, n)) continue;
       if (!PeerRecvReady(snd.peer, snd.match)) continue;
@@ -956,6 +1020,11 @@ class RankRunner {
         return false;
       }
     }
+    if (!PeerReady(st.peer)) {
+      blocked_ = i;
+      blocked_guard_ = -1;
+      return false;
+    }
     if ((!st.src_input || Remote(st.peer)) && !PeerDone(st.peer, st.match)) {
       blocked_ = i;
       blocked_guard_ = -1;
@@ -999,7 +1068,8 @@ class RankRunner {
     group[k++] = i;
     for (int32_t j = st.fuse_next; j != -1 && k < kMaxFuse;) {
       const Step& sj = rs_.steps[j];
-      if (((!sj.src_input || Remote(sj.peer)) && !PeerDone(sj.peer, sj.match)) ||
+      if (!PeerReady(sj.peer) ||
+          ((!sj.src_input || Remote(sj.peer)) && !PeerDone(sj.peer, sj.match)) ||
           !tr.DepsDoneExcept(j, group, k)) {
         break;
       }
@@ -1038,7 +1108,9 @@ class RankRunner {
     os << tr.NumDone() << " of " << tr.NumSteps() << " steps done";
     if (blocked_ >= 0) {
       const Step& st = rs_.steps[blocked_];
-      if (blocked_guard_ < 0) {
+      if (blocked_guard_ < 0 && !ready_[st.peer]) {
+        os << "; " << StepText(rs_, blocked_) << " waits for rank " << st.peer << " to arrive";
+      } else if (blocked_guard_ < 0) {
         os << "; " << StepText(rs_, blocked_) << " waits for rank " << st.peer
            << " to complete its step " << st.match << " (SEND chunk "
            << st.chunk << " to rank " << a_.rank << ")";
@@ -1099,6 +1171,10 @@ class RankRunner {
       }
     }
     if (now >= deadline_) {
+      if (arrivals_ != nullptr) {  // a rank that never arrived is the one to name
+        Status missing = arrivals_->AbortMissing();
+        if (!missing.ok()) return missing;
+      }
       std::ostringstream os;
       os << "jax_blink: timed out after " << a_.timeout_ms << " ms executing "
          << Where(a_, generation_) << " at rank " << a_.rank << ": "
@@ -1166,6 +1242,9 @@ class RankRunner {
   // until the receivers of its input value read it.
   const bool inplace_;
   const int64_t yield_ns_;
+  Arrivals* const arrivals_;
+  uint8_t* ready_ = nullptr;  // per rank: PeerReady (thread-local storage)
+  bool mismatch_ = false;
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
   std::vector<uint8_t> private_;  // per rank x chunk: MarkPrivateChunks (empty: none)
@@ -1285,6 +1364,21 @@ Status ReserveGeneration(ExecArgs* a) {
 }
 
 namespace {
+// Early start: some rank published an error or two ranks disagree. As at a
+// barrier, every rank returns CheckConsistent's verdict, made once all have
+// arrived (or the error naming those that never did); the work done before
+// is discarded.
+Status Disagreement(Arrivals& arrivals, Slot& slot, const std::string& where) {
+  Status st = arrivals.AwaitAll();
+  if (st.ok()) st = CheckConsistent(slot, where);
+  if (st.ok()) {
+    st = Status::Internal("jax_blink: " + where +
+                          ": a rank found a peer that disagrees, but CheckConsistent agrees");
+  }
+  slot.FailAll(st);
+  return st;
+}
+
 // One line per executed collective on stderr (JAX_BLINK_DEBUG): its call
 // site, rank, bytes, microseconds in all and waiting for the peers to join.
 void DebugLog(const ExecArgs& a, const ExecResult& res, Clock::time_point t0, int64_t wait_us) {
@@ -1448,19 +1542,25 @@ ExecResult ExecuteCpu(const ExecArgs& a) {
   Rendezvous& rv = Rendezvous::Global();
   RendezvousKey key{a.run_id, a.op_id, a.group};
   const ExecTunables& tun = GetExecTunables();
+  const bool early = !tun.barrier;
   res.status = rv.Join(key, a.rank, s.nranks, std::move(info), deadline,
-                       timeout_ms, &ticket, tun.spin, tun.yield_ns, a.generation);
-  // Time spent waiting for the other ranks to arrive (debug log).
+                       timeout_ms, &ticket, tun.spin, tun.yield_ns, a.generation, early);
+  // Time spent waiting for the other ranks to arrive (debug log; 0 or
+  // nearly with early start, which waits inside the steps).
   const int64_t wait_us =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
           .count();
   res.generation = ticket.generation;
   if (res.status.ok()) {
     Slot& slot = *ticket.slot;
-    res.status = CheckConsistent(slot, Where(a, ticket.generation));
+    const std::string where = Where(a, ticket.generation);
+    if (!early) res.status = CheckConsistent(slot, where);
     if (res.status.ok()) {
-      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline);
+      InProcessArrivals arrivals(ticket, deadline, timeout_ms);
+      RankRunner runner(a, slot, ticket.epoch, ticket.generation, deadline, nullptr,
+                        early ? &arrivals : nullptr);
       res.status = runner.Run();
+      if (res.status.ok() && runner.Mismatched()) res.status = Disagreement(arrivals, slot, where);
       if (!res.status.ok()) slot.Fail(a.rank, res.status);  // the first one wins
       // All or nothing: no rank returns before every rank's execution is
       // over (so no peer still reads its buffers), and every rank returns

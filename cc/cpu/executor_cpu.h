@@ -8,8 +8,13 @@
 // read it, and by waiting, before returning, until every receiver has read
 // every SEND.
 //
-// The ranks meet in the in-process rendezvous (sync/rendezvous.h), check
-// that they agree (sync/join.h) and run their steps with core/step_tracker.h.
+// The ranks meet in the in-process rendezvous (sync/rendezvous.h) and run
+// their steps with core/step_tracker.h. There is no barrier: a rank starts
+// as soon as it has published its buffers, and a step that reads from or
+// writes into a peer waits for that peer alone to arrive and checks, once
+// per peer, that the two agree (sync/join.h). A disagreement fails the call
+// on every rank with the verdict the barrier gave (CheckConsistent once all
+// have arrived); a rank that never arrives is named at the deadline.
 #ifndef JAX_BLINK_CC_CPU_EXECUTOR_CPU_H_
 #define JAX_BLINK_CC_CPU_EXECUTOR_CPU_H_
 
@@ -144,6 +149,9 @@ struct ExecTunables {
   bool push = true;
   // Output buffers at least this large get madvise(MADV_HUGEPAGE) (0: never).
   int64_t hugepage_bytes = int64_t{2} << 20;
+  // Every rank waits for all the others before any data moves, as before
+  // early start: kept only to measure early start against it.
+  bool barrier = false;
 };
 const ExecTunables& GetExecTunables();
 // Replaces the tunables (not thread-safe against running collectives: call

@@ -59,13 +59,14 @@ py::dict ScheduleLimits() {
 }
 
 void Configure(int64_t spin, int64_t yield_us, bool push, int64_t nt_bytes,
-               int64_t hugepage_bytes, bool debug) {
+               int64_t hugepage_bytes, bool debug, bool barrier) {
   ExecTunables t;
   t.spin = static_cast<int>(CheckSetting("spin", spin, INT_MAX));
   t.yield_ns = CheckSetting("yield_us", yield_us, INT64_MAX / 1000) * 1000;
   t.push = push;
   t.nt_bytes = CheckSetting("nt_bytes", nt_bytes, INT64_MAX);
   t.hugepage_bytes = CheckSetting("hugepage_bytes", hugepage_bytes, INT64_MAX);
+  t.barrier = barrier;
   SetExecTunables(t);
   SetDebugEnabled(debug);
 }
@@ -79,6 +80,7 @@ py::dict Configuration() {
   d["nt_bytes"] = t.nt_bytes;
   d["hugepage_bytes"] = t.hugepage_bytes;
   d["debug"] = DebugEnabled();
+  d["barrier"] = t.barrier;
   return d;
 }
 
@@ -142,6 +144,7 @@ PYBIND11_MODULE(_blink_ext, m) {
         "'words', 'proof state'}.");
   m.def("configure", &Configure, py::kw_only(), py::arg("spin"), py::arg("yield_us"),
         py::arg("push"), py::arg("nt_bytes"), py::arg("hugepage_bytes"), py::arg("debug"),
+        py::arg("barrier") = false,
         "Sets the CPU executor's settings (jax_blink's settings module passes them; "
         "call it before running collectives). spin: busy-wait iterations before "
         "yielding when a step must wait; yield_us: then sched_yield for up to this "
@@ -149,12 +152,13 @@ PYBIND11_MODULE(_blink_ext, m) {
         "writes it into ready receivers; nt_bytes: buffers at least this large copy "
         "final chunks with non-temporal stores (0: never); hugepage_bytes: output "
         "buffers at least this large get madvise(MADV_HUGEPAGE) (0: never); debug: "
-        "log one line per collective to stderr. Until it is called: spin=0, "
-        "yield_us=200, push=True, nt_bytes=1048576, hugepage_bytes=2097152, "
-        "debug=False. Raises ValueError naming a parameter out of range.");
+        "log one line per collective to stderr; barrier: every rank waits for all "
+        "before any data moves (instead of early start; for comparisons only). Until "
+        "it is called: spin=0, yield_us=200, push=True, nt_bytes=1048576, "
+        "hugepage_bytes=2097152, debug=False, barrier=False. Raises ValueError naming a parameter out of range.");
   m.def("configuration", &Configuration,
         "The settings in effect: {'spin', 'yield_us', 'push', 'nt_bytes', "
-        "'hugepage_bytes', 'debug'} (configure's arguments).");
+        "'hugepage_bytes', 'debug', 'barrier'} (configure's arguments).");
   m.def("worker_threads", &WorkerThreads,
         "The threads that run CPU collectives off XLA's threads (the handler returns a "
         "future and hands its rank to one): {'threads': alive, 'idle': waiting for work, "

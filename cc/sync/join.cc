@@ -17,7 +17,22 @@ std::string DescribeInfo(const RankInfo& ri) {
   return os.str();
 }
 
+bool SameRun(const RankInfo& a, const RankInfo& b) {
+  return a.count == b.count && a.dtype == b.dtype && a.nranks == b.nranks &&
+         a.fingerprint == b.fingerprint;
+}
+
+bool SameSegments(const RankInfo& a, const RankInfo& b) {
+  return a.nsegs == b.nsegs &&
+         (a.nsegs == 0 || std::equal(a.seg_offset, a.seg_offset + a.nsegs + 1, b.seg_offset));
+}
+
 }  // namespace
+
+bool Agrees(const RankInfo& mine, const RankInfo& peer) {
+  return peer.error.ok() && SameRun(mine, peer) &&
+         (mine.process != peer.process || SameSegments(mine, peer));
+}
 
 std::string CallSiteText(int64_t op_id, int64_t group, int64_t generation) {
   std::ostringstream os;
@@ -56,8 +71,7 @@ Status CheckConsistent(const Slot& slot, const std::string& where) {
   const RankInfo& r0 = slot.info[0];
   for (int64_t r = 1; r < n; ++r) {
     const RankInfo& ri = slot.info[r];
-    if (ri.count != r0.count || ri.dtype != r0.dtype || ri.nranks != r0.nranks ||
-        ri.fingerprint != r0.fingerprint) {
+    if (!SameRun(ri, r0)) {
       std::ostringstream os;
       os << "jax_blink: the ranks of " << where << " disagree: rank 0 has "
          << DescribeInfo(r0) << ", rank " << r << " has " << DescribeInfo(ri)
@@ -71,8 +85,7 @@ Status CheckConsistent(const Slot& slot, const std::string& where) {
     int64_t f = 0;
     while (slot.info[f].process != ri.process) ++f;
     const RankInfo& rf = slot.info[f];
-    if (ri.nsegs != rf.nsegs ||
-        (ri.nsegs > 0 && !std::equal(ri.seg_offset, ri.seg_offset + ri.nsegs + 1, rf.seg_offset))) {
+    if (!SameSegments(ri, rf)) {
       return Status::InvalidArgument(
           "jax_blink: the ranks of " + where + " disagree on the segments of their vector: rank " +
           std::to_string(f) + " has " + std::to_string(rf.nsegs) + " buffer(s), rank " +

@@ -29,6 +29,12 @@ Status CheckBuffers(const Schedule& s, int32_t dtype, int64_t in_count,
 // InvalidArgument.
 Status CheckConsistent(const Slot& slot, const std::string& where);
 
+// Early start's check of one peer before touching its buffers: it published
+// no error and runs the same schedule on the same count and dtype (and, in
+// the same process, the same segments) as `mine`. When some pair of ranks
+// fails it, CheckConsistent fails too.
+bool Agrees(const RankInfo& mine, const RankInfo& peer);
+
 }  // namespace jax_blink
 
 #endif  // JAX_BLINK_CC_SYNC_JOIN_H_

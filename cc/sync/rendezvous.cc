@@ -107,6 +107,7 @@ void Slot::Reset(int64_t n, int64_t total_steps) {
     for (size_t i = 0; i < flag_cap_; ++i) {
       flags_[i].store(0, std::memory_order_relaxed);
     }
+    for (size_t r = 0; r < bell_cap_; ++r) bells_[r].arrived.store(0, std::memory_order_relaxed);
     epoch = 1;
   }
   if (static_cast<size_t>(n) > bell_cap_) {
@@ -155,14 +156,15 @@ void Slot::AttachShared(int64_t n, uint32_t shared_epoch, std::atomic<uint32_t>*
 }
 
 void Slot::Fail(int64_t rank, const Status& error) {
-  std::ostringstream os;
-  os << "rank " << rank << " failed: ";
+  FailAll(error.Prefixed("rank " + std::to_string(rank) + " failed: "));
+}
+
+void Slot::FailAll(const Status& st) {
   if (ext_failure_ != nullptr) {
     // Shared between processes: the rank that sets `failed` writes the
     // record, then marks it ready for the others (FailStatus).
     uint32_t expected = 0;
     if (failed().compare_exchange_strong(expected, 1, std::memory_order_seq_cst)) {
-      const Status st = error.Prefixed(os.str());
       ext_failure_->code = static_cast<int32_t>(st.kind);
       std::snprintf(ext_failure_->message, sizeof(ext_failure_->message), "%s",
                     st.message.c_str());
@@ -171,7 +173,7 @@ void Slot::Fail(int64_t rank, const Status& error) {
   } else {
     std::lock_guard<std::mutex> lk(fail_mu_);
     if (failed().load(std::memory_order_relaxed) != 0) return;
-    fail_status_ = error.Prefixed(os.str());
+    fail_status_ = st;
     failed().store(1, std::memory_order_seq_cst);
   }
   RingAll();
@@ -361,7 +363,7 @@ Status Rendezvous::Reserve(const RendezvousKey& key, int64_t rank, int64_t nrank
 Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
                         RankInfo info, Clock::time_point deadline,
                         int64_t timeout_ms, Ticket* ticket, int spin,
-                        int64_t yield_ns, int64_t generation) {
+                        int64_t yield_ns, int64_t generation, bool early) {
   *ticket = Ticket();
   ticket->key = key;
   ticket->rank = rank;
@@ -393,9 +395,12 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
     e.active.emplace_back(gen, AcquireSlotLocked(nranks, info.total_steps));
     slot = e.active.back().second.get();
   }
-  if (static_cast<int64_t>(slot->flag_cap_) < info.total_steps) {
+  if (!early && static_cast<int64_t>(slot->flag_cap_) < info.total_steps) {
     // Only possible when ranks disagree on the schedule; they will fail the
     // fingerprint check before touching the flags, but keep them in bounds.
+    // (Early start: peers may be running on these flags; this rank checks
+    // its schedule against the first rank's, which sized them, before it
+    // touches any.)
     slot->flags_.reset(new std::atomic<uint32_t>[info.total_steps]);
     for (int64_t i = 0; i < info.total_steps; ++i) slot->flags_[i].store(0);
     slot->flag_cap_ = info.total_steps;
@@ -406,17 +411,25 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
   ++slot->arrived_;
   ticket->slot = slot;
   ticket->epoch = slot->epoch;
-  if (slot->arrived_ == nranks) {
+  const bool last = slot->arrived_ == nranks;
+  if (last) {
     RecordArrivals(slot->arrival_);
     slot->state().store(1, std::memory_order_release);
-    lk.unlock();
-    FutexWakeAll(&slot->state());
-    return Status();
   }
   lk.unlock();
+  if (last) FutexWakeAll(&slot->state());
+  if (early) {
+    slot->Publish(rank);
+    return Status();
+  }
+  return last ? Status() : AwaitAll(*ticket, deadline, timeout_ms, spin, yield_ns);
+}
 
-  // Wait for the others: a short spin, yield (other device threads may
-  // need this core to arrive), then sleep with the deadline.
+Status Rendezvous::AwaitAll(const Ticket& ticket, Clock::time_point deadline,
+                            int64_t timeout_ms, int spin, int64_t yield_ns) {
+  Slot* slot = ticket.slot;
+  // A short spin, yield (other device threads may need this core to
+  // arrive), then sleep with the deadline.
   for (int i = 0; i < spin && slot->state().load(std::memory_order_acquire) == 0;
        ++i) {
     CpuRelax();
@@ -431,42 +444,7 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
   }
   while (slot->state().load(std::memory_order_acquire) == 0) {
     const auto now = Clock::now();
-    if (now >= deadline) {
-      lk.lock();
-      if (slot->state().load(std::memory_order_acquire) == 0) {
-        std::vector<int64_t> missing, arrived;
-        for (int64_t r = 0; r < nranks; ++r) {
-          (slot->present_[r] ? arrived : missing).push_back(r);
-        }
-        std::ostringstream os;
-        os << "jax_blink: rendezvous timed out after " << timeout_ms
-           << " ms: op_id=" << key.op_id << " group=" << key.group
-           << " generation=" << gen << " (" << nranks << " ranks): rank(s) "
-           << DescribeRanks(missing)
-           << " never arrived (arrived: " << DescribeRanks(arrived)
-           << "). A device may be stuck or running a different program, or "
-              "XLA's CPU thread pool may be too small for the queued executions "
-              "(set PJRT_NPROC to at least twice the process's devices before "
-              "jax starts: jax_blink.settings.set_xla_cpu_threads).";
-        slot->abort_message_ = os.str();
-        if (e.tombstones.empty()) {
-          if (++impl_->tombstone_entries > kMaxTombstoneEntries) {
-            // Never evict the entry we are using right now (it has an
-            // active slot), only abandoned ones.
-            EvictTombstonesLocked();
-          }
-        }
-        // `e` may have been rehashed away only by erase of other keys, which
-        // does not invalidate references to this element.
-        e.tombstones.emplace_back(gen, slot->abort_message_);
-        slot->state().store(2, std::memory_order_release);
-        lk.unlock();
-        FutexWakeAll(&slot->state());
-      } else {
-        lk.unlock();
-      }
-      break;
-    }
+    if (now >= deadline) return AbortMissing(ticket, timeout_ms);
     const int64_t left_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
             .count();
@@ -476,6 +454,55 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
     return Status::DeadlineExceeded(slot->abort_message_);
   }
   return Status();
+}
+
+Status Rendezvous::AbortMissing(const Ticket& ticket, int64_t timeout_ms) {
+  Slot* slot = ticket.slot;
+  std::unique_lock<std::mutex> lk(mu_);
+  const uint32_t state = slot->state().load(std::memory_order_acquire);
+  if (state == 1) return Status();
+  if (state == 2) return Status::DeadlineExceeded(slot->abort_message_);
+  auto it = impl_->entries.find(ticket.key);  // (held by the slot, which is active)
+  Entry& e = it->second;
+  const int64_t nranks = slot->nranks;
+  std::vector<int64_t> missing, arrived;
+  for (int64_t r = 0; r < nranks; ++r) {
+    (slot->present_[r] ? arrived : missing).push_back(r);
+  }
+  std::ostringstream os;
+  os << "jax_blink: rendezvous timed out after " << timeout_ms
+     << " ms: op_id=" << ticket.key.op_id << " group=" << ticket.key.group
+     << " generation=" << ticket.generation << " (" << nranks << " ranks): rank(s) "
+     << DescribeRanks(missing)
+     << " never arrived (arrived: " << DescribeRanks(arrived)
+     << "). A device may be stuck or running a different program, or "
+        "XLA's CPU thread pool may be too small for the queued executions "
+        "(set PJRT_NPROC to at least twice the process's devices before "
+        "jax starts: jax_blink.settings.set_xla_cpu_threads).";
+  slot->abort_message_ = os.str();
+  if (e.tombstones.empty()) {
+    if (++impl_->tombstone_entries > kMaxTombstoneEntries) {
+      // Never evict the entry we are using right now (it has an active
+      // slot), only abandoned ones.
+      EvictTombstonesLocked();
+    }
+  }
+  // `e` may have been rehashed away only by erase of other keys, which does
+  // not invalidate references to this element.
+  e.tombstones.emplace_back(ticket.generation, slot->abort_message_);
+  const Status aborted = Status::DeadlineExceeded(slot->abort_message_);
+  slot->FailAll(aborted);
+  slot->state().store(2, std::memory_order_release);
+  // The missing ranks will find the tombstone and never run: they count as
+  // finished, so that the ranks that did arrive leave (Slot::Finish).
+  const uint32_t n = static_cast<uint32_t>(nranks);
+  const uint32_t done =
+      slot->finished().fetch_add(static_cast<uint32_t>(missing.size()), std::memory_order_seq_cst) +
+      static_cast<uint32_t>(missing.size());
+  lk.unlock();
+  FutexWakeAll(&slot->state());
+  if (done == n) FutexWakeAll(&slot->finished());
+  return aborted;
 }
 
 void Rendezvous::Leave(Ticket* ticket) {

@@ -4,8 +4,10 @@
 // (RunId, static op_id, group) and its rank. A per-(key, rank) generation
 // counter separates repeated executions of one call site inside a single run
 // (scan, fori_loop). Ranks publish their buffer pointers, element count,
-// dtype and schedule fingerprint in a Slot, wait for each other (with a
-// deadline), execute, and Leave(). Slots are pooled and their per-step
+// dtype and schedule fingerprint in a Slot, execute, and Leave(). Either
+// every rank waits for all the others before executing (a barrier, with a
+// deadline), or each starts at once (early start: the CPU executor waits
+// for a peer only in the steps that touch it, Slot::Arrived). Slots are pooled and their per-step
 // completion flags carry an epoch, so nothing is cleared or allocated per
 // call in the steady state; map entries are deleted once quiescent.
 #ifndef JAX_BLINK_CC_SYNC_RENDEZVOUS_H_
@@ -60,6 +62,10 @@ struct alignas(64) Bell {
   // The bell lives in memory shared between processes (set when its slot is
   // prepared; see FutexWait).
   uint32_t shared = 0;
+  // The slot epoch in which the rank published its RankInfo (early start:
+  // its peers may then read it and touch its buffers; never reset, the
+  // epoch tells uses apart).
+  std::atomic<uint32_t> arrived{0};
 
   void ResetFilters() {
     final_wait.store(0, std::memory_order_relaxed);
@@ -125,7 +131,8 @@ struct RankInfo {
 // The words every rank of a slot updates (in the slot itself, or in memory
 // shared between processes for a host slot).
 struct SlotWords {
-  // 0: waiting for ranks, 1: all arrived, 2: aborted (timed out).
+  // 0: waiting for ranks, 1: all arrived, 2: aborted (timed out: the ranks
+  // that never arrived count as finished).
   std::atomic<uint32_t> state{0};
   // Set once when any rank fails during execution; wakes everyone.
   std::atomic<uint32_t> failed{0};
@@ -158,6 +165,14 @@ class Slot {
   void RingAll() {
     for (int64_t r = 0; r < nranks; ++r) bell(r).Ring();
   }
+  // Rank r has published its RankInfo in this use of the slot (info[r] is
+  // complete; in a host slot's view, once the view has mapped it).
+  bool Arrived(int64_t r) { return bell(r).arrived.load(std::memory_order_seq_cst) == epoch; }
+  // Marks `rank`'s RankInfo published and wakes the ranks that wait for it.
+  void Publish(int64_t rank) {
+    bell(rank).arrived.store(epoch, std::memory_order_seq_cst);
+    RingAll();
+  }
 
   std::atomic<uint32_t>& state() { return words_->state; }
   std::atomic<uint32_t>& failed() { return words_->failed; }
@@ -173,6 +188,8 @@ class Slot {
   // Records the first failure ("rank <rank> failed: <message>", with the
   // error's kind) and wakes every rank.
   void Fail(int64_t rank, const Status& error);
+  // The same for a verdict on the whole call, recorded as it is.
+  void FailAll(const Status& error);
   Status FailStatus();
 
   // All or nothing: marks this rank's execution over and waits until every
@@ -240,10 +257,25 @@ class Rendezvous {
   // yield_ns, then sleeps on a futex.
   // `generation` >= 0: the generation Reserve() gave this call (else the
   // next one is taken here).
+  // `early`: returns once `info` is published (Slot::Arrived), without
+  // waiting; the caller then waits for each peer it needs, and calls
+  // AbortMissing() at its deadline.
   Status Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
               RankInfo info, Clock::time_point deadline, int64_t timeout_ms,
               Ticket* ticket, int spin = 64, int64_t yield_ns = 0,
-              int64_t generation = -1);
+              int64_t generation = -1, bool early = false);
+
+  // Waits until every rank of the ticket's slot has arrived (ok) or until
+  // `deadline` (then AbortMissing()'s error).
+  Status AwaitAll(const Ticket& ticket, Clock::time_point deadline, int64_t timeout_ms,
+                  int spin = 64, int64_t yield_ns = 0);
+
+  // At a rank's deadline: when some rank of the ticket's slot has not
+  // arrived, aborts the call: DeadlineExceeded naming the missing ranks for
+  // every rank (the slot fails with it), the ranks that never arrived
+  // counted as finished (Slot::Finish), and a tombstone for those arriving
+  // later. Ok when every rank has arrived.
+  Status AbortMissing(const Ticket& ticket, int64_t timeout_ms);
 
   // Takes `rank`'s next generation of `key` now, for a Join() made later on
   // another thread: calls a rank hands to other threads keep the order in

@@ -496,7 +496,7 @@ def test_has_cuda_support_says_whether_the_cuda_module_was_built():
 
 # ----------------------------------------------------------------- settings
 DEFAULT_SETTINGS = dict(spin=0, yield_us=200, push=True, nt_bytes=1048576,
-                        hugepage_bytes=2097152, debug=False)
+                        hugepage_bytes=2097152, debug=False, barrier=False)
 
 
 def test_settings_are_the_documented_defaults_until_configured():

@@ -98,6 +98,7 @@ VARIABLES = {
     "JAX_BLINK_NT_BYTES": (lambda: settings.executor().nt_bytes, {}),
     "JAX_BLINK_HUGEPAGE_BYTES": (lambda: settings.executor().hugepage_bytes, {}),
     "JAX_BLINK_PUSH": (lambda: settings.executor().push, {}),
+    "JAX_BLINK_BARRIER": (lambda: settings.executor().barrier, {}),
     "JAX_BLINK_DEBUG": (settings.debug, {}),
     "JAX_BLINK_CUDA": (settings.cuda_enabled, {}),
     "JAX_BLINK_SEGMENTED": (settings.segmented, {}),
