@@ -585,6 +585,21 @@ class InProcessArrivals final : public Arrivals {
   const int64_t timeout_ms_;
 };
 
+// The host's slot table's (sync/host_rendezvous.h).
+class HostArrivals final : public Arrivals {
+ public:
+  HostArrivals(HostTicket* ticket, Clock::time_point deadline, int64_t timeout_ms)
+      : ticket_(ticket), deadline_(deadline), timeout_ms_(timeout_ms) {}
+  bool Arrived(int64_t r) override { return HostArrived(ticket_, r); }
+  Status AbortMissing() override { return HostAbortMissing(ticket_, timeout_ms_); }
+  Status AwaitAll() override { return HostAwaitAll(ticket_, deadline_, timeout_ms_); }
+
+ private:
+  HostTicket* const ticket_;
+  const Clock::time_point deadline_;
+  const int64_t timeout_ms_;
+};
+
 // Runs the steps of one rank; the heart of the executor.
 class RankRunner {
  public:
@@ -616,16 +631,15 @@ class RankRunner {
         yield_ns_(GetExecTunables().yield_ns),
         arrivals_(arrivals) {
     if (a.transport == kTransportHost) {
-      remote_.assign(s_.nranks, 0);
-      for (int64_t r = 0; r < s_.nranks; ++r) {
-        remote_[r] = slot.info[r].process != slot.info[a.rank].process;
-      }
+      // Early start learns where a peer lives when it arrives (PeerReady).
+      remote_.assign(s_.nranks, arrivals != nullptr ? kWhereUnknown : 0);
+      remote_[a.rank] = 0;
       if (same_types_) {  // this rank's and its same-process peers' private chunks
         private_.assign(s_.nranks * s_.nchunks, 0);
-        for (int64_t r = 0; r < s_.nranks; ++r) {
-          if (!remote_[r]) MarkPrivateChunks(r, &private_[r * s_.nchunks]);
-        }
         out_written_.assign(s_.nchunks, 0);
+      }
+      for (int64_t r = 0; r < s_.nranks; ++r) {
+        if (arrivals == nullptr || r == a.rank) LearnWhere(r);
       }
       if (stage != nullptr) {
         stage_ = stage;
@@ -735,8 +749,16 @@ class RankRunner {
       mismatch_ = true;
       return false;
     }
+    if (!remote_.empty()) LearnWhere(p);
     ready_[p] = 1;
     return true;
+  }
+
+  // Host transport: whether rank r lives in another process, and (when it
+  // does not) which of its chunks are private (MarkPrivateChunks).
+  void LearnWhere(int64_t r) {
+    remote_[r] = slot_.info[r].process != slot_.info[a_.rank].process;
+    if (!remote_[r] && !private_.empty()) MarkPrivateChunks(r, &private_[r * s_.nchunks]);
   }
 
   bool PeerInPlace(int64_t peer) const {
@@ -863,7 +885,13 @@ class RankRunner {
   }
   // Rank `peer` lives in another process (host transport): it reads this
   // rank's input from the arena, once the SEND that stages it is done.
-  bool Remote(int64_t peer) const { return !remote_.empty() && remote_[peer] != 0; }
+  // False while that is unknown (early start, a peer not there yet): a write
+  // then waits until the peer has read the value itself (GuardWaits), which
+  // covers both cases.
+  bool Remote(int64_t peer) const { return !remote_.empty() && remote_[peer] == 1; }
+  // A SEND of the input stages the chunk unless the peer is known to read
+  // the input itself (a peer not there yet may be in another process).
+  bool ReadsArena(int64_t peer) const { return !remote_.empty() && remote_[peer] != 0; }
   void Stage(int32_t chunk) {
     if (stage_ == nullptr || staged_[chunk]) return;
     const int64_t lo = s_.InputOffset(a_.rank);
@@ -1000,7 +1028,7 @@ class RankRunner {
       // never changes while the collective runs), so its receiver does not
       // wait for this flag and need not be woken; except a receiver in
       // another process (host transport), which reads the copy staged now.
-      if (st.src_input && !Remote(st.peer)) {
+      if (st.src_input && !ReadsArena(st.peer)) {
         SetDone(i);
       } else {
         if (st.src_input) Stage(st.chunk);
@@ -1165,6 +1193,10 @@ class RankRunner {
       peers_checked_ = now;
       const std::string gone = slot_.peers_gone(slot_);
       if (!gone.empty()) {
+        if (arrivals_ != nullptr) {  // ranks of that process that never arrived are named
+          Status missing = arrivals_->AbortMissing();
+          if (!missing.ok()) return missing;
+        }
         return Status::DeadlineExceeded("jax_blink: " + Where(a_, generation_) + " at rank " +
                                         std::to_string(a_.rank) + ": " + gone + " (while " +
                                         describe() + ")");
@@ -1248,7 +1280,10 @@ class RankRunner {
   int32_t blocked_ = -1;
   int32_t blocked_guard_ = -1;
   std::vector<uint8_t> private_;  // per rank x chunk: MarkPrivateChunks (empty: none)
-  std::vector<uint8_t> remote_;   // per rank: in another process (empty: none)
+  // per rank: in another process (1), in this one (0), or not known yet
+  // (kWhereUnknown); empty: all in this one
+  std::vector<uint8_t> remote_;
+  static constexpr uint8_t kWhereUnknown = 2;
   std::vector<uint8_t> out_written_;  // per chunk: OutputCopy wrote the output (host transport)
   char* stage_ = nullptr;         // see the constructor
   std::vector<uint8_t> staged_;   // per chunk: copied to stage_
@@ -1446,13 +1481,15 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
     AdviseHugePages(a.out, s.out_count * DTypeSize(s.dtype), GetExecTunables().hugepage_bytes);
   }
   HostTicket ticket;
-  res.status = HostJoin(h, generation, deadline, timeout_ms, &ticket);
+  const ExecTunables& tun = GetExecTunables();
+  const bool early = !tun.barrier;
+  res.status = HostJoin(h, generation, deadline, timeout_ms, &ticket, early);
   const int64_t wait_us =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
   if (res.status.ok()) {
     Slot& slot = ticket.view;
-    res.status = CheckConsistent(slot, Where(a, generation));
-    const ExecTunables& tun = GetExecTunables();
+    const std::string where = Where(a, generation);
+    if (!early) res.status = CheckConsistent(slot, where);
     const auto limit = deadline + std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(1);
     if (res.status.ok()) {
       // The rank writes only its own output. With the input copied whole,
@@ -1460,9 +1497,12 @@ ExecResult ExecuteCpuHost(const ExecArgs& a, Clock::time_point t0, Clock::time_p
       // other processes the chunks Stage() copies.
       ExecArgs staged = a;
       if (h.stage_input) staged.in = slot.info[a.rank].in;
+      HostArrivals arrivals(&ticket, deadline, timeout_ms);
       RankRunner runner(staged, slot, slot.epoch, generation, deadline,
-                        h.stage_input ? nullptr : static_cast<char*>(ticket.staging));
+                        h.stage_input ? nullptr : static_cast<char*>(ticket.staging),
+                        early ? &arrivals : nullptr);
       res.status = runner.Run();
+      if (res.status.ok() && runner.Mismatched()) res.status = Disagreement(arrivals, slot, where);
       if (!res.status.ok()) slot.Fail(a.rank, res.status);
       const Status all = slot.Finish(limit, tun.spin, tun.yield_ns);
       if (!all.ok()) res.status = all;

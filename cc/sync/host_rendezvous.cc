@@ -172,10 +172,18 @@ std::string ExitedText(const std::vector<int>& processes = {}) {
 // without the leading "; ".
 std::string PeersGone(const Slot& slot) {
   std::vector<int> processes;
-  for (int64_t r = 0; r < slot.nranks; ++r) processes.push_back(slot.info[r].process);
+  for (int64_t r = 0; r < slot.nranks; ++r) {
+    if (slot.info[r].process < 0) {  // not mapped yet (early start): any of the host's
+      processes.clear();
+      break;
+    }
+    processes.push_back(slot.info[r].process);
+  }
   const std::string text = ExitedText(processes);
   return text.empty() ? text : text.substr(2);
 }
+
+void MapRank(HostTicket* ticket, int64_t r);
 
 // The entry lock: held for a few stores only, so spin, then yield.
 bool LockEntry(HostEntry* e, Clock::time_point deadline) {
@@ -227,6 +235,7 @@ void ClaimEntry(HostEntry* e, int64_t index, const HostRankArgs& a, int64_t gene
   e->nranks = static_cast<uint32_t>(a.nranks);
   if (++e->epoch >= (uint32_t{1} << 31)) {  // wrapped: old flags could alias
     std::memset(static_cast<void*>(FlagsOf(index)), 0, kFlagBytes);
+    for (Bell& b : e->bells) b.arrived.store(0, std::memory_order_relaxed);
     e->epoch = 1;
   }
   e->arrived = 0;
@@ -365,7 +374,7 @@ int64_t HostReserve(int64_t site, int64_t group, int64_t rank) {
 }
 
 Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point deadline,
-                int64_t timeout_ms, HostTicket* ticket) {
+                int64_t timeout_ms, HostTicket* ticket, bool early) {
   HostState& st = State();
   if (!HostAttached()) {
     return Status::Internal(
@@ -471,92 +480,133 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
     UnlockEntry(e);
     return Status::DeadlineExceeded(msg);
   }
-  if (e->arrived == e->nranks) {
-    state.store(1, std::memory_order_release);
-    UnlockEntry(e);
-    FutexWakeAll(&state, true);
-  } else {
-    UnlockEntry(e);
-    auto checked = Clock::now();
-    while (state.load(std::memory_order_acquire) == 0) {
-      const auto now = Clock::now();
-      // A process of the host that exited will not send its ranks: give up
-      // at once (its job cannot go on) rather than at the deadline.
-      std::string exited;
-      if (now - checked >= std::chrono::milliseconds(100)) {
-        checked = now;
-        exited = ExitedText();
-      }
-      if (now >= deadline || !exited.empty()) {
-        if (!LockEntry(e, now + std::chrono::seconds(1))) break;
-        if (state.load(std::memory_order_acquire) == 0) {
-          std::vector<int64_t> missing, arrived;
-          for (int64_t r = 0; r < a.nranks; ++r) (e->present[r] ? arrived : missing).push_back(r);
-          std::ostringstream os;
-          os << "jax_blink: host rendezvous "
-             << (exited.empty() ? "timed out after " + std::to_string(timeout_ms) + " ms"
-                                : std::string("given up"))
-             << ": " << where.str()
-             << " (" << a.nranks << " ranks in the processes of this host): rank(s) "
-             << DescribeRanks(missing) << " never arrived (arrived: " << DescribeRanks(arrived)
-             << ")" << (exited.empty() ? ExitedText() : exited)
-             << ". A process may be stuck, have died, or be running a different program.";
-          std::snprintf(e->abort_message, sizeof(e->abort_message), "%s", os.str().c_str());
-          state.store(2, std::memory_order_release);
-        }
-        UnlockEntry(e);
-        FutexWakeAll(&state, true);
-        break;
-      }
-      const int64_t left_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
-      FutexWait(&state, 0, std::min<int64_t>(left_ns, 100000000), true);
-    }
-    if (state.load(std::memory_order_acquire) != 1) {
-      return Status::DeadlineExceeded(e->abort_message[0] != '\0'
-                                          ? std::string(e->abort_message)
-                                          : "jax_blink host transport: rendezvous aborted");
-    }
-  }
+  const bool last = e->arrived == e->nranks;
+  if (last) state.store(1, std::memory_order_release);
+  UnlockEntry(e);
+  if (last) FutexWakeAll(&state, true);
   // The executor's view: peers' buffers as mapped in this process.
+  ticket->epoch = epoch;
+  ticket->where = where.str();
+  ticket->mapped.assign(a.nranks, 0);
+  ticket->blobs.assign(a.nranks, std::string());
   Slot& v = ticket->view;
   v.AttachShared(a.nranks, epoch, FlagsOf(index), e->bells, &e->words, &e->failure);
   v.peers_gone = &PeersGone;
-  ticket->blobs.assign(a.nranks, std::string());
-  for (int64_t r = 0; r < a.nranks; ++r) {
-    const HostBlob& b = e->blobs[r];
-    ticket->blobs[r].assign(b.data, static_cast<size_t>(std::clamp<int64_t>(b.bytes, 0, kHostBlobBytes)));
+  if (!early) return HostAwaitAll(ticket, deadline, timeout_ms);
+  MapRank(ticket, a.rank);
+  v.Publish(a.rank);
+  return Status();
+}
+
+namespace {
+// Fills the view's info[r] and blobs[r] from what rank r published.
+void MapRank(HostTicket* ticket, int64_t r) {
+  HostState& st = State();
+  HostEntry* e = EntryAt(ticket->entry);
+  const HostBlob& b = e->blobs[r];
+  ticket->blobs[r].assign(b.data, static_cast<size_t>(std::clamp<int64_t>(b.bytes, 0, kHostBlobBytes)));
+  const HostRankInfo& hi = e->info[r];
+  RankInfo& ri = ticket->view.info[r];
+  const bool mapped = hi.process >= 0 && hi.process < static_cast<int32_t>(st.bases.size()) &&
+                      hi.in_off >= 0;
+  char* base = mapped ? st.bases[hi.process] : nullptr;
+  ri.in = mapped ? base + hi.in_off : nullptr;
+  if (hi.process == st.slot && hi.local_in != 0) {  // a rank of this process
+    ri.in = reinterpret_cast<const void*>(hi.local_in);
   }
-  for (int64_t r = 0; r < a.nranks; ++r) {
-    const HostRankInfo& hi = e->info[r];
-    RankInfo& ri = v.info[r];
-    const bool mapped = hi.process >= 0 && hi.process < static_cast<int32_t>(st.bases.size()) &&
-                        hi.in_off >= 0;
-    char* base = mapped ? st.bases[hi.process] : nullptr;
-    ri.in = mapped ? base + hi.in_off : nullptr;
-    if (hi.process == st.slot && hi.local_in != 0) {  // a rank of this process
-      ri.in = reinterpret_cast<const void*>(hi.local_in);
+  ri.acc = mapped ? base + hi.acc_off : nullptr;
+  ri.acc_out = nullptr;
+  // the output of a rank of another process is not visible here, nor are its
+  // segments: its input is read from the arena's copy, one buffer
+  const bool local = hi.process == st.slot;
+  ri.out = local ? reinterpret_cast<void*>(hi.local_out) : nullptr;
+  ri.nsegs = local ? hi.nsegs : 0;
+  ri.seg_offset = local ? reinterpret_cast<const int64_t*>(hi.local_seg_offset) : nullptr;
+  ri.in_segs = local ? reinterpret_cast<const void* const*>(hi.local_in_segs) : nullptr;
+  ri.out_segs = local ? reinterpret_cast<void* const*>(hi.local_out_segs) : nullptr;
+  ri.acc_segs = false;  // the accumulator lives in the arena
+  ri.count = hi.count;
+  ri.dtype = hi.dtype;
+  ri.nranks = hi.nranks;
+  ri.total_steps = hi.total_steps;
+  ri.fingerprint = hi.fingerprint;
+  ri.error = Status{static_cast<ErrorKind>(hi.error_kind), hi.error};
+  ri.process = hi.process;
+  ticket->mapped[r] = 1;
+}
+}  // namespace
+
+bool HostArrived(HostTicket* ticket, int64_t r) {
+  if (ticket->mapped[r]) return true;
+  if (!ticket->view.Arrived(r)) return false;
+  MapRank(ticket, r);
+  return true;
+}
+
+Status HostAwaitAll(HostTicket* ticket, Clock::time_point deadline, int64_t timeout_ms) {
+  HostEntry* e = EntryAt(ticket->entry);
+  std::atomic<uint32_t>& state = e->words.state;
+  auto checked = Clock::now();
+  while (state.load(std::memory_order_acquire) == 0) {
+    const auto now = Clock::now();
+    // A process of the host that exited will not send its ranks: give up at
+    // once (its job cannot go on) rather than at the deadline.
+    if (now - checked >= std::chrono::milliseconds(100)) {
+      checked = now;
+      if (!ExitedText().empty()) break;
     }
-    ri.acc = mapped ? base + hi.acc_off : nullptr;
-    ri.acc_out = nullptr;
-    // the output of a rank of another process is not visible here, nor are its
-    // segments: its input is read from the arena's copy, one buffer
-    const bool local = hi.process == st.slot;
-    ri.out = local ? reinterpret_cast<void*>(hi.local_out) : nullptr;
-    ri.nsegs = local ? hi.nsegs : 0;
-    ri.seg_offset = local ? reinterpret_cast<const int64_t*>(hi.local_seg_offset) : nullptr;
-    ri.in_segs = local ? reinterpret_cast<const void* const*>(hi.local_in_segs) : nullptr;
-    ri.out_segs = local ? reinterpret_cast<void* const*>(hi.local_out_segs) : nullptr;
-    ri.acc_segs = false;  // the accumulator lives in the arena
-    ri.count = hi.count;
-    ri.dtype = hi.dtype;
-    ri.nranks = hi.nranks;
-    ri.total_steps = hi.total_steps;
-    ri.fingerprint = hi.fingerprint;
-    ri.error = Status{static_cast<ErrorKind>(hi.error_kind), hi.error};
-    ri.process = hi.process;
+    if (now >= deadline) break;
+    const int64_t left_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+    FutexWait(&state, 0, std::min<int64_t>(left_ns, 100000000), true);
+  }
+  Status st = HostAbortMissing(ticket, timeout_ms);
+  if (!st.ok()) return st;
+  for (int64_t r = 0; r < ticket->view.nranks; ++r) {
+    if (!ticket->mapped[r]) MapRank(ticket, r);
   }
   return Status();
+}
+
+Status HostAbortMissing(HostTicket* ticket, int64_t timeout_ms) {
+  HostEntry* e = EntryAt(ticket->entry);
+  std::atomic<uint32_t>& state = e->words.state;
+  if (state.load(std::memory_order_acquire) == 1) return Status();
+  const auto now = Clock::now();
+  if (state.load(std::memory_order_acquire) == 0 && LockEntry(e, now + std::chrono::seconds(1))) {
+    if (state.load(std::memory_order_acquire) == 0) {
+      const int64_t n = ticket->view.nranks;
+      const std::string exited = ExitedText();
+      std::vector<int64_t> missing, arrived;
+      for (int64_t r = 0; r < n; ++r) (e->present[r] ? arrived : missing).push_back(r);
+      std::ostringstream os;
+      os << "jax_blink: host rendezvous "
+         << (exited.empty() ? "timed out after " + std::to_string(timeout_ms) + " ms"
+                            : std::string("given up"))
+         << ": " << ticket->where << " (" << n
+         << " ranks in the processes of this host): rank(s) " << DescribeRanks(missing)
+         << " never arrived (arrived: " << DescribeRanks(arrived) << ")" << exited
+         << ". A process may be stuck, have died, or be running a different program.";
+      std::snprintf(e->abort_message, sizeof(e->abort_message), "%s", os.str().c_str());
+      ticket->view.FailAll(Status::DeadlineExceeded(e->abort_message));
+      state.store(2, std::memory_order_release);
+      // The missing ranks will fail at once if they arrive: they count as
+      // finished, so that the ranks that did arrive leave (Slot::Finish).
+      const uint32_t done =
+          e->words.finished.fetch_add(static_cast<uint32_t>(missing.size()),
+                                      std::memory_order_seq_cst) +
+          static_cast<uint32_t>(missing.size());
+      UnlockEntry(e);
+      FutexWakeAll(&state, true);
+      if (done == static_cast<uint32_t>(n)) FutexWakeAll(&e->words.finished, true);
+    } else {
+      UnlockEntry(e);
+    }
+  }
+  if (state.load(std::memory_order_acquire) == 1) return Status();
+  return Status::DeadlineExceeded(e->abort_message[0] != '\0'
+                                      ? std::string(e->abort_message)
+                                      : "jax_blink host transport: rendezvous aborted");
 }
 
 void HostLeave(HostTicket* ticket) {

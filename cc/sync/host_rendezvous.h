@@ -69,8 +69,13 @@ struct HostTicket {
   // rounded up to 64), then the accumulator.
   void* staging = nullptr;
   int64_t staging_bytes = 0;
-  // Each rank's blob (HostRankArgs::blob), copied out once all have joined.
+  // Each rank's blob (HostRankArgs::blob), copied out once all have joined
+  // (early start: once the rank has, HostArrived).
   std::vector<std::string> blobs;
+  // The entry's use, and which ranks `view` and `blobs` hold (early start).
+  uint32_t epoch = 0;
+  std::string where;
+  std::vector<uint8_t> mapped;
 };
 
 // What a rank publishes at HostJoin.
@@ -118,8 +123,26 @@ int64_t HostReserve(int64_t site, int64_t group, int64_t rank);
 // executor runs on (info[r].in/acc point into the arenas as mapped here)
 // and ticket->staging holds this rank's input copy then its accumulator.
 // The caller calls HostLeave() whenever ticket->entry >= 0.
+// `early`: returns once the rank is published, without waiting; the view
+// then holds this rank only, and HostArrived() adds each peer once it has
+// published. The caller calls HostAbortMissing() at its deadline.
 Status HostJoin(const HostRankArgs& args, int64_t generation, Clock::time_point deadline,
-                int64_t timeout_ms, HostTicket* ticket);
+                int64_t timeout_ms, HostTicket* ticket, bool early = false);
+
+// Early start: whether rank r of the ticket's call has published; when it
+// has, ticket->view.info[r] and ticket->blobs[r] hold what it published.
+bool HostArrived(HostTicket* ticket, int64_t r);
+
+// Waits until every rank of the ticket's call has arrived, then maps them
+// all into the view (ok), or until `deadline` (HostAbortMissing's error).
+Status HostAwaitAll(HostTicket* ticket, Clock::time_point deadline, int64_t timeout_ms);
+
+// At a rank's deadline: when some rank of the call has not arrived, aborts
+// it (as Rendezvous::AbortMissing: the message names the missing ranks and
+// the host's processes that exited; the view's slot fails with it; the
+// missing ranks count as finished; a rank arriving later fails at once).
+// Ok when every rank has arrived.
+Status HostAbortMissing(HostTicket* ticket, int64_t timeout_ms);
 
 void HostLeave(HostTicket* ticket);
 
