@@ -1,11 +1,14 @@
-"""A late rank on 8 CPU devices: the time from its arrival to the allreduce's end, per plan.
+"""A late rank on 8 CPU devices and across processes: early start against the barrier, and the plans.
 
 One rank (``--late``, default 3) arrives late by 1, 5 or 20 ms (and 0, to show what each
-plan costs when nobody is late); the others are there at once. Three lowerings of the
-``shm:8`` allreduce run, interleaved call by call:
+arm costs when nobody is late); the others are there at once. Four arms of the ``shm:8``
+allreduce run, interleaved call by call:
 
 * ``plain``:   the plan psum uses without ``slow_ranks`` (every rank roots a star of
-  an eighth of the vector and is a child in the seven others);
+  an eighth of the vector and is a child in the seven others), the executor starting
+  early (its default: a rank runs each step once the peers it touches are there);
+* ``barrier``: the same schedule, every rank waiting for all before any data moves
+  (``JAX_BLINK_BARRIER=1``, configure(barrier=True): the executor before early start);
 * ``ordered``: the same trees, but every parent reduces the late rank after its other
   children (``plan(slow_ranks=...)`` where leaves cost more rate than it allows);
 * ``leaves``:  trees in which the late rank is a leaf (``plan(slow_ranks=...,
@@ -17,18 +20,30 @@ plan costs when nobody is late); the others are there at once. Three lowerings o
 ``run_ranks`` harness of the test module, the executor XLA's CPU devices run): the late
 rank's thread sleeps before each call (test scaffolding, never the production path), and
 the harness records when each rank's call began and returned. *After arrival* is the
-last return minus the late rank's start.
+last return minus the late rank's start. ``after_arrival_early_over_barrier`` is
+plain's over barrier's; ``--punctual`` times the two with nobody late from 1 to 1e7
+floats per device.
+
+**Across processes** (``--processes``): jobs of 4 x 1 and 2 x 1 processes
+(jax_blink.launch.run_local) sum a float32 vector per device with a jitted
+``jax_blink.psum`` over the host transport. Each call follows a gloo ``lax.psum`` that
+every process makes after switching the mode (so that all ranks of a call run the same);
+the last process then sleeps before its call, and its call's duration is *after
+arrival* (its return is the call's end: no rank returns before all are done).
 
 **A training step** (``--step``): a jitted data-parallel step of an MLP on 8 CPU devices
 whose gradients are summed by ``jax_blink.psum`` with and without ``slow_ranks``, on the
 plan (``JAX_BLINK_ALGO=blink``), and by ``lax.psum``; one device's host callback sleeps before the loss (test scaffolding in the
 program). Its *after arrival* is the step time minus the delay; the step without the
-sleep is reported as well.
+sleep is reported as well. ``--mlps`` times the training steps of
+``benchmarks/bench_steps.py`` (its MLPs, the 4 x 2048² among them, with psum's default
+buckets) early against barrier, and with no communication and lax.psum.
 
 Writes ``benchmarks/results/stragglers_<machine>.{json,md}`` (``--machine``: another name,
 ``--results``: another folder).
 
-    python benchmarks/bench_stragglers.py [--sizes 1e5 1e6] [--delays 0 1 5 20] [--rounds 15] [--step]
+    python benchmarks/bench_stragglers.py [--sizes 1e5 1e6 4e6] [--delays 0 1 5 20] [--rounds 15]
+        [--punctual] [--processes] [--step] [--mlps]
 """
 
 from __future__ import annotations
@@ -43,6 +58,8 @@ os.environ.setdefault("JAX_BLINK_ALGO", "blink")  # the step's psum on the plan,
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,10 +70,20 @@ N = 8
 TIMEOUT_MS = 60000
 #: The rate the ``leaves`` plan may give up (``plan``'s ``tolerance``): shm:8's leaf stars reach 13/14.
 LEAF_TOLERANCE = 0.1
+#: The arms that run the plain plan: early start (the executor's default) and the barrier.
+MODES = {"plain": False, "barrier": True}
+
+
+def set_barrier(on: bool) -> None:
+    """The executor's mode for the calls that follow (none may be running)."""
+    from jax_blink import _ffi
+
+    ext = _ffi.load_extension()
+    ext.configure(**dict(ext.configuration(), barrier=on))
 
 
 def schedules(count: int, late: int) -> dict:
-    """The three lowerings of the shm:8 allreduce of ``count`` float32, and which psum runs."""
+    """The arms' lowerings of the shm:8 allreduce of ``count`` float32, and which psum runs."""
     from jax_blink import Topology
     from jax_blink.choice.requests import SLOW_TOLERANCE
     from jax_blink.planning import plan
@@ -70,8 +97,8 @@ def schedules(count: int, late: int) -> dict:
         raise SystemExit(f"no leaf plan within tolerance {LEAF_TOLERANCE}: {leaves.note}")
     runs = plan(topology, slow_ranks=[late], tolerance=SLOW_TOLERANCE)  # what psum(slow_ranks=) plans
     picked = "leaves" if runs.trees == leaves.trees else "ordered"
-    return {name: (p, p.lower(size, "float32")) for name, p in
-            (("plain", plain), ("ordered", ordered), ("leaves", leaves))}, picked
+    return {name: p.lower(size, "float32") for name, p in
+            (("plain", plain), ("barrier", plain), ("ordered", ordered), ("leaves", leaves))}, picked
 
 
 def time_collective(schedule, count: int, late: int, delay_ms: float, calls: int) -> list:
@@ -98,32 +125,138 @@ def time_collective(schedule, count: int, late: int, delay_ms: float, calls: int
     return [((end[k] - times[late, k, 0]) / 1e6, (end[k] - times[:, k, 0].min()) / 1e6) for k in range(calls)]
 
 
-def collective_rows(sizes, delays, late, rounds, calls) -> tuple:
+def early_over_barrier(early: list, barrier: list) -> dict:
+    """The median ratio of paired samples (early's over barrier's, interleaved) and whether
+    their difference lies beyond its spread (harness.paired_spread)."""
+    diffs = np.asarray(early) - np.asarray(barrier)
+    return {"ratio": statistics.median(early) / statistics.median(barrier),
+            "beyond_spread": bool(abs(float(np.median(diffs))) > harness.paired_spread(diffs))}
+
+
+def collective_rows(sizes, delays, late, rounds, calls, arms=("plain", "barrier", "ordered", "leaves")) -> tuple:
     from jax_blink import _ffi
 
     _ffi.configure_cpu()  # the JAX_BLINK_* executor settings, as a jitted psum gets them
     rows = []
     picked = None
-    for count in sizes:
-        lowered, picked = schedules(count, late)
-        for delay in delays:
-            got = {name: [] for name in lowered}
-            for _ in range(rounds):  # interleaved: each round runs every plan once
-                for name, (_, schedule) in lowered.items():
-                    got[name] += time_collective(schedule, count, late, delay, calls)
-            row = {"count": count, "delay_ms": delay}
-            for name, samples in got.items():
-                row[f"{name}_after_ms"] = statistics.median(a for a, _ in samples)
-                row[f"{name}_call_ms"] = statistics.median(c for _, c in samples)
-            row["ordered_over_plain"] = row["ordered_after_ms"] / row["plain_after_ms"]
-            row["leaves_over_plain"] = row["leaves_after_ms"] / row["plain_after_ms"]
-            row["psum_over_plain"] = row[f"{picked}_after_ms"] / row["plain_after_ms"]
-            rows.append(row)
-            print(f"{count:>9} {delay:>6g} ms  after arrival: plain {row['plain_after_ms']:7.3f}  ordered "
-                  f"{row['ordered_after_ms']:7.3f} ({row['ordered_over_plain']:.2f})  leaves "
-                  f"{row['leaves_after_ms']:7.3f} ({row['leaves_over_plain']:.2f}) ms", flush=True)
+    try:
+        for count in sizes:
+            lowered, picked = schedules(count, late)
+            for delay in delays:
+                got = {name: [] for name in arms}
+                for k in range(rounds):  # interleaved: each round runs every arm once
+                    for name in (arms if k % 2 == 0 else arms[::-1]):
+                        set_barrier(name == "barrier")
+                        got[name] += time_collective(lowered[name], count, late, delay, calls)
+                row = {"count": count, "delay_ms": delay}
+                for name, samples in got.items():
+                    row[f"{name}_after_ms"] = statistics.median(a for a, _ in samples)
+                    row[f"{name}_call_ms"] = statistics.median(c for _, c in samples)
+                vs = early_over_barrier([a for a, _ in got["plain"]], [a for a, _ in got["barrier"]])
+                row["after_arrival_early_over_barrier"] = vs["ratio"]
+                row["after_arrival_beyond_spread"] = vs["beyond_spread"]
+                vs = early_over_barrier([c for _, c in got["plain"]], [c for _, c in got["barrier"]])
+                row["call_early_over_barrier"] = vs["ratio"]
+                row["call_beyond_spread"] = vs["beyond_spread"]
+                for name in ("ordered", "leaves"):
+                    if name in got:
+                        row[f"{name}_over_plain"] = row[f"{name}_after_ms"] / row["plain_after_ms"]
+                if picked in got:
+                    row["psum_over_plain"] = row[f"{picked}_after_ms"] / row["plain_after_ms"]
+                rows.append(row)
+                print(f"{count:>9} {delay:>6g} ms  after arrival: early {row['plain_after_ms']:7.3f}  barrier "
+                      f"{row['barrier_after_ms']:7.3f} ms ({row['after_arrival_early_over_barrier']:.2f})"
+                      + "".join(f"  {n} {row[f'{n}_after_ms']:7.3f}" for n in ("ordered", "leaves") if n in got)
+                      + f"  whole call early/barrier {row['call_early_over_barrier']:.2f}", flush=True)
+    finally:
+        set_barrier(False)
     return rows, picked
 
+
+# --- across processes --------------------------------------------------------------------
+
+def processes_worker(sizes, delays, rounds) -> None:
+    """One process of a job: per size and delay, its calls' durations in each mode (the last
+    process is the late one)."""
+    from jax_blink.launch import initialize
+
+    initialize()
+    import jax
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jax_blink
+
+    n, me = jax.device_count(), jax.process_index()
+    late = jax.process_count() - 1
+    mesh = jax.make_mesh((n,), ("i",))
+
+    def placed(x):
+        return jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("i")), lambda i: x[i])
+
+    def fn(reduce):
+        return jax.jit(jax.shard_map(lambda v: reduce(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))
+
+    sync, token = fn(lax.psum), placed(np.ones((n, 1), np.float32))
+    rows = []
+    for size in sizes:
+        x = np.random.default_rng(size).integers(-8, 9, (n, size)).astype(np.float32)
+        xs, f = placed(x), fn(jax_blink.psum)
+        got = np.asarray(f(xs).addressable_shards[0].data)
+        if not np.array_equal(got.reshape(-1), x.sum(axis=0)):  # small integers: exact in every order
+            raise SystemExit(f"process {me}: wrong sum at {size} elements")
+        for delay in delays:
+            samples = {mode: [] for mode in MODES}
+            for k in range(rounds + 2):  # the first two warm up
+                for mode in (list(MODES) if k % 2 == 0 else list(MODES)[::-1]):
+                    set_barrier(MODES[mode])
+                    jax.block_until_ready(sync(token))  # every process has switched
+                    if me == late and delay:
+                        time.sleep(delay / 1e3)
+                    start = time.perf_counter()
+                    jax.block_until_ready(f(xs))
+                    if k >= 2:
+                        samples[mode].append(1e3 * (time.perf_counter() - start))
+            rows.append({"count": size, "delay_ms": delay, **{f"{m}_ms": v for m, v in samples.items()}})
+    set_barrier(False)
+    harness.print_result({"process": me, "late": me == late, "rows": rows})
+    jax.distributed.shutdown()
+
+
+def processes_rows(layouts, sizes, delays, punctual_sizes, rounds) -> list:
+    """After arrival (the late process's call) and punctual calls, early against barrier."""
+    from jax_blink.launch import run_local
+
+    out = []
+    for procs in layouts:
+        jobs = [(sizes, delays)] if procs == 4 else []
+        jobs.append((punctual_sizes, [0.0]))
+        for job_sizes, job_delays in jobs:
+            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--sizes",
+                    *map(str, job_sizes), "--delays", *map(str, job_delays), "--rounds", str(rounds)]
+            results = run_local(argv, procs, devices_per_process=1, timeout_s=3600,
+                                env=dict(os.environ, JAX_BLINK_ALGO="blink"))
+            if not all(r.ok for r in results):
+                for i, r in enumerate(results):
+                    print(f"--- process {i}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}", file=sys.stderr)
+                raise SystemExit(f"the {procs} x 1 job failed")
+            late = harness.read_result(results[-1].stdout)
+            for row in late["rows"]:
+                vs = early_over_barrier(row["plain_ms"], row["barrier_ms"])
+                r = {"layout": f"{procs}x1", "count": row["count"], "delay_ms": row["delay_ms"],
+                     "early_ms": statistics.median(row["plain_ms"]),
+                     "barrier_ms": statistics.median(row["barrier_ms"]),
+                     "early_over_barrier": vs["ratio"], "beyond_spread": vs["beyond_spread"]}
+                if row["delay_ms"]:
+                    r["after_arrival_early_over_barrier"] = vs["ratio"]
+                out.append(r)
+                print(f"{procs}x1 {row['count']:>9} {row['delay_ms']:>5g} ms late: early {r['early_ms']:8.3f}  "
+                      f"barrier {r['barrier_ms']:8.3f} ms  ({vs['ratio']:.2f}"
+                      f"{'' if vs['beyond_spread'] else ', within the spread'})", flush=True)
+    return out
+
+
+# --- training steps ----------------------------------------------------------------------
 
 def step_rows(delays, late, rounds, width, depth, batch) -> list:
     """Step times of an MLP's data-parallel step, gradients summed three ways, one device late."""
@@ -186,26 +319,101 @@ def step_rows(delays, late, rounds, width, depth, batch) -> list:
     return rows
 
 
+def mlp_rows(rounds: int, reps: int = 3) -> list:
+    """bench_steps.py's MLP training steps, gradients summed by jax_blink.psum (its default
+    buckets) early and at the barrier, by lax.psum and by nothing, interleaved."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from bench_steps import MLPS
+    from jax_blink.measure.timing import mlp_step
+
+    mesh = jax.make_mesh((N,), ("data",))
+    rows = []
+    try:
+        for depth, width in MLPS:
+            x = jax.device_put(np.random.default_rng(1).normal(size=(N * 64, width)).astype(np.float32),
+                               NamedSharding(mesh, P("data")))
+            steps = {}
+            for variant in ("none", "lax.psum", "jax_blink"):
+                steps[variant], params = mlp_step(mesh, depth, width, variant)
+                jax.block_until_ready(steps[variant](params, x))  # compiles
+
+            def call(variant, barrier=False):
+                def run():
+                    set_barrier(barrier)
+                    for _ in range(reps):
+                        jax.block_until_ready(steps[variant](params, x))
+                return run
+
+            times = harness.interleaved({"none": call("none"), "lax": call("lax.psum"),
+                                         "early": call("jax_blink"), "barrier": call("jax_blink", True)},
+                                        rounds)
+            med = {k: 1e3 * statistics.median(v) / reps for k, v in times.items()}
+            vs = early_over_barrier(times["early"], times["barrier"])
+            row = {"model": f"{depth}x{width}", **{f"{k}_ms": v for k, v in med.items()},
+                   "early_over_barrier": vs["ratio"], "beyond_spread": vs["beyond_spread"],
+                   "early_over_none": med["early"] / med["none"], "barrier_over_none": med["barrier"] / med["none"],
+                   "lax_over_none": med["lax"] / med["none"]}
+            rows.append(row)
+            print(f"step {row['model']:>8}: none {med['none']:7.1f}  lax {med['lax']:7.1f}  early {med['early']:7.1f}  "
+                  f"barrier {med['barrier']:7.1f} ms  early/barrier {vs['ratio']:.3f}"
+                  f"{'' if vs['beyond_spread'] else ' (within the spread)'}  early/none {row['early_over_none']:.2f}",
+                  flush=True)
+    finally:
+        set_barrier(False)
+    return rows
+
+
 def markdown(result) -> str:
-    lines = [f"# A late rank on {N} CPU devices", "",
-             f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores; commit "
-             f"{result['machine']['commit']}. Rank {result['late']} late; medians of "
-             f"{result['rounds']} rounds x {result['calls']} calls, plans interleaved.", "",
-             "| elements | late by | plain after arrival | ordered | leaves | leaves / plain | whole call, nobody late: plain / leaves |",
-             "|---|---|---|---|---|---|---|"]
-    on_time = {r["count"]: r for r in result["collective"] if r["delay_ms"] == 0}
+    m = result["machine"]
+    lines = [f"# A late rank on {N} CPU devices and across processes", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores; commit {m['commit']}. Rank {result['late']} late; "
+             f"medians of {result['rounds']} rounds x {result['calls']} calls, arms interleaved. `early`: the "
+             "executor's default; `barrier`: every rank waits for all first (JAX_BLINK_BARRIER=1). "
+             "A ratio in parentheses lies within the spread of its paired samples.", "",
+             "| elements | late by | after arrival: early | barrier | **early / barrier** | ordered | leaves | "
+             "leaves / early |", "|---|---|---|---|---|---|---|---|"]
+
+    def ratio(value, beyond):
+        return f"**{value:.2f}**" if beyond else f"({value:.2f})"
+
     for r in result["collective"]:
         if r["delay_ms"] == 0:
             continue
-        base = on_time.get(r["count"])
-        calm = f"{base['plain_call_ms']:.3f} / {base['leaves_call_ms']:.3f} ms" if base else "-"
         lines.append(f"| {r['count']:.0e} | {r['delay_ms']:g} ms | {r['plain_after_ms']:.3f} ms | "
-                     f"{r['ordered_after_ms']:.3f} ms | {r['leaves_after_ms']:.3f} ms | "
-                     f"**{r['leaves_over_plain']:.2f}** | {calm} |")
-    lines += ["", f"psum(slow_ranks=...) runs `{result['psum_runs']}` here.", ""]
+                     f"{r['barrier_after_ms']:.3f} ms | "
+                     f"{ratio(r['after_arrival_early_over_barrier'], r['after_arrival_beyond_spread'])} | "
+                     f"{r['ordered_after_ms']:.3f} ms | {r['leaves_after_ms']:.3f} ms | {r['leaves_over_plain']:.2f} |")
+    lines += ["", f"psum(slow_ranks=...) runs `{result['psum_runs']}` here.", "",
+              "Nobody late, the whole call (in-process, 8 ranks; across processes, the last process's call):", "",
+              "| where | elements | early | barrier | early / barrier |", "|---|---|---|---|---|"]
+    for r in result.get("punctual", []) + [r for r in result["collective"] if r["delay_ms"] == 0]:
+        lines.append(f"| 1x8 in-process | {r['count']:.0e} | {r['plain_call_ms']:.3f} ms | {r['barrier_call_ms']:.3f} ms | "
+                     f"{ratio(r['call_early_over_barrier'], r['call_beyond_spread'])} |")
+    for r in result.get("processes", []):
+        if r["delay_ms"] == 0:
+            lines.append(f"| {r['layout']} processes | {r['count']:.0e} | {r['early_ms']:.3f} ms | {r['barrier_ms']:.3f} ms | "
+                         f"{ratio(r['early_over_barrier'], r['beyond_spread'])} |")
+    late = [r for r in result.get("processes", []) if r["delay_ms"]]
+    if late:
+        lines += ["", "Across processes, the last process late, after its arrival:", "",
+                  "| layout | elements | late by | early | barrier | **early / barrier** |", "|---|---|---|---|---|---|"]
+        for r in late:
+            lines.append(f"| {r['layout']} | {r['count']:.0e} | {r['delay_ms']:g} ms | {r['early_ms']:.3f} ms | "
+                         f"{r['barrier_ms']:.3f} ms | {ratio(r['early_over_barrier'], r['beyond_spread'])} |")
+    if result.get("mlps"):
+        lines += ["", "Training steps of bench_steps.py (batch 64 per device; psum's default buckets), nobody "
+                  "made late:", "",
+                  "| MLP | none | lax.psum | psum early | psum barrier | early / barrier | early / none | "
+                  "barrier / none | lax / none |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in result["mlps"]:
+            lines.append(f"| {r['model']} | {r['none_ms']:.1f} ms | {r['lax_ms']:.1f} ms | {r['early_ms']:.1f} ms | "
+                         f"{r['barrier_ms']:.1f} ms | {ratio(r['early_over_barrier'], r['beyond_spread'])} | "
+                         f"{r['early_over_none']:.2f} | {r['barrier_over_none']:.2f} | {r['lax_over_none']:.2f} |")
     if result.get("step"):
         s = result["step_model"]
-        lines += [f"Training step: MLP {s['depth']} x {s['width']}, batch {s['batch']} per device.", "",
+        lines += ["", f"Training step, one device late: MLP {s['depth']} x {s['width']}, batch {s['batch']} per device.", "",
                   "| late by | lax.psum step | psum step | psum(slow_ranks) step | after arrival: slow_ranks / plain |",
                   "|---|---|---|---|---|"]
         for r in result["step"]:
@@ -216,25 +424,45 @@ def markdown(result) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", nargs="+", default=["1e5", "1e6"], help="float32 elements per device")
+    ap.add_argument("--sizes", nargs="+", default=["1e5", "1e6", "4e6"], help="float32 elements per device")
     ap.add_argument("--delays", nargs="+", type=float, default=[0, 1, 5, 20], help="ms")
     ap.add_argument("--late", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=4, help="calls per run_ranks run")
-    ap.add_argument("--step", action="store_true", help="also time a training step")
+    ap.add_argument("--punctual", action="store_true",
+                    help="also time nobody late from 1 to 1e7 floats per device, early against barrier")
+    ap.add_argument("--punctual-sizes", nargs="+", default=["1", "1e3", "1e5", "1e6", "1e7"])
+    ap.add_argument("--processes", action="store_true", help="also run 4 x 1 and 2 x 1 processes")
+    ap.add_argument("--process-rounds", type=int, default=15)
+    ap.add_argument("--step", action="store_true", help="also time a training step with a late device")
     ap.add_argument("--step-rounds", type=int, default=21)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--mlps", action="store_true", help="also time bench_steps.py's MLP steps, early against barrier")
+    ap.add_argument("--mlp-rounds", type=int, default=9)
     ap.add_argument("--machine", default=harness.machine_tag(), help="result file name (default: this machine's)")
     ap.add_argument("--results", default=str(harness.RESULTS), help="the folder to write them to")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a process of --processes' jobs
     args = ap.parse_args()
     sizes = [int(float(s)) for s in args.sizes]
+    if args.worker:
+        processes_worker(sizes, args.delays, args.rounds)
+        return
     print(f"# {harness.machine()}")
     rows, picked = collective_rows(sizes, args.delays, args.late, args.rounds, args.calls)
     result = {"machine": harness.machine(), "late": args.late, "rounds": args.rounds, "calls": args.calls,
-              "psum_runs": picked, "collective": rows, "method": __doc__.split("\n\n")[2:4]}
+              "psum_runs": picked, "collective": rows, "method": __doc__.split("\n\n")[2:6]}
+    punctual_sizes = [int(float(s)) for s in args.punctual_sizes]
+    if args.punctual:
+        result["punctual"] = collective_rows([c for c in punctual_sizes if c not in sizes], [0.0], args.late,
+                                             args.rounds, args.calls, arms=("plain", "barrier"))[0]
+    if args.processes:
+        result["processes"] = processes_rows([4, 2], sizes, [d for d in args.delays if d], punctual_sizes,
+                                             args.process_rounds)
+    if args.mlps:
+        result["mlps"] = mlp_rows(args.mlp_rounds)
     if args.step:
         result["step_model"] = {"width": args.width, "depth": args.depth, "batch": args.batch}
         result["step"] = step_rows(args.delays, args.late, args.step_rounds, args.width, args.depth, args.batch)
