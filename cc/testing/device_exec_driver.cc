@@ -1,28 +1,21 @@
 // The device executor's host build as a plain program, for ThreadSanitizer
 // (.ci/sanitizers builds it with -fsanitize=thread: CMake option
-// JAX_BLINK_TSAN). It runs the cases .ci/device_exec_cases.py wrote, each a
-// file of int64 words:
-//   [nwords, nranks, in_bytes, out_bytes, check_mask, skip_rank, fault_rank,
-//    fault_publishes, timeout_ms, repeat, max_blocks]
-//   schedule words, every rank's input (in_bytes each), then every rank's
-//   expected output (out_bytes each; the CPU executor's, checked against
-//   numpy by the case writer)
-// and checks, bitwise, the outputs of the ranks in check_mask after each of
-// `repeat` calls on one executor; a case with a skipped or stopped rank must
-// fail with DEADLINE_EXCEEDED on every started rank in its first call (with
-// the case's timeout) and succeed in the next (with at least 20 s). Exit status 0 when every case passes.
+// JAX_BLINK_TSAN). It runs the cases .ci/device_exec_cases.py wrote
+// (testing/exec_case.h) and checks, bitwise, the outputs of the ranks in the
+// case's check_mask after each of `repeat` calls on one executor; a case with
+// a skipped or stopped rank must fail with DEADLINE_EXCEEDED on every started
+// rank in its first call (with the case's timeout) and succeed in the next
+// (with at least 20 s). Exit status 0 when every case passes.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/schedule.h"
 #include "testing/device_host.h"
+#include "testing/exec_case.h"
 
 namespace {
 
@@ -34,44 +27,23 @@ using jax_blink::Schedule;
 using jax_blink::Status;
 
 bool RunCase(const char* path) {
-  std::ifstream f(path, std::ios::binary);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  constexpr size_t kHeader = 11;
-  if (bytes.size() < kHeader * 8) {
-    std::fprintf(stderr, "%s: too short\n", path);
-    return false;
-  }
-  int64_t h[kHeader];
-  std::memcpy(h, bytes.data(), sizeof(h));
-  const int64_t nwords = h[0], nranks = h[1], in_bytes = h[2], out_bytes = h[3];
-  const int64_t check_mask = h[4], skip_rank = h[5], fault_rank = h[6], fault_publishes = h[7];
-  const int64_t timeout_ms = h[8], repeat = h[9], max_blocks = h[10];
-  const size_t need = (kHeader + nwords) * 8 + nranks * (in_bytes + out_bytes);
-  if (bytes.size() != need) {
-    std::fprintf(stderr, "%s: %zu bytes, header says %zu\n", path, bytes.size(), need);
-    return false;
-  }
-  const char* p = bytes.data() + kHeader * 8;
-  std::vector<int64_t> words(nwords);
-  std::memcpy(words.data(), p, nwords * 8);
-  p += nwords * 8;
-  Schedule s;
-  const std::string err = jax_blink::DecodeSchedule(words.data(), words.size(), &s);
+  jax_blink::ExecCase c;
+  const std::string err = jax_blink::ReadExecCase(path, &c);
   if (!err.empty()) {
     std::fprintf(stderr, "%s: %s\n", path, err.c_str());
     return false;
   }
-  std::vector<std::vector<char>> in(nranks), out(nranks), want(nranks);
+  const Schedule& s = c.schedule;
+  const int64_t nranks = c.nranks, out_bytes = c.out_bytes;
+  const int64_t check_mask = c.check_mask, skip_rank = c.skip_rank, fault_rank = c.fault_rank;
+  const int64_t fault_publishes = c.fault_publishes, timeout_ms = c.timeout_ms, repeat = c.repeat;
+  const int64_t max_blocks = c.max_blocks;
+  const std::vector<std::vector<char>>& want = c.want;
+  std::vector<std::vector<char>> out(nranks);
   std::vector<const void*> in_ptrs(nranks);
   std::vector<void*> out_ptrs(nranks);
   for (int64_t r = 0; r < nranks; ++r) {
-    in[r].assign(p, p + in_bytes);
-    p += in_bytes;
-    in_ptrs[r] = in[r].data();
-  }
-  for (int64_t r = 0; r < nranks; ++r) {
-    want[r].assign(p, p + out_bytes);
-    p += out_bytes;
+    in_ptrs[r] = c.in[r].data();
     out[r].assign(out_bytes, 0x5a);
     out_ptrs[r] = out[r].data();
   }
