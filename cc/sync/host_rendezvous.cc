@@ -68,6 +68,7 @@ struct alignas(64) HostEntry {
   uint32_t arrived;
   uint32_t left;
   uint8_t present[kHostMaxRanks];
+  int64_t arrival_ns[kHostMaxRanks];  // when each rank joined (steady clock: one per host)
   char abort_message[1024];
   SlotWords words;
   SharedFailure failure;
@@ -470,6 +471,8 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   mine.local_out_segs = reinterpret_cast<uint64_t>(a.out_segs);
   e->blobs[a.rank].bytes = blob_fits ? a.blob_bytes : 0;
   if (blob_fits && a.blob_bytes > 0) std::memcpy(e->blobs[a.rank].data, a.blob, a.blob_bytes);
+  e->arrival_ns[a.rank] = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              Clock::now().time_since_epoch()).count();
   e->present[a.rank] = 1;
   ++e->arrived;
   const uint32_t epoch = e->epoch;
@@ -612,15 +615,27 @@ Status HostAbortMissing(HostTicket* ticket, int64_t timeout_ms) {
 void HostLeave(HostTicket* ticket) {
   if (ticket->entry >= 0) {
     HostEntry* e = EntryAt(ticket->entry);
+    std::vector<Clock::time_point> arrivals;
     // A dead peer can only have held the lock for a few stores: wait long.
     if (LockEntry(e, Clock::now() + std::chrono::seconds(10))) {
       ++e->left;
       const uint32_t state = e->words.state.load(std::memory_order_acquire);
+      // The first rank of each process records the call's arrivals for its
+      // process's jax_blink.stats() (every rank of the call arrived).
+      const int64_t n = e->nranks;
+      int64_t first = 0;
+      while (first < n && e->info[first].process != e->info[ticket->rank].process) ++first;
+      if (state == 1 && first == ticket->rank) {
+        for (int64_t r = 0; r < n; ++r) {
+          arrivals.push_back(Clock::time_point(std::chrono::nanoseconds(e->arrival_ns[r])));
+        }
+      }
       if ((state == 1 && e->left == e->nranks) || (state != 1 && e->left == e->arrived)) {
         e->busy = 0;
       }
       UnlockEntry(e);
     }
+    if (!arrivals.empty()) RecordArrivals(arrivals);
     ticket->entry = -1;
   }
   if (ticket->staging != nullptr) {

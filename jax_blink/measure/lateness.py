@@ -1,15 +1,16 @@
 """Which ranks arrive late: ``jax_blink.stats()``.
 
 The CPU executor's rendezvous notes, for every collective of this process's devices,
-how long after the call's first rank each rank joined (the last rank to arrive records
-it; ``cc/sync/rendezvous.h``, ``ArrivalLateness``), over each rank count's last 256
-calls. A rank that is late call after call (a slower device, a busier host thread, a
+how long after the call's first rank each rank joined (``cc/sync/rendezvous.h``,
+``ArrivalLateness``), over each rank count's last 256 calls. Over the host transport a
+call's ranks live in several processes of the host: each process records every rank of
+the call (the ranks of the process that was late among them). A rank that is late call after call (a slower device, a busier host thread, a
 straggling input pipeline) delays every rank below it in a tree; a training loop can read
 it here and pass those ranks as ``slow_ranks`` when it next compiles its step, so that the
 planner makes them leaves (docs/sharp_bits.md, "Slow ranks").
 
-Only in-process collectives are recorded: ranks in several processes (the host
-transport, across hosts) and the GPU executor are not (yet).
+Collectives across hosts (the hierarchical path) and the GPU executor's are not recorded
+(yet).
 """
 
 from __future__ import annotations

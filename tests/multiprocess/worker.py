@@ -368,6 +368,7 @@ def host():
         run(f"host pytree check_vma={vma}", lambda v: jax_blink.psum(v, both),
             lambda v: lax.psum(v, both), MESH2, P("host", "local"), P(), tree, check_vma=vma)
     host_segments()
+    lateness()
     # psum_scatter, all_gather, broadcast
     x = data("float32", (N, N * 3, 2), 20)
     for tiled in (True, False):
@@ -392,6 +393,26 @@ def host():
         lambda v: lax.scan(lambda c, _: (lax.psum(c, one) / N, None), v, None, length=5)[0],
         MESH1, P("i"), P("i"), x, check_vma=False)
     grads()
+
+
+def lateness():
+    """jax_blink.stats() in every process names the ranks of the process that calls late."""
+    global checks
+    checks += 1
+    x = placed(data("float32", (N, 1000), 40), MESH1, P("i"))
+    f = jax.jit(jax.shard_map(lambda v: jax_blink.psum(v, "i"), mesh=MESH1, in_specs=P("i"),
+                              out_specs=P()))
+    jax.block_until_ready(f(x))
+    jax_blink.stats(reset=True)
+    for _ in range(4):
+        if pid == NPROC - 1:
+            time.sleep(0.04)
+        jax.block_until_ready(f(x))
+    got = jax_blink.stats().get(N)
+    late = sorted(r for r, d in enumerate(MESH1.devices.flat) if d.process_index == NPROC - 1)
+    seen = [] if got is None else [r for r, t in enumerate(got["mean_late_ms"]) if t > 20]
+    if got is None or got["calls"] != 4 or seen != late:
+        failures.append(f"stats(): want ranks {late} late in 4 calls, got {got}")
 
 
 def host_segments():
