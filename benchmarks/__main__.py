@@ -104,8 +104,10 @@ SUITES = {
     # late ranks, faults, soaks and the calibration's verdicts under noise
     "robustness": (
         Step("bench_profile_robustness.py", outputs=(R + "quick_profiles_{tag}.json",)),
-        # --step: the training step's table too (the .md's second)
-        Step("bench_stragglers.py", ("--step",), outputs=(R + "stragglers_{tag}.md", R + "stragglers_{tag}.json")),
+        # every part: the late rank in-process, nobody late, deeper trees, processes, the MLP steps early
+        # against barrier, and the training step with a late device
+        Step("bench_stragglers.py", ("--step", "--punctual", "--topologies", "--processes", "--mlps"),
+             outputs=(R + "stragglers_{tag}.md", R + "stragglers_{tag}.json"), timeout_s=3600),
         Step("soak.py", ("devices",), outputs=(R + "soak_{tag}.json",)),
         Step("soak.py", ("host", "--jobs", "12"), outputs=(R + "host_soak_{tag}.json",)),
         Step("faults.py", ("timeouts",), outputs=(R + "timeouts_{tag}.json",)),

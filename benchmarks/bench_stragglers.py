@@ -35,7 +35,8 @@ arrival* (its return is the call's end: no rank returns before all are done).
 whose gradients are summed by ``jax_blink.psum`` with and without ``slow_ranks``, on the
 plan (``JAX_BLINK_ALGO=blink``), and by ``lax.psum``; one device's host callback sleeps before the loss (test scaffolding in the
 program). Its *after arrival* is the step time minus the delay; the step without the
-sleep is reported as well. ``--mlps`` times the training steps of
+sleep is reported as well. ``--topologies`` compares the plans where trees are deeper than
+a star (a ring, a chain and a DGX-1 V100 over 8 CPU devices), all early. ``--mlps`` times the training steps of
 ``benchmarks/bench_steps.py`` (its MLPs, the 4 x 2048² among them, with psum's default
 buckets) early against barrier, and with no communication and lax.psum.
 
@@ -43,7 +44,7 @@ Writes ``benchmarks/results/stragglers_<machine>.{json,md}`` (``--machine``: ano
 ``--results``: another folder).
 
     python benchmarks/bench_stragglers.py [--sizes 1e5 1e6 4e6] [--delays 0 1 5 20] [--rounds 15]
-        [--punctual] [--processes] [--step] [--mlps]
+        [--punctual] [--topologies] [--processes] [--step] [--mlps]
 """
 
 from __future__ import annotations
@@ -171,6 +172,54 @@ def collective_rows(sizes, delays, late, rounds, calls, arms=("plain", "barrier"
     finally:
         set_barrier(False)
     return rows, picked
+
+
+def topology_rows(count: int, delays, late: int, rounds: int, calls: int) -> list:
+    """Trees deeper than a star, all early: on a ring and a chain of 8 and a DGX-1 V100 (over
+    CPU devices: the schedules' shapes, not those machines' links), the plain plan, the plan
+    that reduces the late rank last (``plan(slow_ranks=...)`` at tolerance 0) and the one
+    that makes it a leaf of every tree (tolerance 0.2, where one exists); the barrier's plain
+    plan for reference."""
+    from jax_blink import Topology
+    from jax_blink.planning import plan
+
+    topologies = [Topology(N, [(i, (i + 1) % N, 25.0) for i in range(N)], name=f"ring-{N}"),
+                  Topology(N, [(i, i + 1, 25.0) for i in range(N - 1)], name=f"chain-{N}"),
+                  Topology.preset("dgx1-v100")]
+    rows = []
+    try:
+        for topology in topologies:
+            plans = {"plain": plan(topology), "ordered": plan(topology, slow_ranks=[late], tolerance=0)}
+            leaves = plan(topology, slow_ranks=[late], tolerance=0.2)
+            if "are leaves of every tree" in (leaves.note or ""):
+                plans["leaves"] = leaves
+            lowered = {name: p.lower(count * 4, "float32") for name, p in plans.items()}
+            lowered["barrier"] = lowered["plain"]
+            arms = list(lowered)
+            for delay in delays:
+                got = {name: [] for name in arms}
+                for k in range(rounds):
+                    for name in (arms if k % 2 == 0 else arms[::-1]):
+                        set_barrier(name == "barrier")
+                        got[name] += [a for a, _ in time_collective(lowered[name], count, late, delay, calls)]
+                row = {"topology": topology.name, "count": count, "delay_ms": delay, "trees": len(plans["plain"].trees),
+                       **{f"{name}_after_ms": statistics.median(v) for name, v in got.items()}}
+                for name in ("ordered", "leaves"):
+                    if name in got:
+                        vs = early_over_barrier(got[name], got["plain"])
+                        row[f"{name}_over_plain"] = vs["ratio"]
+                        row[f"{name}_beyond_spread"] = vs["beyond_spread"]
+                vs = early_over_barrier(got["plain"], got["barrier"])
+                row["after_arrival_early_over_barrier"] = vs["ratio"]
+                row["after_arrival_beyond_spread"] = vs["beyond_spread"]
+                rows.append(row)
+                print(f"{topology.name:>10} {delay:>4g} ms: plain {row['plain_after_ms']:.3f}  barrier "
+                      f"{row['barrier_after_ms']:.3f}  ordered {row['ordered_after_ms']:.3f} ms"
+                      + (f"  leaves {row['leaves_after_ms']:.3f} ms ({row['leaves_over_plain']:.2f})"
+                         if "leaves" in got else "  (no leaf trees)"), flush=True)
+    finally:
+        set_barrier(False)
+    return rows
 
 
 # --- across processes --------------------------------------------------------------------
@@ -402,6 +451,17 @@ def markdown(result) -> str:
         for r in late:
             lines.append(f"| {r['layout']} | {r['count']:.0e} | {r['delay_ms']:g} ms | {r['early_ms']:.3f} ms | "
                          f"{r['barrier_ms']:.3f} ms | {ratio(r['early_over_barrier'], r['beyond_spread'])} |")
+    if result.get("topologies"):
+        lines += ["", "Trees deeper than a star (8 CPU devices, all early; `ordered`: the late rank "
+                  "reduced last, tolerance 0; `leaves`: a leaf of every tree, tolerance 0.2), after arrival:", "",
+                  "| topology | elements | late by | plain | barrier | ordered | leaves | ordered / plain | "
+                  "leaves / plain |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in result["topologies"]:
+            leaves = f"{r['leaves_after_ms']:.3f} ms" if "leaves_after_ms" in r else "none"
+            lv = ratio(r["leaves_over_plain"], r["leaves_beyond_spread"]) if "leaves_over_plain" in r else "-"
+            lines.append(f"| {r['topology']} | {r['count']:.0e} | {r['delay_ms']:g} ms | {r['plain_after_ms']:.3f} ms | "
+                         f"{r['barrier_after_ms']:.3f} ms | {r['ordered_after_ms']:.3f} ms | {leaves} | "
+                         f"{ratio(r['ordered_over_plain'], r['ordered_beyond_spread'])} | {lv} |")
     if result.get("mlps"):
         lines += ["", "Training steps of bench_steps.py (batch 64 per device; psum's default buckets), nobody "
                   "made late:", "",
@@ -432,6 +492,9 @@ def main():
     ap.add_argument("--punctual", action="store_true",
                     help="also time nobody late from 1 to 1e7 floats per device, early against barrier")
     ap.add_argument("--punctual-sizes", nargs="+", default=["1", "1e3", "1e5", "1e6", "1e7"])
+    ap.add_argument("--topologies", action="store_true",
+                    help="also compare the plans on a ring, a chain and a DGX-1 V100 of 8 ranks, all early")
+    ap.add_argument("--topology-size", default="1e6", help="float32 elements per device there")
     ap.add_argument("--processes", action="store_true", help="also run 4 x 1 and 2 x 1 processes")
     ap.add_argument("--process-rounds", type=int, default=15)
     ap.add_argument("--step", action="store_true", help="also time a training step with a late device")
@@ -458,6 +521,9 @@ def main():
     if args.punctual:
         result["punctual"] = collective_rows([c for c in punctual_sizes if c not in sizes], [0.0], args.late,
                                              args.rounds, args.calls, arms=("plain", "barrier"))[0]
+    if args.topologies:
+        result["topologies"] = topology_rows(int(float(args.topology_size)), [d for d in args.delays if d],
+                                             args.late, args.rounds, args.calls)
     if args.processes:
         result["processes"] = processes_rows([4, 2], sizes, [d for d in args.delays if d], punctual_sizes,
                                              args.process_rounds)
