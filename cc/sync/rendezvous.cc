@@ -425,31 +425,29 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
   return last ? Status() : AwaitAll(*ticket, deadline, timeout_ms, spin, yield_ns);
 }
 
-Status Rendezvous::AwaitAll(const Ticket& ticket, Clock::time_point deadline,
-                            int64_t timeout_ms, int spin, int64_t yield_ns) {
-  Slot* slot = ticket.slot;
+bool Slot::AwaitArrivals(Clock::time_point until, int spin, int64_t yield_ns) {
   // A short spin, yield (other device threads may need this core to
-  // arrive), then sleep with the deadline.
-  for (int i = 0; i < spin && slot->state().load(std::memory_order_acquire) == 0;
-       ++i) {
-    CpuRelax();
-  }
+  // arrive), then sleep.
+  for (int i = 0; i < spin && state().load(std::memory_order_acquire) == 0; ++i) CpuRelax();
   if (yield_ns > 0) {
-    const auto until =
-        std::min(deadline, Clock::now() + std::chrono::nanoseconds(yield_ns));
-    while (slot->state().load(std::memory_order_acquire) == 0 &&
-           Clock::now() < until) {
+    const auto stop = std::min(until, Clock::now() + std::chrono::nanoseconds(yield_ns));
+    while (state().load(std::memory_order_acquire) == 0 && Clock::now() < stop) {
       std::this_thread::yield();
     }
   }
-  while (slot->state().load(std::memory_order_acquire) == 0) {
+  while (state().load(std::memory_order_acquire) == 0) {
     const auto now = Clock::now();
-    if (now >= deadline) return AbortMissing(ticket, timeout_ms);
-    const int64_t left_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)
-            .count();
-    FutexWait(&slot->state(), 0, std::min<int64_t>(left_ns, 100000000));
+    if (now >= until) return false;
+    const int64_t left_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now).count();
+    FutexWait(&state(), 0, std::min<int64_t>(left_ns, 100000000), ext_failure_ != nullptr);
   }
+  return true;
+}
+
+Status Rendezvous::AwaitAll(const Ticket& ticket, Clock::time_point deadline,
+                            int64_t timeout_ms, int spin, int64_t yield_ns) {
+  Slot* slot = ticket.slot;
+  if (!slot->AwaitArrivals(deadline, spin, yield_ns)) return AbortMissing(ticket, timeout_ms);
   if (slot->state().load(std::memory_order_acquire) == 2) {
     return Status::DeadlineExceeded(slot->abort_message_);
   }

@@ -59,6 +59,9 @@ struct alignas(64) Bell {
   // its remaining steps are such pushed copies).
   std::atomic<uint32_t> pushed_sinks{0};
   std::atomic<uint32_t> sink_target{UINT32_MAX};
+  // The peer whose arrival the rank sleeps on (early start; UINT32_MAX:
+  // none): another rank's arrival does not wake it.
+  std::atomic<uint32_t> awaited{UINT32_MAX};
   // The bell lives in memory shared between processes (set when its slot is
   // prepared; see FutexWait).
   uint32_t shared = 0;
@@ -71,6 +74,7 @@ struct alignas(64) Bell {
     final_wait.store(0, std::memory_order_relaxed);
     pushed_sinks.store(0, std::memory_order_relaxed);
     sink_target.store(UINT32_MAX, std::memory_order_relaxed);
+    awaited.store(UINT32_MAX, std::memory_order_relaxed);
   }
 
   void Ring() {
@@ -165,13 +169,22 @@ class Slot {
   void RingAll() {
     for (int64_t r = 0; r < nranks; ++r) bell(r).Ring();
   }
+  // Waits until every rank has arrived (true) or until `until` (false, or
+  // true if the call was aborted meanwhile): spins `spin` iterations, yields
+  // for up to yield_ns, then sleeps on the state word.
+  bool AwaitArrivals(Clock::time_point until, int spin = 0, int64_t yield_ns = 0);
   // Rank r has published its RankInfo in this use of the slot (info[r] is
   // complete; in a host slot's view, once the view has mapped it).
   bool Arrived(int64_t r) { return bell(r).arrived.load(std::memory_order_seq_cst) == epoch; }
-  // Marks `rank`'s RankInfo published and wakes the ranks that wait for it.
+  // Marks `rank`'s RankInfo published and wakes the ranks that sleep on its
+  // arrival (Bell::awaited). Waking every rank at every arrival costs a
+  // punctual call more than it gains: a woken rank mostly finds its next
+  // step still waiting for another rank.
   void Publish(int64_t rank) {
     bell(rank).arrived.store(epoch, std::memory_order_seq_cst);
-    RingAll();
+    for (int64_t r = 0; r < nranks; ++r) {
+      if (bell(r).awaited.load(std::memory_order_seq_cst) == static_cast<uint32_t>(rank)) bell(r).Ring();
+    }
   }
 
   std::atomic<uint32_t>& state() { return words_->state; }
