@@ -483,6 +483,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
     UnlockEntry(e);
     return Status::DeadlineExceeded(msg);
   }
+  if (early) e->bells[a.rank].arrived.store(epoch, std::memory_order_seq_cst);  // Slot::MarkArrived
   const bool last = e->arrived == e->nranks;
   if (last) state.store(1, std::memory_order_release);
   UnlockEntry(e);
@@ -497,7 +498,7 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   v.peers_gone = &PeersGone;
   if (!early) return HostAwaitAll(ticket, deadline, timeout_ms);
   MapRank(ticket, a.rank);
-  v.Publish(a.rank);
+  v.WakeAwaiting(a.rank);
   return Status();
 }
 

@@ -411,6 +411,7 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
   ++slot->arrived_;
   ticket->slot = slot;
   ticket->epoch = slot->epoch;
+  if (early) slot->MarkArrived(rank);
   const bool last = slot->arrived_ == nranks;
   if (last) {
     RecordArrivals(slot->arrival_);
@@ -419,7 +420,7 @@ Status Rendezvous::Join(const RendezvousKey& key, int64_t rank, int64_t nranks,
   lk.unlock();
   if (last) FutexWakeAll(&slot->state());
   if (early) {
-    slot->Publish(rank);
+    slot->WakeAwaiting(rank);
     return Status();
   }
   return last ? Status() : AwaitAll(*ticket, deadline, timeout_ms, spin, yield_ns);

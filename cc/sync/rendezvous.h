@@ -176,12 +176,13 @@ class Slot {
   // Rank r has published its RankInfo in this use of the slot (info[r] is
   // complete; in a host slot's view, once the view has mapped it).
   bool Arrived(int64_t r) { return bell(r).arrived.load(std::memory_order_seq_cst) == epoch; }
-  // Marks `rank`'s RankInfo published and wakes the ranks that sleep on its
-  // arrival (Bell::awaited). Waking every rank at every arrival costs a
-  // punctual call more than it gains: a woken rank mostly finds its next
-  // step still waiting for another rank.
-  void Publish(int64_t rank) {
-    bell(rank).arrived.store(epoch, std::memory_order_seq_cst);
+  // Marks `rank`'s RankInfo published: before the state word says that all
+  // arrived, so that a rank that sees it finds every peer published.
+  void MarkArrived(int64_t rank) { bell(rank).arrived.store(epoch, std::memory_order_seq_cst); }
+  // Then wakes the ranks that sleep on its arrival (Bell::awaited). Waking
+  // every rank at every arrival costs a punctual call more than it gains: a
+  // woken rank mostly finds its next step still waiting for another rank.
+  void WakeAwaiting(int64_t rank) {
     for (int64_t r = 0; r < nranks; ++r) {
       if (bell(r).awaited.load(std::memory_order_seq_cst) == static_cast<uint32_t>(rank)) bell(r).Ring();
     }
