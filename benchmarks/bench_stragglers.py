@@ -437,7 +437,8 @@ def markdown(result) -> str:
     lines += ["", f"psum(slow_ranks=...) runs `{result['psum_runs']}` here.", "",
               "Nobody late, the whole call (in-process, 8 ranks; across processes, the last process's call):", "",
               "| where | elements | early | barrier | early / barrier |", "|---|---|---|---|---|"]
-    for r in result.get("punctual", []) + [r for r in result["collective"] if r["delay_ms"] == 0]:
+    in_process = result.get("punctual", []) + [r for r in result["collective"] if r["delay_ms"] == 0]
+    for r in sorted(in_process, key=lambda r: r["count"]):
         lines.append(f"| 1x8 in-process | {r['count']:.0e} | {r['plain_call_ms']:.3f} ms | {r['barrier_call_ms']:.3f} ms | "
                      f"{ratio(r['call_early_over_barrier'], r['call_beyond_spread'])} |")
     for r in result.get("processes", []):

@@ -71,11 +71,10 @@ struct Src {
 constexpr int kMaxPush = 16;
 constexpr int64_t kBlock = 1024;
 // Early start waits this long for all ranks before running without them:
-// ranks that start together fuse each chunk's reductions into one pass and
-// push results into ready receivers, while ranks that start apart reduce
-// a chunk in several passes and pull; on 8 ranks and 2 cores that cost
-// punctual calls 10-20% (1e5-1e6 floats), whose ranks arrive within 0.07 ms
-// (p90; p99 0.33 ms at 1e6: docs/design_notes.md, "Early start").
+// ranks that start apart reduce a chunk in several passes and pull what
+// ranks starting together are pushed, which cost punctual calls (ranks 0.3
+// ms apart at p99) 15-40% on 8 ranks and 2 cores (docs/design_notes.md,
+// "Early start's grace").
 constexpr auto kEarlyStartGrace = std::chrono::microseconds(500);
 
 // The element loops are kept out of line: GCC drops `__restrict__` when it
