@@ -665,7 +665,7 @@ class RankRunner {
     ready_ = tls.ready.data();
     ready_[a_.rank] = 1;
     if (arrivals_ != nullptr) {
-      // Ranks that arrive together run as after a barrier (EarlyStartGrace).
+      // Ranks that arrive together run as after a barrier (kEarlyStartGrace).
       slot_.AwaitArrivals(std::min(deadline_, Clock::now() + kEarlyStartGrace), spin_, yield_ns_);
       // Before touching any flag: this rank agrees with every rank already
       // there, among them the first, whose schedule sized the flags.
