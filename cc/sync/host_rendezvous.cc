@@ -489,7 +489,6 @@ Status HostJoin(const HostRankArgs& a, int64_t generation, Clock::time_point dea
   UnlockEntry(e);
   if (last) FutexWakeAll(&state, true);
   // The executor's view: peers' buffers as mapped in this process.
-  ticket->epoch = epoch;
   ticket->where = where.str();
   ticket->mapped.assign(a.nranks, 0);
   ticket->blobs.assign(a.nranks, std::string());

@@ -72,8 +72,8 @@ struct HostTicket {
   // Each rank's blob (HostRankArgs::blob), copied out once all have joined
   // (early start: once the rank has, HostArrived).
   std::vector<std::string> blobs;
-  // The entry's use, and which ranks `view` and `blobs` hold (early start).
-  uint32_t epoch = 0;
+  // The call site in messages, and which ranks `view` and `blobs` hold
+  // (early start).
   std::string where;
   std::vector<uint8_t> mapped;
 };
